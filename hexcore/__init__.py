@@ -1,0 +1,39 @@
+"""hexcore: a paged, quantized KV cache for LLM inference, in pure Python on numba.
+
+The CPU side (``hexcore.host``) and the layout math load with ``import hexcore``;
+the GPU side (``hexcore.cuda``) loads numba.cuda and is imported explicitly.
+"""
+
+from __future__ import annotations
+
+from .config import PRESETS, KVCacheConfig, KVDtype, ModelPreset
+from .errors import (
+    HexcoreConfigError,
+    HexcoreCorruptionError,
+    HexcoreError,
+    HexcoreInvalidArgumentError,
+    HexcoreInvalidBlockError,
+    HexcoreInvalidSequenceError,
+    HexcoreOOMError,
+    Status,
+    raise_for_status,
+)
+
+__version__ = "0.1.0"
+
+_HOST_NAMES = ("PagedKVCache", "MetricsCollector", "LockFreeRingBuffer", "SpeculativeAllocator")
+
+__all__ = [
+    "PRESETS", "KVCacheConfig", "KVDtype", "ModelPreset",
+    "HexcoreError", "HexcoreConfigError", "HexcoreOOMError", "HexcoreInvalidBlockError",
+    "HexcoreInvalidSequenceError", "HexcoreInvalidArgumentError", "HexcoreCorruptionError",
+    "Status", "raise_for_status", "__version__", *_HOST_NAMES,
+]
+
+
+def __getattr__(name: str):
+    if name in _HOST_NAMES:
+        from . import host
+
+        return getattr(host, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,11 @@
+"""GPU side of hexcore: numba.cuda.jit kernels and the device-memory store.
+
+Importing this package loads numba.cuda; to run on the simulator, set
+``NUMBA_ENABLE_CUDASIM=1`` first (``hexcore._runtime.use_simulator_if_no_gpu``).
+"""
+
+from __future__ import annotations
+
+from .layout_check import device_layout_offsets, host_layout_offsets, layout_agrees
+
+__all__ = ["device_layout_offsets", "host_layout_offsets", "layout_agrees"]

@@ -1,0 +1,21 @@
+"""CPU side of hexcore: numba.njit code over numpy arrays; never imports hexcore.cuda."""
+
+from __future__ import annotations
+
+import importlib
+
+_MODULE_OF = {
+    "PagedKVCache": "allocator",
+    "MetricsCollector": "metrics",
+    "LockFreeRingBuffer": "ring",
+    "SpeculativeAllocator": "speculative",
+}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    # Lazy, so importing hexcore does not compile or load every njit module.
+    if name in _MODULE_OF:
+        return getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
