@@ -1,3 +1,117 @@
 """Slow, obviously-right numpy references that kernels and njit code are checked against."""
 
 from __future__ import annotations
+
+import numpy as np
+
+
+def levels(bits: int) -> int:
+    """Largest code of a ``bits``-bit unsigned integer."""
+    return (1 << bits) - 1
+
+
+def quant_params(lo: np.ndarray, hi: np.ndarray, bits: int):
+    """float16 (scale, min) of groups with float32 extremes ``lo``, ``hi``."""
+    scale = ((hi - lo) / np.float32(levels(bits))).astype(np.float16)
+    return scale, lo.astype(np.float16)
+
+
+def quantize(x: np.ndarray, scale: np.ndarray, lo: np.ndarray, bits: int) -> np.ndarray:
+    """Codes of float32 ``x`` with float16 ``scale``/``lo`` broadcast against it (uint8)."""
+    s, m = scale.astype(np.float32), lo.astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.floor((x.astype(np.float32) - m) / s + np.float32(0.5))
+    q = np.where(s > 0, q, 0)
+    return np.clip(q, 0, levels(bits)).astype(np.uint8)
+
+
+def pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Pack codes along the last axis, element i at bit (i * bits) % 8 of byte i*bits//8."""
+    per_byte = 8 // bits
+    c = codes.reshape(codes.shape[:-1] + (codes.shape[-1] // per_byte, per_byte)).astype(np.uint8)
+    shifts = (np.arange(per_byte) * bits).astype(np.uint8)
+    return np.bitwise_or.reduce(c << shifts, axis=-1).astype(np.uint8)
+
+
+def unpack(packed: np.ndarray, bits: int) -> np.ndarray:
+    """Inverse of :func:`pack`."""
+    per_byte = 8 // bits
+    shifts = (np.arange(per_byte) * bits).astype(np.uint8)
+    c = (packed[..., None] >> shifts) & levels(bits)
+    return c.reshape(packed.shape[:-1] + (packed.shape[-1] * per_byte,)).astype(np.uint8)
+
+
+def quantize_keys(k: np.ndarray, bits: int):
+    """Per-channel key quantization of one block: ``k`` [H, BS, D] float16.
+
+    Returns (packed codes [H, BS, D*bits/8] uint8, meta [H, 2, D] float16: scale, min).
+    """
+    x = k.astype(np.float32)
+    scale, lo = quant_params(x.min(axis=1), x.max(axis=1), bits)  # [H, D]
+    codes = quantize(x, scale[:, None, :], lo[:, None, :], bits)
+    return pack(codes, bits), np.stack([scale, lo], axis=1)
+
+
+def quantize_values(v: np.ndarray, bits: int, group_size: int):
+    """Per-token value quantization over channel groups: ``v`` [H, BS, D] float16.
+
+    Returns (packed codes [H, BS, D*bits/8] uint8, meta [H, BS, 2, D/group_size] float16).
+    """
+    H, BS, D = v.shape
+    x = v.astype(np.float32).reshape(H, BS, D // group_size, group_size)
+    scale, lo = quant_params(x.min(axis=-1), x.max(axis=-1), bits)  # [H, BS, NG]
+    codes = quantize(x, scale[..., None], lo[..., None], bits).reshape(H, BS, D)
+    return pack(codes, bits), np.stack([scale, lo], axis=2)
+
+
+def dequantize_keys(packed: np.ndarray, meta: np.ndarray, bits: int) -> np.ndarray:
+    """float64 keys [H, BS, D] from :func:`quantize_keys` output."""
+    q = unpack(packed, bits).astype(np.float64)
+    return meta[:, 0, None, :].astype(np.float64) * q + meta[:, 1, None, :].astype(np.float64)
+
+
+def dequantize_values(packed: np.ndarray, meta: np.ndarray, bits: int, group_size: int) -> np.ndarray:
+    """float64 values [H, BS, D] from :func:`quantize_values` output."""
+    q = unpack(packed, bits).astype(np.float64)
+    scale = np.repeat(meta[:, :, 0, :].astype(np.float64), group_size, axis=-1)
+    lo = np.repeat(meta[:, :, 1, :].astype(np.float64), group_size, axis=-1)
+    return scale * q + lo
+
+
+def quantize_keys_per_token(k: np.ndarray, bits: int, group_size: int) -> np.ndarray:
+    """Keys quantized like values (per token over channel groups), dequantized: the
+    scheme KIVI rejects for keys, kept to show why."""
+    packed, meta = quantize_values(k, bits, group_size)
+    return dequantize_values(packed, meta, bits, group_size)
+
+
+def relative_l2(x: np.ndarray, ref: np.ndarray) -> float:
+    """||x - ref|| / ||ref|| in float64."""
+    ref = np.asarray(ref, np.float64)
+    return float(np.linalg.norm(np.asarray(x, np.float64) - ref) / np.linalg.norm(ref))
+
+
+def quantize_block(k: np.ndarray, v: np.ndarray, bits: int, group_size: int):
+    """KIVI quantization of one block's K and V [H, BS, D]: (kc, km, vc, vm) as the store holds them."""
+    kc, km = quantize_keys(k, bits)
+    vc, vm = quantize_values(v, bits, group_size)
+    return kc, km, vc, vm
+
+
+def decode_attention(q: np.ndarray, keys: list, values: list, scale: float) -> np.ndarray:
+    """float64 decode attention: q [B, Hq, D]; keys[b], values[b]: [H, n_b, D] float64.
+
+    Query head ``hq`` reads KV head ``hq // (Hq // H)``; an empty sequence gives zeros.
+    """
+    B, Hq, D = q.shape
+    out = np.zeros((B, Hq, D))
+    for b in range(B):
+        k, v = keys[b], values[b]
+        if k.shape[1] == 0:
+            continue
+        group = Hq // k.shape[0]
+        for hq in range(Hq):
+            s = k[hq // group] @ q[b, hq].astype(np.float64) * scale
+            p = np.exp(s - s.max())
+            out[b, hq] = (p / p.sum()) @ v[hq // group]
+    return out

@@ -1,0 +1,131 @@
+"""Whole-block operations: copy blocks or tails in pairs (fork, migration), dequantize."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import cuda
+
+from ..errors import HexcoreInvalidArgumentError
+from ..layout import code_offset, value_meta_offset
+from .arrays import checked_ids
+from .store import DeviceKVStore
+
+_code_offset = cuda.jit(device=True)(code_offset)
+_value_meta_offset = cuda.jit(device=True)(value_meta_offset)
+THREADS = 256
+
+
+@cuda.jit
+def _copy_runs_kernel(a, b, c, d, run_words, src_ids, dst_ids, units_per_layer):
+    # a..d: flat uint32 arrays laid out [layer, unit, run]; run_words[k]: run length of
+    # array k (0 = skip); grid (pairs, layers, 4 arrays)
+    pair = cuda.blockIdx.x
+    layer = cuda.blockIdx.y
+    which = cuda.blockIdx.z
+    run = run_words[which]
+    src = src_ids[pair]
+    dst = dst_ids[pair]
+    if run == 0 or src < 0 or dst < 0 or src >= units_per_layer or dst >= units_per_layer:
+        return
+    arr = a if which == 0 else (b if which == 1 else (c if which == 2 else d))
+    s0 = (layer * units_per_layer + src) * run
+    d0 = (layer * units_per_layer + dst) * run
+    for w in range(cuda.threadIdx.x, run, cuda.blockDim.x):
+        arr[d0 + w] = arr[s0 + w]
+
+
+def _copy(store, names, units, src, dst, what, stream):
+    src = checked_ids(src, f"src_{what}", None, units)
+    dst = checked_ids(dst, f"dst_{what}", src.shape[0], units)
+    if src.shape[0] == 0:
+        return
+    words = store.words
+    arrays = [words.get(n) for n in names]
+    runs = np.array([0 if a is None else a.shape[0] // (store.config.num_layers * units) for a in arrays], np.int64)
+    placeholder = next(a for a in arrays if a is not None)
+    arrays = [placeholder if a is None else a for a in arrays]
+    _copy_runs_kernel[(src.shape[0], store.config.num_layers, 4), THREADS, stream](
+        *arrays, cuda.to_device(runs, stream=stream), src, dst, units)
+
+
+def _check_distinct(dst, what: str) -> None:
+    if isinstance(dst, np.ndarray) and dst.ndim == 1 and len(np.unique(dst)) != len(dst):
+        raise HexcoreInvalidArgumentError(f"dst_{what}: expected distinct ids, got {dst.tolist()}")
+
+
+def copy_blocks(store: DeviceKVStore, src_blocks, dst_blocks, stream=0) -> None:
+    """Copy sealed blocks (codes and metadata, K and V, all layers) pairwise, one launch.
+
+    ``src_blocks``, ``dst_blocks``: int32 ``[num_pairs]``; destinations distinct.
+    """
+    _check_distinct(dst_blocks, "blocks")
+    _copy(store, ("k_codes", "v_codes", "k_meta", "v_meta"), store.num_blocks, src_blocks, dst_blocks, "blocks",
+          stream)
+
+
+def copy_tails(store: DeviceKVStore, src_slots, dst_slots, stream=0) -> None:
+    """Copy FP16 tails (K and V, all layers) pairwise, one launch (a fork copies one).
+
+    ``src_slots``, ``dst_slots``: int32 ``[num_pairs]``; destinations distinct.
+    """
+    _check_distinct(dst_slots, "slots")
+    _copy(store, ("k_tails", "v_tails", None, None), store.max_seqs, src_slots, dst_slots, "slots", stream)
+
+
+@functools.cache
+def _dequantize_kernel(cfg):
+    H, BS, D, G = cfg.num_kv_heads, cfg.block_size, cfg.head_dim, cfg.group_size
+    bits, row, NG = cfg.kv_dtype.bits, cfg.row_bytes, cfg.num_groups
+    per_byte = 8 // bits
+    mask = (1 << bits) - 1
+
+    @cuda.jit
+    def kernel(k_codes, v_codes, k_meta, v_meta, block_ids, layer, num_blocks, k_out, v_out):
+        # codes: flat uint8; meta: flat float16; out: [n, H, BS, D] float16
+        i = cuda.grid(1)
+        n = block_ids.shape[0]
+        if i >= n * H * BS * D:
+            return
+        d = i % D
+        t = (i // D) % BS
+        h = (i // (D * BS)) % H
+        j = i // (D * BS * H)
+        block = block_ids[j]
+        if block < 0 or block >= num_blocks:
+            return
+        byte_at = _code_offset(layer, block, h, t, num_blocks, H, BS, row) + d // per_byte
+        shift = (d % per_byte) * bits
+        kmeta = ((layer * num_blocks + block) * H + h) * 2 * D
+        kq = np.float32((k_codes[byte_at] >> shift) & mask)
+        k_out[j, h, t, d] = np.float32(k_meta[kmeta + d]) * kq + np.float32(k_meta[kmeta + D + d])
+        vmeta = _value_meta_offset(layer, block, h, t, num_blocks, H, BS, NG) // 2
+        vq = np.float32((v_codes[byte_at] >> shift) & mask)
+        v_out[j, h, t, d] = np.float32(v_meta[vmeta + d // G]) * vq + np.float32(v_meta[vmeta + NG + d // G])
+
+    return kernel
+
+
+def dequantize_blocks(store: DeviceKVStore, layer: int, block_ids, stream=0):
+    """Sealed blocks of one layer back to float16, for tests and debugging.
+
+    Returns device arrays ``(k, v)``, each float16 ``[num_ids, H, block_size, D]``.
+    """
+    cfg = store.config
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < cfg.num_layers:
+        raise HexcoreInvalidArgumentError(f"layer: expected an int in [0, {cfg.num_layers}), got {layer!r}")
+    ids = checked_ids(block_ids, "block_ids", None, store.num_blocks)
+    if not cfg.kv_dtype.is_quantized:
+        host = ids.copy_to_host()
+        return (cuda.to_device(np.ascontiguousarray(store.k_codes[layer].copy_to_host()[host])),
+                cuda.to_device(np.ascontiguousarray(store.v_codes[layer].copy_to_host()[host])))
+    shape = (ids.shape[0], cfg.num_kv_heads, cfg.block_size, cfg.head_dim)
+    k_out = cuda.device_array(shape, np.float16, stream=stream)
+    v_out = cuda.device_array(shape, np.float16, stream=stream)
+    total = int(np.prod(shape))
+    if total:
+        f = store.flat
+        _dequantize_kernel(cfg)[(total + THREADS - 1) // THREADS, THREADS, stream](
+            f["k_codes"], f["v_codes"], f["k_meta"], f["v_meta"], ids, layer, store.num_blocks, k_out, v_out)
+    return k_out, v_out

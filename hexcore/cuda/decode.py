@@ -1,0 +1,128 @@
+"""``paged_decode``: the launcher of the split-K decode kernel and its merge."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda
+
+from ..errors import HexcoreInvalidArgumentError
+from .arrays import checked, checked_ids
+from .attention import SPLIT_TOKENS, THREADS, decode_kernel, merge_kernel
+from .device import SIMULATOR
+from .store import DeviceKVStore, flat_words
+
+CTAS_PER_SM = 8  # splits are shortened until a launch has about this many CTAs per SM
+
+
+@functools.cache
+def _num_sms() -> int:
+    return 1 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
+
+
+def choose_split_blocks(batch: int, num_kv_heads: int, max_blocks: int, block_size: int) -> int:
+    """Blocks per split: as long as the shared buffer allows, shorter while the grid is
+    too small to fill the GPU (B=1 at long context still gets many CTAs)."""
+    split = max(1, SPLIT_TOKENS // block_size)
+    target = CTAS_PER_SM * _num_sms()
+    while split > 1 and batch * num_kv_heads * -(-max_blocks // split) < target:
+        split //= 2
+    return split
+
+
+class _Workspace:
+    """Split partials, allocated once per shape and reused (no allocation per call)."""
+
+    def __init__(self):
+        self._arrays = {}
+
+    def get(self, rows: int, splits: int, head_dim: int):
+        key = (rows, splits, head_dim)
+        if key not in self._arrays:
+            self._arrays[key] = (cuda.device_array((rows, splits, head_dim), np.float32),
+                                 cuda.device_array((rows, splits, 2), np.float32))
+        return self._arrays[key]
+
+
+_workspace = _Workspace()
+
+
+def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, tail_slots, out=None,
+                 scale: float | None = None, max_seq_len: int | None = None, stream=0):
+    """Decode attention of one new query token per sequence over its paged KV cache.
+
+    Each sequence ``b`` attends over its ``seq_lens[b] // block_size`` sealed blocks
+    (``block_tables[b, :n]``, dequantized on the fly) and the ``seq_lens[b] % block_size``
+    tokens of its tail ``tail_slots[b]``. Float32 accumulation; GQA/MQA by head grouping.
+
+    Parameters
+    ----------
+    q : float16 ``[B, num_q_heads, head_dim]``, ``num_q_heads`` a multiple of the store's KV heads.
+    store : the DeviceKVStore; ``layer`` selects the layer.
+    block_tables : int32 ``[B, max_blocks]``: sealed block ids per sequence.
+    seq_lens : int32 ``[B]``: tokens per sequence (0 gives a zero output).
+    tail_slots : int32 ``[B]``: each sequence's tail slot.
+    out : optional float16 ``[B, num_q_heads, head_dim]`` to write; allocated if None.
+    scale : softmax scale, ``1/sqrt(head_dim)`` by default.
+    max_seq_len : the longest ``seq_lens`` entry when they live on the device (sizes
+        the grid without reading them back); taken from host arrays directly.
+
+    Returns ``out``. Host (numpy) index arrays are range-checked before the launch;
+    device arrays are trusted (checking them would synchronise).
+    """
+    cfg = store.config
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < cfg.num_layers:
+        raise HexcoreInvalidArgumentError(f"layer: expected an int in [0, {cfg.num_layers}), got {layer!r}")
+    q = checked(q, "q", np.float16, (None, None, cfg.head_dim))
+    batch, num_q_heads = q.shape[0], q.shape[1]
+    if num_q_heads % cfg.num_kv_heads or num_q_heads == 0:
+        raise HexcoreInvalidArgumentError(
+            f"q: num_q_heads {num_q_heads} is not a positive multiple of num_kv_heads {cfg.num_kv_heads}")
+    group = num_q_heads // cfg.num_kv_heads
+    max_blocks = _max_blocks(block_tables, batch)
+    capacity = (max_blocks + 1) * cfg.block_size - 1
+    host_lens = seq_lens if isinstance(seq_lens, np.ndarray) else None
+    seq_lens = checked_ids(seq_lens, "seq_lens", batch, capacity + 1)
+    tail_slots = checked_ids(tail_slots, "tail_slots", batch, store.max_seqs)
+    if isinstance(block_tables, np.ndarray) and host_lens is not None:
+        _check_tables(block_tables, host_lens, cfg.block_size, store.num_blocks)
+    block_tables = checked(block_tables, "block_tables", np.int32, (batch, max_blocks), align=4)
+    if out is None:
+        out = cuda.device_array((batch, num_q_heads, cfg.head_dim), np.float16, stream=stream)
+    out = checked(out, "out", np.float16, (batch, num_q_heads, cfg.head_dim))
+    if max_seq_len is None:
+        max_seq_len = int(host_lens.max(initial=0)) if host_lens is not None else capacity
+    scale = 1.0 / math.sqrt(cfg.head_dim) if scale is None else float(scale)
+
+    max_virtual = max(1, -(-max_seq_len // cfg.block_size))
+    split_blocks = choose_split_blocks(batch, cfg.num_kv_heads, max_virtual, cfg.block_size)
+    splits = -(-max_virtual // split_blocks)
+    part_out, part_ml = _workspace.get(batch * num_q_heads, splits, cfg.head_dim)
+    kernel = decode_kernel(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size, group,
+                           cfg.group_size)
+    w = store.word_offsets
+    kernel[(splits, cfg.num_kv_heads, batch), THREADS, stream](
+        store.pool, w["k_codes"], w["v_codes"], w.get("k_meta", 0), w.get("v_meta", 0), w["k_tails"],
+        w["v_tails"], flat_words(q), block_tables, seq_lens, tail_slots, part_out, part_ml, layer,
+        store.num_blocks, store.max_seqs, split_blocks, np.float32(scale))
+    merge_kernel[(num_q_heads, batch), THREADS, stream](part_out, part_ml, seq_lens, out,
+                                                       split_blocks * cfg.block_size)
+    return out
+
+
+def _max_blocks(block_tables, batch: int) -> int:
+    shape = tuple(getattr(block_tables, "shape", ()))
+    if len(shape) != 2 or shape[0] != batch:
+        raise HexcoreInvalidArgumentError(f"block_tables: expected shape ({batch}, max_blocks), got {shape}")
+    return shape[1]
+
+
+def _check_tables(tables: np.ndarray, lens: np.ndarray, block_size: int, num_blocks: int) -> None:
+    used = np.arange(tables.shape[1])[None, :] < (lens // block_size)[:, None]
+    bad = np.argwhere(used & ((tables < 0) | (tables >= num_blocks)))
+    if bad.size:
+        b, j = bad[0]
+        raise HexcoreInvalidArgumentError(
+            f"block_tables[{b}, {j}] = {tables[b, j]} is outside [0, {num_blocks}) for seq_len {lens[b]}")

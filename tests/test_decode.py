@@ -1,0 +1,138 @@
+"""Paged decode attention against a float64 numpy reference: dequantize, then attend."""
+
+import math
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from hexcore import HexcoreInvalidArgumentError, KVCacheConfig, KVDtype
+from hexcore.cuda import DeviceKVStore, paged_decode
+from tests import reference as ref
+
+
+def build_cache(cfg, seq_lens, rng, num_spare=2):
+    """A poisoned store holding random sequences; returns (store, tables, tails, keys, values).
+
+    Block ids are shuffled; the first sealed block of the last sequence is shared with
+    the first sequence (as after a fork); unused table entries point at a poisoned block.
+    """
+    B, H, BS, D = len(seq_lens), cfg.num_kv_heads, cfg.block_size, cfg.head_dim
+    sealed = [n // BS for n in seq_lens]
+    num_blocks = sum(sealed) + num_spare
+    store = DeviceKVStore(cfg, num_blocks=num_blocks, max_seqs=B + 1)
+    store.poison()
+    host = {name: a.copy_to_host() for name, a in store.arrays.items()}
+    perm = rng.permutation(num_blocks).astype(np.int32)
+    spare = perm[-1]  # never written: NaN / 0xFF everywhere
+    tables = np.full((B, max(max(sealed), 1) + 1), spare, np.int32)
+    tails = rng.permutation(B + 1)[:B].astype(np.int32)
+    keys, values, used = [], [], 0
+    bits = cfg.kv_dtype.bits
+    for b, n in enumerate(seq_lens):
+        ks, vs = [], []
+        for j in range(sealed[b]):
+            if b == B - 1 and j == 0 and sealed[0] > 0 and B > 1:
+                block = tables[0, 0]  # shared with sequence 0
+            else:
+                block = perm[used]
+                used += 1
+                k = (rng.standard_normal((H, BS, D)) * rng.uniform(0.5, 2)).astype(np.float16)
+                v = rng.standard_normal((H, BS, D)).astype(np.float16)
+                if cfg.kv_dtype is KVDtype.FP16:
+                    host["k_codes"][0, block], host["v_codes"][0, block] = k, v
+                else:
+                    kc, km, vc, vm = ref.quantize_block(k, v, bits, cfg.group_size)
+                    host["k_codes"][0, block], host["k_meta"][0, block] = kc, km
+                    host["v_codes"][0, block], host["v_meta"][0, block] = vc, vm
+            tables[b, j] = block
+            ks.append(_dequantized(host, "k", block, cfg))
+            vs.append(_dequantized(host, "v", block, cfg))
+        r = n % BS
+        tk = rng.standard_normal((H, r, D)).astype(np.float16)
+        tv = rng.standard_normal((H, r, D)).astype(np.float16)
+        host["k_tails"][0, tails[b], :, :r], host["v_tails"][0, tails[b], :, :r] = tk, tv
+        keys.append(np.concatenate(ks + [tk.astype(np.float64)], axis=1))
+        values.append(np.concatenate(vs + [tv.astype(np.float64)], axis=1))
+    for name, array in store.arrays.items():
+        array.copy_to_device(host[name])
+    return store, tables, tails, keys, values
+
+
+def _dequantized(host, kv, block, cfg):
+    if cfg.kv_dtype is KVDtype.FP16:
+        return host[f"{kv}_codes"][0, block].astype(np.float64)
+    codes, meta = host[f"{kv}_codes"][0, block], host[f"{kv}_meta"][0, block]
+    if kv == "k":
+        return ref.dequantize_keys(codes, meta, cfg.kv_dtype.bits)
+    return ref.dequantize_values(codes, meta, cfg.kv_dtype.bits, cfg.group_size)
+
+
+def check_decode(cfg, group, seq_lens, seed):
+    rng = np.random.default_rng(seed)
+    store, tables, tails, keys, values = build_cache(cfg, seq_lens, rng)
+    B = len(seq_lens)
+    q = rng.standard_normal((B, cfg.num_kv_heads * group, cfg.head_dim)).astype(np.float16)
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+    paged_decode(q, store, 0, tables, np.array(seq_lens, np.int32), tails, out=out)
+    got = out.copy_to_host()
+    expect = ref.decode_attention(q, keys, values, 1 / math.sqrt(cfg.head_dim))
+    assert not np.isnan(got).any()
+    err = ref.relative_l2(got, expect)
+    assert err <= 2e-3, f"relative L2 error {err:.2e} (seed {seed})"
+    return err
+
+
+SIM_CASES = [  # (kv_dtype, head_dim, block_size, group, seq_lens)
+    ("fp16", 64, 8, 1, [37, 8]),
+    ("fp16", 64, 16, 2, [0, 70]),
+    ("int4", 64, 8, 1, [45, 16]),
+    ("int4", 64, 16, 2, [33, 5]),
+    ("int2", 64, 8, 2, [40, 1]),
+    ("int2", 64, 16, 1, [64, 19]),
+]
+
+
+@pytest.mark.parametrize("dtype,head_dim,block_size,group,seq_lens", SIM_CASES)
+def test_decode_matches_reference(dtype, head_dim, block_size, group, seq_lens):
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=head_dim, block_size=block_size, kv_dtype=dtype,
+                        group_size=32)
+    check_decode(cfg, group, seq_lens, np.random.SeedSequence().entropy)
+
+
+GPU_SHAPES = [(64, 16, 1), (64, 32, 4), (64, 64, 8), (128, 16, 8), (128, 32, 1), (128, 64, 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,block_size,group", GPU_SHAPES)
+@pytest.mark.parametrize("dtype", ["fp16", "int4", "int2"])
+def test_decode_matches_reference_gpu(dtype, head_dim, block_size, group):
+    rng = np.random.default_rng()
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=4, head_dim=head_dim, block_size=block_size, kv_dtype=dtype,
+                        group_size=64)
+    lens = [int(rng.integers(1, 32768)), 0, int(rng.integers(1, 300)), block_size * 7, 32768]
+    check_decode(cfg, group, lens, int(rng.integers(1 << 62)))
+
+
+def test_bad_arguments_raise_before_launch():
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=8, kv_dtype="int4", group_size=32)
+    store = DeviceKVStore(cfg, num_blocks=4, max_seqs=2)
+    q = np.zeros((1, 2, 64), np.float16)
+    ok = dict(block_tables=np.zeros((1, 3), np.int32), seq_lens=np.array([9], np.int32),
+              tail_slots=np.array([0], np.int32))
+    bad = [
+        dict(q=np.zeros((1, 3, 64), np.float16)),
+        dict(q=np.zeros((1, 2, 64), np.float32)),
+        dict(q=np.zeros((1, 2, 32), np.float16)),
+        dict(layer=1),
+        dict(block_tables=np.full((1, 3), 4, np.int32)),
+        dict(block_tables=np.zeros((2, 3), np.int32)),
+        dict(seq_lens=np.array([40], np.int32)),
+        dict(seq_lens=np.array([-1], np.int32)),
+        dict(tail_slots=np.array([2], np.int32)),
+        dict(seq_lens=np.array([9], np.int64)),
+    ]
+    for case in bad:
+        args = {"q": q, "layer": 0, **ok, **case}
+        with pytest.raises(HexcoreInvalidArgumentError):
+            paged_decode(args.pop("q"), store, args.pop("layer"), **args)
