@@ -1,0 +1,100 @@
+"""Shared pieces of the GPU benchmarks: device-side random fill, event timing, results."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+from numba import cuda, float32, uint32
+
+CEILING_READ_TBS = 4.47  # measured HBM read ceiling of the H200 (DESIGN.md §5)
+CEILING_COPY_TBS = 4.27  # measured device-to-device copy (read + write)
+
+
+@cuda.jit(device=True)
+def _hash(x):
+    x = uint32(x)
+    x ^= x >> uint32(16)
+    x *= uint32(0x7FEB352D)
+    x ^= x >> uint32(15)
+    x *= uint32(0x846CA68B)
+    x ^= x >> uint32(16)
+    return x
+
+
+@cuda.jit
+def _fill_bytes(words, seed):
+    i = cuda.grid(1)
+    if i < words.shape[0]:
+        words[i] = _hash(i * 2654435761 + seed)
+
+
+@cuda.jit
+def _fill_halves(halves, seed, lo, hi):
+    i = cuda.grid(1)
+    if i < halves.shape[0]:
+        u = float32(_hash(i * 2654435761 + seed) >> uint32(8)) * float32(1.0 / 16777216.0)
+        halves[i] = lo + (hi - lo) * u
+
+
+def fill_store(store, seed: int = 1) -> None:
+    """Random content for every store array: codes random bytes, FP16 data in [-1, 1),
+    quantization scales and mins in [0.01, 0.1)."""
+    for name, array in store.arrays.items():
+        flat = array.reshape(array.size)
+        if array.dtype == np.uint8:
+            words = flat.view(np.uint32)
+            _fill_bytes[(words.shape[0] + 255) // 256, 256](words, seed)
+        else:
+            lo, hi = (0.01, 0.1) if name.endswith("meta") else (-1.0, 1.0)
+            _fill_halves[(flat.shape[0] + 255) // 256, 256](flat, seed, lo, hi)
+        seed += 7
+    cuda.synchronize()
+
+
+def time_gpu(fn, warmup: int = 3, repeats: int = 20) -> float:
+    """Median seconds of ``fn()`` on the device, timed with CUDA events one call at a time."""
+    for _ in range(warmup):
+        fn()
+    cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, stop = cuda.event(), cuda.event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cuda.event_elapsed_time(start, stop) / 1e3)
+    return statistics.median(times)
+
+
+def host_seconds_per_call(fn, calls: int = 200) -> float:
+    """Median host time of one ``fn()`` call that only enqueues work (no sync inside)."""
+    for _ in range(5):
+        fn()
+    cuda.synchronize()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    cuda.synchronize()
+    return statistics.median(times)
+
+
+def save(name: str, rows: list[dict]) -> None:
+    """Write rows as JSON under $OUT (or ./gpu-results) and print them as a table."""
+    out = os.environ.get("OUT") or os.path.join(os.getcwd(), "gpu-results")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
+        json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                   "device": cuda.get_current_device().name.decode() if hasattr(
+                       cuda.get_current_device().name, "decode") else str(cuda.get_current_device().name),
+                   "rows": rows}, f, indent=1)
+    keys = list(rows[0]) if rows else []
+    print("\n" + " | ".join(keys))
+    for r in rows:
+        print(" | ".join(f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]) for k in keys))
