@@ -26,8 +26,8 @@ import numpy as np
 from numba import cuda, float32
 
 from ..layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
-from .device import MAGIC, MAGIC_F32, half2_hi, half2_lo, half_at, load_u32x2, load_u32x4, u32_as_f32, \
-    xor_sum_add, xor_sum_store
+from .device import MAGIC, MAGIC_F32, block_max, block_sum, half2_hi, half2_lo, half_at, load_u32x2, load_u32x4, \
+    u32_as_f32, xor_sum_add, xor_sum_store
 
 _code_offset = cuda.jit(device=True)(code_offset)
 _key_meta_offset = cuda.jit(device=True)(key_meta_offset)
@@ -37,7 +37,7 @@ _tail_offset = cuda.jit(device=True)(tail_offset)
 THREADS = 128
 WARPS = THREADS // 32
 SPLIT_TOKENS = 512  # most tokens one CTA handles (its shared score buffer)
-MAX_REGS_PER_LANE = 64  # q' values (or accumulators) a lane keeps: elements x heads
+MAX_REGS_PER_LANE = 32  # q' values (or accumulators) a lane keeps: elements x heads
 
 
 def vector_words(bits: int, head_dim: int, group: int) -> int:
@@ -51,14 +51,32 @@ def vector_words(bits: int, head_dim: int, group: int) -> int:
 
 
 @cuda.jit(device=True)
-def _load_words(pool, at, vw, out):
-    # out[0:vw] = pool[at:at+vw], as one 16- or 8-byte load where vw allows
+def _load_words(pool, at, vw, out, o):
+    # out[o:o+vw] = pool[at:at+vw], as one 16- or 8-byte load where vw allows
     if vw == 4:
-        out[0], out[1], out[2], out[3] = load_u32x4(pool, at)
+        out[o], out[o + 1], out[o + 2], out[o + 3] = load_u32x4(pool, at)
     elif vw == 2:
-        out[0], out[1] = load_u32x2(pool, at)
+        out[o], out[o + 1] = load_u32x2(pool, at)
     else:
-        out[0] = pool[at]
+        out[o] = pool[at]
+
+
+@cuda.jit(device=True)
+def _code_value(word, k, bits, mask):
+    # element k of a packed word times 2**position(k): one LOP3 and one FADD.
+    # Positions up to bit 22 use the magic float directly; higher elements are read
+    # from word >> 12 (position k*bits - 12), which the compiler computes once a word.
+    if k * bits + bits <= 23:
+        return u32_as_f32(MAGIC | (word & (mask << (k * bits)))) - MAGIC_F32
+    return u32_as_f32(MAGIC | ((word >> 12) & (mask << (k * bits - 12)))) - MAGIC_F32
+
+
+@cuda.jit(device=True)
+def _code_weight(k, bits):
+    # 2**-position(k): undoes the position left in _code_value's result
+    if k * bits + bits <= 23:
+        return float32(1.0) / float32(1 << (k * bits))
+    return float32(1.0) / float32(1 << (k * bits - 12))
 
 
 @functools.cache
@@ -74,6 +92,7 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
     TPT = ROW_WORDS // VW  # lanes per token row
     TPW = 32 // TPT  # tokens per warp pass
     PASSES = (BS + TPW - 1) // TPW
+    NLQ = max(1, min(PASSES, 16 // VW))  # passes whose loads are issued together
     NGC = max(1, EPT // GS)  # value groups inside one lane's elements
     EPG = EPT // NGC  # elements per such group
     MASK = (1 << bits) - 1
@@ -81,44 +100,118 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
     F_TPT = D // 8
     F_TPW = 32 // F_TPT
     F_PASSES = (BS + F_TPW - 1) // F_TPW
+    NLF = min(F_PASSES, 4)
     TAIL_WORDS = D // 2
     G8, G_EPT, G_NGC = G * 8, G * EPT, G * NGC  # local array sizes: compile-time constants
+    WORDS = 16  # local staging: up to 16 words (four 16-byte loads) in flight per lane
 
     @cuda.jit(device=True)
     def fp16_scores(pool, row0, ntok, s_q, s_p, p0, lane, words, qh):
         # scores of FP16 rows pool[row0 + t * D/2 ...], t < ntok, into s_p[:, p0 + t]
         chunk = lane % F_TPT
-        for i in range(G * 8):
+        for i in range(G8):
             qh[i] = s_q[i // 8, chunk * 8 + i % 8]
-        for pss in range(F_PASSES):
-            t = pss * F_TPW + lane // F_TPT
-            tt = t if t < ntok else 0
-            _load_words(pool, row0 + tt * TAIL_WORDS + chunk * 4, 4, words)
-            for g in range(G):
-                acc = float32(0)
-                for w in range(4):
-                    acc += qh[g * 8 + 2 * w] * half2_lo(words[w]) + qh[g * 8 + 2 * w + 1] * half2_hi(words[w])
-                # rows past the end still shuffle (every lane must), but store nothing
-                xor_sum_store(s_p, g, p0 + tt, acc, lane, 1, F_TPT // 2, t < ntok)
+        for batch in range(F_PASSES // NLF):
+            for u in range(NLF):
+                t = (batch * NLF + u) * F_TPW + lane // F_TPT
+                tt = t if t < ntok else 0
+                _load_words(pool, row0 + tt * TAIL_WORDS + chunk * 4, 4, words, 4 * u)
+            for u in range(NLF):
+                t = (batch * NLF + u) * F_TPW + lane // F_TPT
+                tt = t if t < ntok else 0
+                for g in range(G):
+                    acc = float32(0)
+                    for w in range(4):
+                        word = words[4 * u + w]
+                        acc += qh[g * 8 + 2 * w] * half2_lo(word) + qh[g * 8 + 2 * w + 1] * half2_hi(word)
+                    # rows past the end still shuffle (every lane must), but store nothing
+                    xor_sum_store(s_p, g, p0 + tt, acc, lane, 1, F_TPT // 2, t < ntok)
 
     @cuda.jit(device=True)
     def fp16_values(pool, row0, ntok, s_p, p0, lane, words, acc8):
         chunk = lane % F_TPT
-        for pss in range(F_PASSES):
-            t = pss * F_TPW + lane // F_TPT
-            if t < ntok:
-                _load_words(pool, row0 + t * TAIL_WORDS + chunk * 4, 4, words)
+        for batch in range(F_PASSES // NLF):
+            for u in range(NLF):
+                t = (batch * NLF + u) * F_TPW + lane // F_TPT
+                tt = t if t < ntok else 0
+                _load_words(pool, row0 + tt * TAIL_WORDS + chunk * 4, 4, words, 4 * u)
+            for u in range(NLF):
+                t = (batch * NLF + u) * F_TPW + lane // F_TPT
+                if t < ntok:
+                    for g in range(G):
+                        p = s_p[g, p0 + t]
+                        for w in range(4):
+                            acc8[g * 8 + 2 * w] += p * half2_lo(words[4 * u + w])
+                            acc8[g * 8 + 2 * w + 1] += p * half2_hi(words[4 * u + w])
+
+    @cuda.jit(device=True)
+    def quantized_scores(pool, row0, meta_w, s_q, s_p, p0, lane, words, qp, mt):
+        # scores of one sealed INT block: s = sum q*kscale*code + sum q*kmin
+        chunk = lane % TPT
+        c0 = chunk * EPT
+        for g in range(G):
+            mt[g] = 0
+        for v in range(EPT // 8):  # 8 channels' scales and mins per pair of 16-byte loads
+            _load_words(pool, meta_w + (c0 + v * 8) // 2, 4, words, 0)
+            _load_words(pool, meta_w + (D + c0 + v * 8) // 2, 4, words, 4)
+            for i in range(8):
+                e = v * 8 + i
+                ks = half2_hi(words[i // 2]) if i % 2 else half2_lo(words[i // 2])
+                km = half2_hi(words[4 + i // 2]) if i % 2 else half2_lo(words[4 + i // 2])
+                weight = _code_weight(e % EPW, bits) * ks
                 for g in range(G):
-                    p = s_p[g, p0 + t]
-                    for w in range(4):
-                        acc8[g * 8 + 2 * w] += p * half2_lo(words[w])
-                        acc8[g * 8 + 2 * w + 1] += p * half2_hi(words[w])
+                    qv = s_q[g, c0 + e]
+                    qp[g * EPT + e] = qv * weight
+                    mt[g] += qv * km
+        for batch in range(PASSES // NLQ):
+            for u in range(NLQ):
+                t = (batch * NLQ + u) * TPW + lane // TPT
+                tt = t if t < BS else 0
+                _load_words(pool, row0 + tt * ROW_WORDS + chunk * VW, VW, words, VW * u)
+            for u in range(NLQ):
+                t = (batch * NLQ + u) * TPW + lane // TPT
+                tt = t if t < BS else 0
+                for g in range(G):
+                    acc = mt[g]
+                    for w in range(VW):
+                        word = words[VW * u + w]
+                        for k in range(EPW):
+                            acc += qp[g * EPT + w * EPW + k] * _code_value(word, k, bits, MASK)
+                    xor_sum_store(s_p, g, p0 + tt, acc, lane, 1, TPT // 2, t < BS)
+
+    @cuda.jit(device=True)
+    def quantized_values(pool, row0, meta_h, s_p, p0, lane, words, acc, mv, pvs):
+        # acc[g, e] += sum_t p[g,t] vscale[t] code[t, e] * 2**pos(e); mv[g, j] += sum_t p vmin
+        chunk = lane % TPT
+        c0 = chunk * EPT
+        for batch in range(PASSES // NLQ):
+            for u in range(NLQ):
+                t = (batch * NLQ + u) * TPW + lane // TPT
+                tt = t if t < BS else 0
+                _load_words(pool, row0 + tt * ROW_WORDS + chunk * VW, VW, words, VW * u)
+            for u in range(NLQ):
+                t = (batch * NLQ + u) * TPW + lane // TPT
+                if t < BS:
+                    for j in range(NGC):
+                        grp = (c0 + j * EPG) // GS
+                        vs = half_at(pool, meta_h + t * 2 * NG + grp)
+                        vm = half_at(pool, meta_h + t * 2 * NG + NG + grp)
+                        for g in range(G):
+                            p = s_p[g, p0 + t]
+                            mv[g * NGC + j] += p * vm
+                            pvs[g * NGC + j] = p * vs
+                    for g in range(G):
+                        for w in range(VW):
+                            word = words[VW * u + w]
+                            for k in range(EPW):
+                                e = w * EPW + k
+                                acc[g * EPT + e] += pvs[g * NGC + e // EPG] * _code_value(word, k, bits, MASK)
 
     @cuda.jit
     def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots,
                part_out, part_ml, layer, num_blocks, max_seqs, split_blocks, scale):
         # pool: every store array as uint32 words; k_codes..v_tails: their word offsets
-        # q: [B, Hq, D] f16 as words; part_out: [B, Hq, splits, D] f32; part_ml: [B, Hq, splits, 2]
+        # q: [B, Hq, D] f16 as words; part_out: [B*Hq, splits, D] f32; part_ml: [B*Hq, splits, 2]
         split = cuda.blockIdx.x
         h = cuda.blockIdx.y
         b = cuda.blockIdx.z
@@ -137,91 +230,59 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
         s_q = cuda.shared.array((G, D), float32)  # q[g, d] * softmax scale
         s_p = cuda.shared.array((G, SPLIT_TOKENS), float32)  # scores, then probabilities
         s_out = cuda.shared.array((G, D), float32)  # the CTA's unnormalised output
-        s_red = cuda.shared.array((G, THREADS), float32)  # per-thread partial max / sum
-        words = cuda.local.array(4, np.uint32)
+        s_red = cuda.shared.array(THREADS, float32)  # block reductions
+        words = cuda.local.array(WORDS, np.uint32)
         qh = cuda.local.array(G8, float32)
         for i in range(tid, G * D, THREADS):
             g = i // D
             w = q[((b * H + h) * G + g) * (D // 2) + (i % D) // 2]
             s_q[g, i % D] = (half2_hi(w) if i % 2 else half2_lo(w)) * scale
             s_out[g, i % D] = 0
-        for i in range(tid, G * SPLIT_TOKENS, THREADS):
-            s_p[i // SPLIT_TOKENS, i % SPLIT_TOKENS] = 0
+        for i in range(tid, G * n_tok, THREADS):
+            s_p[i // n_tok, i % n_tok] = 0
         cuda.syncthreads()  # s_q, s_p, s_out ready
 
         # ---- scores ----------------------------------------------------------------
         qp = cuda.local.array(G_EPT, float32)
         mt = cuda.local.array(G, float32)
-        chunk = lane % TPT
-        c0 = chunk * EPT
         for vb in range(vb0 + warp, vb1, WARPS):
             p0 = (vb - vb0) * BS
             if vb < n_sealed:
                 block = block_tables[b, vb]
-                if not quantized:
-                    row0 = k_codes + _code_offset(layer, block, h, 0, num_blocks, H, BS, row_bytes) // 4
-                    fp16_scores(pool, row0, BS, s_q, s_p, p0, lane, words, qh)
+                row0 = k_codes + _code_offset(layer, block, h, 0, num_blocks, H, BS, row_bytes) // 4
+                if quantized:
+                    meta_w = k_meta + _key_meta_offset(layer, block, h, num_blocks, H, D) // 4
+                    quantized_scores(pool, row0, meta_w, s_q, s_p, p0, lane, words, qp, mt)
                 else:
-                    meta = k_meta + _key_meta_offset(layer, block, h, num_blocks, H, D) // 4
-                    for g in range(G):
-                        mt[g] = 0
-                    for e in range(EPT):
-                        ks = half_at(pool, 2 * meta + c0 + e)
-                        km = half_at(pool, 2 * meta + D + c0 + e)
-                        for g in range(G):
-                            qp[g * EPT + e] = s_q[g, c0 + e] * ks
-                            mt[g] += s_q[g, c0 + e] * km
-                    row0 = k_codes + _code_offset(layer, block, h, 0, num_blocks, H, BS, row_bytes) // 4
-                    for pss in range(PASSES):
-                        t = pss * TPW + lane // TPT
-                        tt = t if t < BS else 0
-                        _load_words(pool, row0 + tt * ROW_WORDS + chunk * VW, VW, words)
-                        for g in range(G):
-                            acc = mt[g]
-                            for w in range(VW):
-                                word = words[w]
-                                for k in range(EPW):
-                                    f = u32_as_f32(MAGIC | ((word >> (k * bits)) & MASK)) - MAGIC_F32
-                                    acc += qp[g * EPT + w * EPW + k] * f
-                            xor_sum_store(s_p, g, p0 + tt, acc, lane, 1, TPT // 2, t < BS)
+                    fp16_scores(pool, row0, BS, s_q, s_p, p0, lane, words, qh)
             else:
                 row0 = k_tails + _tail_offset(layer, tail_slots[b], h, 0, max_seqs, H, BS, D) // 4
                 fp16_scores(pool, row0, n_tok - p0, s_q, s_p, p0, lane, words, qh)
         cuda.syncthreads()  # all scores written
 
-        # ---- softmax over the split (per head: max, exp, sum) ----------------------------
+        # ---- softmax over the split, per head --------------------------------------------
         for g in range(G):
             m = -math.inf
             for t in range(tid, n_tok, THREADS):
                 m = max(m, s_p[g, t])
-            s_red[g, tid] = m
-        cuda.syncthreads()  # partial maxima
-        for g in range(G):
-            m = -math.inf
-            for i in range(THREADS):
-                m = max(m, s_red[g, i])
-            mt[g] = m
-        cuda.syncthreads()  # every thread has read the maxima
-        for g in range(G):
+            m = block_max(m, s_red)
             total = float32(0)
             for t in range(tid, n_tok, THREADS):
-                p = math.exp(s_p[g, t] - mt[g])
+                p = math.exp(s_p[g, t] - m)
                 s_p[g, t] = p
                 total += p
-            s_red[g, tid] = total
-        cuda.syncthreads()  # probabilities and partial sums
-        if tid < G:
-            total = float32(0)
-            for i in range(THREADS):
-                total += s_red[tid, i]
-            out_row = (b * H + h) * G + tid
-            part_ml[out_row, split, 0] = mt[tid]
-            part_ml[out_row, split, 1] = total
+            total = block_sum(total, s_red)
+            if tid == 0:
+                out_row = (b * H + h) * G + g
+                part_ml[out_row, split, 0] = m
+                part_ml[out_row, split, 1] = total
+        cuda.syncthreads()  # probabilities complete
 
         # ---- values -----------------------------------------------------------------
         acc = cuda.local.array(G_EPT, float32)
         acc8 = cuda.local.array(G8, float32)
         mv = cuda.local.array(G_NGC, float32)
+        pvs = cuda.local.array(G_NGC, float32)
         for i in range(G_EPT):
             acc[i] = 0
         for i in range(G8):
@@ -233,26 +294,11 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
             if vb < n_sealed:
                 block = block_tables[b, vb]
                 row0 = v_codes + _code_offset(layer, block, h, 0, num_blocks, H, BS, row_bytes) // 4
-                if not quantized:
-                    fp16_values(pool, row0, BS, s_p, p0, lane, words, acc8)
+                if quantized:
+                    meta_h = 2 * v_meta + _value_meta_offset(layer, block, h, 0, num_blocks, H, BS, NG) // 2
+                    quantized_values(pool, row0, meta_h, s_p, p0, lane, words, acc, mv, pvs)
                 else:
-                    meta0 = 2 * v_meta + _value_meta_offset(layer, block, h, 0, num_blocks, H, BS, NG) // 2
-                    for pss in range(PASSES):
-                        t = pss * TPW + lane // TPT
-                        if t < BS:
-                            _load_words(pool, row0 + t * ROW_WORDS + chunk * VW, VW, words)
-                            for j in range(NGC):
-                                grp = (c0 + j * EPG) // GS
-                                vs = half_at(pool, meta0 + t * 2 * NG + grp)
-                                vm = half_at(pool, meta0 + t * 2 * NG + NG + grp)
-                                for g in range(G):
-                                    p = s_p[g, p0 + t]
-                                    mv[g * NGC + j] += p * vm
-                                    pv = p * vs
-                                    for e in range(j * EPG, (j + 1) * EPG):
-                                        word = words[e // EPW]
-                                        f = u32_as_f32(MAGIC | ((word >> ((e % EPW) * bits)) & MASK)) - MAGIC_F32
-                                        acc[g * EPT + e] += pv * f
+                    fp16_values(pool, row0, BS, s_p, p0, lane, words, acc8)
             else:
                 row0 = v_tails + _tail_offset(layer, tail_slots[b], h, 0, max_seqs, H, BS, D) // 4
                 fp16_values(pool, row0, n_tok - p0, s_p, p0, lane, words, acc8)
@@ -261,9 +307,10 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
             for e in range(8):
                 xor_sum_add(s_out, g, (lane % F_TPT) * 8 + e, acc8[g * 8 + e], lane, F_TPT, 16)
         if quantized:
+            c0 = (lane % TPT) * EPT
             for g in range(G):
                 for e in range(EPT):
-                    value = acc[g * EPT + e] + mv[g * NGC + e // EPG]
+                    value = acc[g * EPT + e] * _code_weight(e % EPW, bits) + mv[g * NGC + e // EPG]
                     xor_sum_add(s_out, g, c0 + e, value, lane, TPT, 16)
         cuda.syncthreads()  # s_out complete
         for i in range(tid, G * D, THREADS):
@@ -278,17 +325,21 @@ def merge_kernel(part_out, part_ml, seq_lens, out, split_tokens):
     # one CTA per (query head, sequence); out: [B, Hq, D] float16
     hq = cuda.blockIdx.x
     b = cuda.blockIdx.y
+    tid = cuda.threadIdx.x
     num_q_heads = out.shape[1]
     row = b * num_q_heads + hq
     n_splits = (seq_lens[b] + split_tokens - 1) // split_tokens
+    s_red = cuda.shared.array(THREADS, float32)
     m = -math.inf
-    for s in range(n_splits):
+    for s in range(tid, n_splits, THREADS):
         m = max(m, part_ml[row, s, 0])
+    m = block_max(m, s_red)
     total = float32(0)
-    for s in range(n_splits):
+    for s in range(tid, n_splits, THREADS):
         total += math.exp(part_ml[row, s, 0] - m) * part_ml[row, s, 1]
+    total = block_sum(total, s_red)
     inv = float32(1) / total if total > 0 else float32(0)
-    for d in range(cuda.threadIdx.x, out.shape[2], cuda.blockDim.x):
+    for d in range(tid, out.shape[2], THREADS):
         acc = float32(0)
         for s in range(n_splits):
             acc += math.exp(part_ml[row, s, 0] - m) * part_out[row, s, d]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import numpy as np
 from numba import cuda
@@ -14,7 +15,8 @@ from .attention import SPLIT_TOKENS, THREADS, decode_kernel, merge_kernel
 from .device import SIMULATOR
 from .store import DeviceKVStore, flat_words
 
-CTAS_PER_SM = 8  # splits are shortened until a launch has about this many CTAs per SM
+# splits are shortened until a launch has about this many CTAs per SM (tuning knob)
+CTAS_PER_SM = int(os.environ.get("HEXCORE_CTAS_PER_SM", "8"))
 
 
 @functools.cache

@@ -28,6 +28,11 @@ Helpers
 - ``xor_sum_add(out, i, j, value, lane, lo, hi)``: the same, added atomically into
   ``out[i, j]`` (several warps may add to one element).
 - ``half_at(words, k)``: float16 number ``k`` of a uint32 array, as float32.
+- ``block_max(value, scratch)``, ``block_sum(value, scratch)``: the max / sum of
+  ``value`` over the whole CTA, returned to every thread; ``scratch`` is a shared
+  float32 array of blockDim.x elements. Every thread must call them (they contain
+  ``syncthreads``). GPU: warp shuffles, then one value per warp; twin: all through
+  shared memory.
 """
 
 from __future__ import annotations
@@ -134,6 +139,36 @@ if not SIMULATOR:
         w = words[k >> 1]
         return half2_hi(w) if k & 1 else half2_lo(w)
 
+    @cuda.jit(device=True, inline=True)
+    def block_max(value, scratch):
+        offset = 16
+        while offset > 0:
+            value = max(value, cuda.shfl_xor_sync(FULL_MASK, value, offset))
+            offset >>= 1
+        if cuda.threadIdx.x % 32 == 0:
+            scratch[cuda.threadIdx.x // 32] = value
+        cuda.syncthreads()  # one partial per warp in scratch
+        result = scratch[0]
+        for i in range(1, cuda.blockDim.x // 32):
+            result = max(result, scratch[i])
+        cuda.syncthreads()  # scratch free for the next reduction
+        return result
+
+    @cuda.jit(device=True, inline=True)
+    def block_sum(value, scratch):
+        offset = 16
+        while offset > 0:
+            value += cuda.shfl_xor_sync(FULL_MASK, value, offset)
+            offset >>= 1
+        if cuda.threadIdx.x % 32 == 0:
+            scratch[cuda.threadIdx.x // 32] = value
+        cuda.syncthreads()  # one partial per warp in scratch
+        result = scratch[0]
+        for i in range(1, cuda.blockDim.x // 32):
+            result += scratch[i]
+        cuda.syncthreads()  # scratch free for the next reduction
+        return result
+
 else:
     # the simulator swaps `cuda` inside device functions for its fake module (atomics)
 
@@ -169,3 +204,23 @@ else:
     @cuda.jit(device=True)
     def half_at(words, k):
         return half2_hi(words[k >> 1]) if k & 1 else half2_lo(words[k >> 1])
+
+    @cuda.jit(device=True)
+    def block_max(value, scratch):
+        scratch[cuda.threadIdx.x] = value
+        cuda.syncthreads()  # every thread's value in scratch
+        result = scratch[0]
+        for i in range(1, cuda.blockDim.x):
+            result = max(result, scratch[i])
+        cuda.syncthreads()  # scratch free for the next reduction
+        return result
+
+    @cuda.jit(device=True)
+    def block_sum(value, scratch):
+        scratch[cuda.threadIdx.x] = value
+        cuda.syncthreads()  # every thread's value in scratch
+        result = scratch[0]
+        for i in range(1, cuda.blockDim.x):
+            result += scratch[i]
+        cuda.syncthreads()  # scratch free for the next reduction
+        return result

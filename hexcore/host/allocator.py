@@ -16,6 +16,7 @@ import numpy as np
 from ..config import KVCacheConfig
 from ..errors import HexcoreInvalidArgumentError, Status, raise_for_status
 from . import _blocks as core
+from ._event_ops import ALLOCATED, FORKED, FREED
 from ._step import OUT_LEN, OUT_STATUS, OUT_TAIL, StepResult, new_outputs, step
 from ._validation import as_index, check_ids, describe_seq_error, verify_state
 
@@ -61,6 +62,7 @@ class PagedKVCache:
         self._views: dict[int, tuple] = {}  # batch size -> read-only output views
         self._no_lens = np.zeros(0, np.int32)
         self._metrics = metrics
+        self._events = None  # an events.EventPublisher while an event ring is attached
         if metrics is not None:
             active, free, reserved, sequences, _ = self._gauges()
             metrics.set_gauges(active_blocks=active, free_blocks=free, reserved_blocks=reserved,
@@ -74,6 +76,8 @@ class PagedKVCache:
         status, sid = core.add_sequence(self._seqs, self._counters, sid)
         if status:
             self._fail(status, "add", None if seq_id is None else sid)
+        if self._events is not None:
+            self._events.one(ALLOCATED, sid, 0, -1)
         if t0:
             self._record("add_sequence", t0)
         return sid
@@ -87,6 +91,8 @@ class PagedKVCache:
                                            seq_id, self.block_size)
         if status:
             self._fail(status, "free", seq_id)
+        if self._events is not None:
+            self._events.one(FREED, seq_id, 0, -1)
         if t0:
             self._record("free_sequence", t0, freed=freed)
 
@@ -105,6 +111,8 @@ class PagedKVCache:
             if not core._is_live(self._seqs, parent):
                 self._fail(status, "fork", parent)
             self._fail(status, "add", None if child is None else cid)
+        if self._events is not None:
+            self._events.one(FORKED, cid, parent, -1)
         if t0:
             self._record("fork_sequence", t0)
         return cid
@@ -133,7 +141,10 @@ class PagedKVCache:
             self._record("grow_sequence", t0, hits=hits, misses=misses)
         if hits + misses == 0:
             return _NO_BLOCKS
-        return _frozen(self._tables[seq_id, first:first + hits + misses])
+        sealed = self._tables[seq_id, first:first + hits + misses]
+        if self._events is not None:
+            self._events.run(seq_id, first, sealed)
+        return _frozen(sealed)
 
     def try_grow_sequence(self, seq_id: int, new_len: int) -> Status:
         """:meth:`grow_sequence` that returns a :class:`Status` instead of raising.
@@ -147,10 +158,12 @@ class PagedKVCache:
             except HexcoreInvalidArgumentError:
                 return Status.INVALID_ARGUMENT
         try:
-            status, _, hits, misses = core.grow_sequence(
+            status, first, hits, misses = core.grow_sequence(
                 self._blocks, self._seqs, self._counters, self._tables, seq_id, new_len, self.block_size)
         except OverflowError:  # an int past int64: out of every range
             return Status.INVALID_SEQUENCE
+        if hits + misses and self._events is not None:
+            self._events.run(seq_id, first, self._tables[seq_id, first:first + hits + misses])
         if t0:
             self._record("try_grow_sequence", t0, hits=hits, misses=misses,
                          oom=int(status == Status.OUT_OF_MEMORY))
@@ -178,7 +191,12 @@ class PagedKVCache:
             self._blocks, self._seqs, self._counters, self._tables, seq_ids, lens, increment,
             self.block_size, self._out_rows, self._out_tables, self._sealed)
         views = self._views.get(len(seq_ids)) or self._make_views(len(seq_ids))
-        sealed = views[4] if num_sealed == 0 else self._sealed[:num_sealed]
+        if num_sealed == 0:
+            sealed = views[4]
+        else:
+            sealed = self._sealed[:num_sealed]
+            if self._events is not None:
+                self._events.sealed(sealed)
         if t0:
             self._record("step", t0, hits=hits, misses=misses, oom=ooms)
         return StepResult(views[0], sealed, views[1], views[2], views[3], num_failed)
@@ -219,6 +237,26 @@ class PagedKVCache:
         if t0:
             self._record("release_reserved", t0, freed=released)
         return released
+
+    # -- block events (hexcore.host.events) ------------------------------------------
+    def attach_event_ring(self, ring) -> None:
+        """Publish block events into ``ring`` (see ``hexcore.host.events``); None detaches.
+
+        ``ring``: a LockFreeRingBuffer of record_width 4 read by a BlockTableMirror. The
+        current tables are published first, so a late mirror starts consistent.
+        """
+        from .events import EventPublisher, replay_records
+
+        if ring is None:
+            self._events = None
+            return
+        publisher = EventPublisher(ring)
+        publisher.records(replay_records(self._tables, self._seqs[core.LEN], self.block_size))
+        self._events = publisher
+
+    def flush_events(self, timeout: float | None = 0.0) -> int:
+        """Push events staged while the ring was full, waiting up to ``timeout`` s; events left."""
+        return 0 if self._events is None else self._events.flush(timeout)
 
     # -- accessors ------------------------------------------------------------------
     def block_table(self, seq_id: int) -> np.ndarray:

@@ -1,0 +1,169 @@
+"""The njit core of block events: staging and pushing events, and applying them to a mirror.
+
+Layout of an event and the kinds are documented in ``events.py``. Every function
+here is ``njit(nogil=True, cache=True)`` and never raises: publishers return the
+number of events still pending, ``RING_CLOSED`` or ``NEED_ROOM``; the mirror's
+functions return the index of the first inconsistent event.
+"""
+
+from __future__ import annotations
+
+import numba
+
+from ._ring_ops import RING_CLOSED, ring_try_pop_batch, ring_try_push_batch
+
+ALLOCATED, SEALED, FREED, FORKED = 0, 1, 2, 3
+EVENT_WIDTH = 4
+NEED_ROOM = -2  # a publish_* call found the staging array too small; nothing was staged
+
+_jit = numba.njit(cache=True, nogil=True)
+
+
+# -- publisher side --------------------------------------------------------------------- ------------------------------------------------------------
+# staging: int64 [capacity, 4] -> events not yet in the ring, rows [state[0], state[1])
+# state:   int64 [2] -> (first pending row, end of pending rows)
+@_jit
+def _flush(buf, staging, state):
+    start, end = state[0], state[1]
+    if start < end:
+        count = ring_try_push_batch(buf, staging[start:end])
+        if count == RING_CLOSED:
+            return RING_CLOSED
+        start += count
+    if start == end:
+        start = end = 0
+    state[0], state[1] = start, end
+    return end - start
+
+
+@_jit
+def _room(staging, state, n):
+    # True when n more rows fit after the pending ones (moving them to row 0 if needed).
+    if state[1] + n <= staging.shape[0]:
+        return True
+    pending = state[1] - state[0]
+    if pending + n > staging.shape[0]:
+        return False
+    for i in range(pending):
+        for w in range(EVENT_WIDTH):
+            staging[i, w] = staging[state[0] + i, w]
+    state[0], state[1] = 0, pending
+    return True
+
+
+@_jit
+def publish_one(buf, staging, state, kind, seq_id, arg, block_id):
+    """Stage one event and flush; returns events still pending, RING_CLOSED or NEED_ROOM."""
+    if not _room(staging, state, 1):
+        return NEED_ROOM
+    end = state[1]
+    staging[end, 0], staging[end, 1], staging[end, 2], staging[end, 3] = kind, seq_id, arg, block_id
+    state[1] = end + 1
+    return _flush(buf, staging, state)
+
+
+@_jit
+def publish_run(buf, staging, state, seq_id, first, block_ids):
+    """Stage SEALED events for ``block_ids`` (int32 [n]) at logical ``first``...; then flush."""
+    n = block_ids.shape[0]
+    if not _room(staging, state, n):
+        return NEED_ROOM
+    end = state[1]
+    for i in range(n):
+        staging[end + i, 0], staging[end + i, 1] = SEALED, seq_id
+        staging[end + i, 2], staging[end + i, 3] = first + i, block_ids[i]
+    state[1] = end + n
+    return _flush(buf, staging, state)
+
+
+@_jit
+def publish_sealed(buf, staging, state, sealed):
+    """Stage SEALED events for the step's rows (seq_id, logical, block_id), int32 [n, 3]."""
+    n = sealed.shape[0]
+    if not _room(staging, state, n):
+        return NEED_ROOM
+    end = state[1]
+    for i in range(n):
+        staging[end + i, 0], staging[end + i, 1] = SEALED, sealed[i, 0]
+        staging[end + i, 2], staging[end + i, 3] = sealed[i, 1], sealed[i, 2]
+    state[1] = end + n
+    return _flush(buf, staging, state)
+
+
+@_jit
+def publish_records(buf, staging, state, records):
+    """Stage ready-made events (int64 [n, 4]) and flush."""
+    n = records.shape[0]
+    if not _room(staging, state, n):
+        return NEED_ROOM
+    end = state[1]
+    staging[end:end + n] = records
+    state[1] = end + n
+    return _flush(buf, staging, state)
+
+
+# -- consumer side ---------------------------------------------------------------------
+@_jit
+def apply_events(events, tables, num_sealed, refs):
+    """Apply ``events`` (int64 [n, 4]) to the mirror's arrays; index of the first bad event or -1.
+
+    Events before a bad one stay applied; the bad one and those after are not.
+    """
+    max_seqs, max_blocks = tables.shape[0], tables.shape[1]
+    for i in range(events.shape[0]):
+        kind, seq_id, arg, block_id = events[i, 0], events[i, 1], events[i, 2], events[i, 3]
+        if seq_id < 0 or seq_id >= max_seqs:
+            return i
+        live = num_sealed[seq_id] >= 0
+        if kind == ALLOCATED:
+            if live:
+                return i
+            num_sealed[seq_id] = 0
+        elif kind == SEALED:
+            if not live or arg != num_sealed[seq_id] or arg >= max_blocks:
+                return i
+            if block_id < 0 or block_id >= refs.shape[0]:
+                return i
+            tables[seq_id, arg] = block_id
+            refs[block_id] += 1
+            num_sealed[seq_id] = arg + 1
+        elif kind == FREED:
+            if not live:
+                return i
+            for j in range(num_sealed[seq_id]):
+                refs[tables[seq_id, j]] -= 1
+                tables[seq_id, j] = -1
+            num_sealed[seq_id] = -1
+        elif kind == FORKED:
+            if live or arg < 0 or arg >= max_seqs or num_sealed[arg] < 0:
+                return i
+            for j in range(num_sealed[arg]):
+                tables[seq_id, j] = tables[arg, j]
+                refs[tables[arg, j]] += 1
+            num_sealed[seq_id] = num_sealed[arg]
+        else:
+            return i
+    return -1
+
+
+@_jit
+def drain_events(buf, out, tables, num_sealed, refs, stats):
+    """Pop and apply every event in the ring now; stats: int64 [3] -> (applied, bad event row, closed).
+
+    On a bad event its 4 words are left in ``out[0]`` and ``stats[1]`` is 0 (else -1).
+    """
+    stats[1] = -1
+    while True:
+        count = ring_try_pop_batch(buf, out)
+        if count == RING_CLOSED:
+            stats[2] = 1
+            return
+        if count == 0:
+            return
+        bad = apply_events(out[:count], tables, num_sealed, refs)
+        if bad >= 0:
+            stats[0] += bad
+            out[0, :] = out[bad, :]
+            stats[1] = 0
+            return
+        stats[0] += count
