@@ -22,7 +22,7 @@ OOM handling cannot see them.
 
 What the concurrency buys, honestly: not a faster seal. A hit and a miss are
 both O(1) and cost about the same on a CPU (see benchmarks/RESULTS.md); the owner
-still pays ~10 ns per applied prediction. It buys (1) decoupling: the predictor
+still pays ~6 ns per applied prediction. It buys (1) decoupling: the predictor
 can run in another thread or process without a lock, and (2) the block a
 sequence will seal into is fixed one step early (``cache.prefetched_block``), so
 the device side can stage the next step (block tables, a captured graph) before
