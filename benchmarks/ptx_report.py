@@ -32,7 +32,9 @@ DECODE_SIG = (U32, I64, I64, I64, I64, I64, I64, U32, types.int32[:, ::1], I32, 
 
 
 def ptx_of(kernel, sig) -> str:
-    ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+    from hexcore.cuda.attention import KERNEL_OPTIONS
+
+    ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0), **KERNEL_OPTIONS)
     return ptx
 
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import numpy as np
 from numba import cuda, float32
 
 from ..layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
-from .device import MAGIC, MAGIC_F32, block_max, block_sum, half2_hi, half2_lo, half_at, load_u32x2, load_u32x4, \
+from .device import MAGIC, MAGIC_F32, SIMULATOR, block_max, block_sum, half2_hi, half2_lo, half_at, load_u32x2, load_u32x4, \
     u32_as_f32, xor_sum_add, xor_sum_store
 
 _code_offset = cuda.jit(device=True)(code_offset)
@@ -34,9 +35,15 @@ _key_meta_offset = cuda.jit(device=True)(key_meta_offset)
 _value_meta_offset = cuda.jit(device=True)(value_meta_offset)
 _tail_offset = cuda.jit(device=True)(tail_offset)
 
+NEG_INF = np.float32(-np.inf)
 THREADS = 128
 WARPS = THREADS // 32
 SPLIT_TOKENS = 512  # most tokens one CTA handles (its shared score buffer)
+# FP16 rows: load the next batch while computing on this one (tuning knob)
+PIPELINE = os.environ.get("HEXCORE_PIPELINE", "1") == "1"
+# CTAs per SM the compiler must fit (caps registers through launch bounds); 0 = no cap
+MIN_CTAS_PER_SM = int(os.environ.get("HEXCORE_MIN_CTAS_PER_SM", "0"))
+KERNEL_OPTIONS = {"launch_bounds": (THREADS, MIN_CTAS_PER_SM)} if MIN_CTAS_PER_SM and not SIMULATOR else {}
 MAX_REGS_PER_LANE = 32  # q' values (or accumulators) a lane keeps: elements x heads
 
 
@@ -101,9 +108,19 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
     F_TPW = 32 // F_TPT
     F_PASSES = (BS + F_TPW - 1) // F_TPW
     NLF = min(F_PASSES, 4)
+    F_BATCHES = F_PASSES // NLF
     TAIL_WORDS = D // 2
     G8, G_EPT, G_NGC = G * 8, G * EPT, G * NGC  # local array sizes: compile-time constants
-    WORDS = 16  # local staging: up to 16 words (four 16-byte loads) in flight per lane
+    WORDS = 32  # local staging: two batches of up to four 16-byte loads per lane
+
+    @cuda.jit(device=True)
+    def fp16_load(pool, row0, ntok, lane, words, o, batch):
+        # NLF passes of 16-byte chunks of FP16 rows into words[o:o + 4 * NLF]; rows past
+        # ntok load row 0 instead (always present), so nothing unwritten is read
+        for u in range(NLF):
+            t = (batch * NLF + u) * F_TPW + lane // F_TPT
+            tt = t if t < ntok else 0
+            _load_words(pool, row0 + tt * TAIL_WORDS + (lane % F_TPT) * 4, 4, words, o + 4 * u)
 
     @cuda.jit(device=True)
     def fp16_scores(pool, row0, ntok, s_q, s_p, p0, lane, words, qh):
@@ -111,38 +128,41 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
         chunk = lane % F_TPT
         for i in range(G8):
             qh[i] = s_q[i // 8, chunk * 8 + i % 8]
-        for batch in range(F_PASSES // NLF):
-            for u in range(NLF):
-                t = (batch * NLF + u) * F_TPW + lane // F_TPT
-                tt = t if t < ntok else 0
-                _load_words(pool, row0 + tt * TAIL_WORDS + chunk * 4, 4, words, 4 * u)
+        fp16_load(pool, row0, ntok, lane, words, 0, 0)
+        for batch in range(F_BATCHES):
+            o = (batch % 2) * 16 if PIPELINE else 0
+            if PIPELINE and batch + 1 < F_BATCHES:  # next batch's loads in flight meanwhile
+                fp16_load(pool, row0, ntok, lane, words, 16 - o, batch + 1)
+            elif not PIPELINE and batch > 0:
+                fp16_load(pool, row0, ntok, lane, words, 0, batch)
             for u in range(NLF):
                 t = (batch * NLF + u) * F_TPW + lane // F_TPT
                 tt = t if t < ntok else 0
                 for g in range(G):
                     acc = float32(0)
                     for w in range(4):
-                        word = words[4 * u + w]
+                        word = words[o + 4 * u + w]
                         acc += qh[g * 8 + 2 * w] * half2_lo(word) + qh[g * 8 + 2 * w + 1] * half2_hi(word)
                     # rows past the end still shuffle (every lane must), but store nothing
                     xor_sum_store(s_p, g, p0 + tt, acc, lane, 1, F_TPT // 2, t < ntok)
 
     @cuda.jit(device=True)
     def fp16_values(pool, row0, ntok, s_p, p0, lane, words, acc8):
-        chunk = lane % F_TPT
-        for batch in range(F_PASSES // NLF):
-            for u in range(NLF):
-                t = (batch * NLF + u) * F_TPW + lane // F_TPT
-                tt = t if t < ntok else 0
-                _load_words(pool, row0 + tt * TAIL_WORDS + chunk * 4, 4, words, 4 * u)
+        fp16_load(pool, row0, ntok, lane, words, 0, 0)
+        for batch in range(F_BATCHES):
+            o = (batch % 2) * 16 if PIPELINE else 0
+            if PIPELINE and batch + 1 < F_BATCHES:
+                fp16_load(pool, row0, ntok, lane, words, 16 - o, batch + 1)
+            elif not PIPELINE and batch > 0:
+                fp16_load(pool, row0, ntok, lane, words, 0, batch)
             for u in range(NLF):
                 t = (batch * NLF + u) * F_TPW + lane // F_TPT
                 if t < ntok:
                     for g in range(G):
                         p = s_p[g, p0 + t]
                         for w in range(4):
-                            acc8[g * 8 + 2 * w] += p * half2_lo(words[4 * u + w])
-                            acc8[g * 8 + 2 * w + 1] += p * half2_hi(words[4 * u + w])
+                            acc8[g * 8 + 2 * w] += p * half2_lo(words[o + 4 * u + w])
+                            acc8[g * 8 + 2 * w + 1] += p * half2_hi(words[o + 4 * u + w])
 
     @cuda.jit(device=True)
     def quantized_scores(pool, row0, meta_w, s_q, s_p, p0, lane, words, qp, mt):
@@ -262,7 +282,7 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
 
         # ---- softmax over the split, per head --------------------------------------------
         for g in range(G):
-            m = -math.inf
+            m = NEG_INF
             for t in range(tid, n_tok, THREADS):
                 m = max(m, s_p[g, t])
             m = block_max(m, s_red)
@@ -320,17 +340,22 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
     return kernel
 
 
+MERGE_CHUNK = 1024  # split weights staged in shared memory per round
+
+
 @cuda.jit
 def merge_kernel(part_out, part_ml, seq_lens, out, split_tokens):
-    # one CTA per (query head, sequence); out: [B, Hq, D] float16
+    # one CTA per (query head, sequence); out: [B, Hq, D] float16, D <= 2 * THREADS
     hq = cuda.blockIdx.x
     b = cuda.blockIdx.y
     tid = cuda.threadIdx.x
     num_q_heads = out.shape[1]
+    head_dim = out.shape[2]
     row = b * num_q_heads + hq
     n_splits = (seq_lens[b] + split_tokens - 1) // split_tokens
     s_red = cuda.shared.array(THREADS, float32)
-    m = -math.inf
+    s_w = cuda.shared.array(MERGE_CHUNK, float32)  # exp(m_s - m) of this round's splits
+    m = NEG_INF
     for s in range(tid, n_splits, THREADS):
         m = max(m, part_ml[row, s, 0])
     m = block_max(m, s_red)
@@ -339,8 +364,41 @@ def merge_kernel(part_out, part_ml, seq_lens, out, split_tokens):
         total += math.exp(part_ml[row, s, 0] - m) * part_ml[row, s, 1]
     total = block_sum(total, s_red)
     inv = float32(1) / total if total > 0 else float32(0)
-    for d in range(tid, out.shape[2], THREADS):
-        acc = float32(0)
-        for s in range(n_splits):
-            acc += math.exp(part_ml[row, s, 0] - m) * part_out[row, s, d]
-        out[b, hq, d] = acc * inv
+    d0 = tid
+    d1 = tid + THREADS
+    acc0 = float32(0)
+    acc1 = float32(0)
+    for base in range(0, n_splits, MERGE_CHUNK):
+        n = min(MERGE_CHUNK, n_splits - base)
+        for s in range(tid, n, THREADS):
+            s_w[s] = math.exp(part_ml[row, base + s, 0] - m)
+        cuda.syncthreads()  # weights of this round ready
+        if d0 < head_dim:
+            acc0 += _weighted_sum(part_out, row, base, n, d0, s_w)
+        if d1 < head_dim:
+            acc1 += _weighted_sum(part_out, row, base, n, d1, s_w)
+        cuda.syncthreads()  # weights read before the next round overwrites them
+    if d0 < head_dim:
+        out[b, hq, d0] = acc0 * inv
+    if d1 < head_dim:
+        out[b, hq, d1] = acc1 * inv
+
+
+@cuda.jit(device=True)
+def _weighted_sum(part_out, row, base, n, d, s_w):
+    # sum_s s_w[s] * part_out[row, base + s, d], four independent loads in flight
+    a0 = float32(0)
+    a1 = float32(0)
+    a2 = float32(0)
+    a3 = float32(0)
+    s = 0
+    while s + 4 <= n:
+        a0 += s_w[s] * part_out[row, base + s, d]
+        a1 += s_w[s + 1] * part_out[row, base + s + 1, d]
+        a2 += s_w[s + 2] * part_out[row, base + s + 2, d]
+        a3 += s_w[s + 3] * part_out[row, base + s + 3, d]
+        s += 4
+    while s < n:
+        a0 += s_w[s] * part_out[row, base + s, d]
+        s += 1
+    return (a0 + a1) + (a2 + a3)

@@ -16,7 +16,7 @@ from .device import SIMULATOR
 from .store import DeviceKVStore, flat_words
 
 # splits are shortened until a launch has about this many CTAs per SM (tuning knob)
-CTAS_PER_SM = int(os.environ.get("HEXCORE_CTAS_PER_SM", "8"))
+CTAS_PER_SM = int(os.environ.get("HEXCORE_CTAS_PER_SM", "4"))
 
 
 @functools.cache
@@ -77,6 +77,8 @@ def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, ta
     cfg = store.config
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < cfg.num_layers:
         raise HexcoreInvalidArgumentError(f"layer: expected an int in [0, {cfg.num_layers}), got {layer!r}")
+    if cfg.head_dim > 2 * THREADS:
+        raise HexcoreInvalidArgumentError(f"head_dim: paged_decode supports up to {2 * THREADS}, got {cfg.head_dim}")
     q = checked(q, "q", np.float16, (None, None, cfg.head_dim))
     batch, num_q_heads = q.shape[0], q.shape[1]
     if num_q_heads % cfg.num_kv_heads or num_q_heads == 0:

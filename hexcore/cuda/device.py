@@ -42,7 +42,7 @@ from numba import config, cuda, types
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 MAGIC = 0x4B000000
-MAGIC_F32 = 8388608.0  # 2**23
+MAGIC_F32 = np.float32(8388608.0)  # 2**23, float32 so arithmetic with it stays float32
 FULL_MASK = 0xFFFFFFFF
 
 if not SIMULATOR:
