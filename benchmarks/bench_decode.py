@@ -104,5 +104,15 @@ def test_decode_bandwidth():
     assert all(math.isfinite(r["ms"]) for r in rows)
 
 
+def quick() -> None:
+    """The MHA shape (all dtypes) and B=1 at 32k only, no peer: one tuning variant in ~20 s."""
+    from benchmarks.gpu_common import save
+
+    rows = rows_for([(B, 32, CTX)], peer=False) + rows_for([(1, 8, 32768)], dtypes=("fp16", "int4"), peer=False)
+    save("decode_quick", rows)
+
+
 if __name__ == "__main__":
-    test_decode_bandwidth()
+    import sys
+
+    quick() if "--quick" in sys.argv else test_decode_bandwidth()

@@ -40,7 +40,9 @@ THREADS = 128
 WARPS = THREADS // 32
 SPLIT_TOKENS = 512  # most tokens one CTA handles (its shared score buffer)
 # FP16 rows: load the next batch while computing on this one (tuning knob)
-PIPELINE = os.environ.get("HEXCORE_PIPELINE", "1") == "1"
+PIPELINE = os.environ.get("HEXCORE_PIPELINE", "0") == "1"
+# FP16 rows: 16-byte loads each lane issues before using any (tuning knob)
+FP16_PASSES_IN_FLIGHT = int(os.environ.get("HEXCORE_FP16_LOADS", "4"))
 # CTAs per SM the compiler must fit (caps registers through launch bounds); 0 = no cap
 MIN_CTAS_PER_SM = int(os.environ.get("HEXCORE_MIN_CTAS_PER_SM", "0"))
 KERNEL_OPTIONS = {"launch_bounds": (THREADS, MIN_CTAS_PER_SM)} if MIN_CTAS_PER_SM and not SIMULATOR else {}
@@ -107,11 +109,12 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
     F_TPT = D // 8
     F_TPW = 32 // F_TPT
     F_PASSES = (BS + F_TPW - 1) // F_TPW
-    NLF = min(F_PASSES, 4)
+    NLF = min(F_PASSES, FP16_PASSES_IN_FLIGHT)
     F_BATCHES = F_PASSES // NLF
     TAIL_WORDS = D // 2
     G8, G_EPT, G_NGC = G * 8, G * EPT, G * NGC  # local array sizes: compile-time constants
-    WORDS = 32  # local staging: two batches of up to four 16-byte loads per lane
+    HALF_WORDS = max(16, 4 * NLF)
+    WORDS = 2 * HALF_WORDS  # local staging: two batches of 16-byte loads per lane
 
     @cuda.jit(device=True)
     def fp16_load(pool, row0, ntok, lane, words, o, batch):
@@ -130,9 +133,9 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
             qh[i] = s_q[i // 8, chunk * 8 + i % 8]
         fp16_load(pool, row0, ntok, lane, words, 0, 0)
         for batch in range(F_BATCHES):
-            o = (batch % 2) * 16 if PIPELINE else 0
+            o = (batch % 2) * HALF_WORDS if PIPELINE else 0
             if PIPELINE and batch + 1 < F_BATCHES:  # next batch's loads in flight meanwhile
-                fp16_load(pool, row0, ntok, lane, words, 16 - o, batch + 1)
+                fp16_load(pool, row0, ntok, lane, words, HALF_WORDS - o, batch + 1)
             elif not PIPELINE and batch > 0:
                 fp16_load(pool, row0, ntok, lane, words, 0, batch)
             for u in range(NLF):
@@ -150,9 +153,9 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
     def fp16_values(pool, row0, ntok, s_p, p0, lane, words, acc8):
         fp16_load(pool, row0, ntok, lane, words, 0, 0)
         for batch in range(F_BATCHES):
-            o = (batch % 2) * 16 if PIPELINE else 0
+            o = (batch % 2) * HALF_WORDS if PIPELINE else 0
             if PIPELINE and batch + 1 < F_BATCHES:
-                fp16_load(pool, row0, ntok, lane, words, 16 - o, batch + 1)
+                fp16_load(pool, row0, ntok, lane, words, HALF_WORDS - o, batch + 1)
             elif not PIPELINE and batch > 0:
                 fp16_load(pool, row0, ntok, lane, words, 0, batch)
             for u in range(NLF):
