@@ -57,7 +57,7 @@ def sdpa_case(batch: int, num_kv_heads: int, ctx: int, num_q_heads: int = HQ):
     return lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa), 2 * k.numel() * 2
 
 
-def rows_for(shapes, dtypes=("fp16", "int4", "int2")):
+def rows_for(shapes, dtypes=("fp16", "int4", "int2"), peer=True):
     from benchmarks.gpu_common import CEILING_READ_TBS, time_gpu
 
     rows = []
@@ -72,6 +72,8 @@ def rows_for(shapes, dtypes=("fp16", "int4", "int2")):
                              GB=nbytes / 1e9, TBs=nbytes / seconds / 1e12,
                              ceiling=nbytes / seconds / 1e12 / CEILING_READ_TBS,
                              vs_fp16=(fp16_time / seconds) if fp16_time else 1.0))
+        if not peer:
+            continue
         try:
             run, nbytes = sdpa_case(batch, kv_heads, ctx)
             seconds = time_gpu(run)
