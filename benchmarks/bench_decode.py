@@ -89,10 +89,33 @@ def rows_for(shapes, dtypes=("fp16", "int4", "int2"), peer=True):
 
 
 def host_overhead_rows():
-    from benchmarks.gpu_common import host_seconds_per_call
+    """Host microseconds per call: eager paged_decode, a DecodePlan replay, and bare launches."""
+    from numba import cuda
 
-    run, _, _store = decode_case("int4", 1, 8, 4096)
-    return [dict(kernel="paged_decode eager (int4, B=1, ctx 4096)", host_us=host_seconds_per_call(run) * 1e6)]
+    from benchmarks.gpu_common import host_seconds_per_call
+    from hexcore.cuda import DecodePlan
+    from hexcore.cuda.launch import PreparedLaunch
+
+    run, _, store = decode_case("int4", 1, 8, 4096)
+    rows = [dict(call="paged_decode eager (int4, B=1, ctx 4096, numba arrays)", host_us=host_seconds_per_call(run) * 1e6)]
+    rng = np.random.default_rng(0)
+    q = cuda.to_device(rng.standard_normal((1, HQ, D)).astype(np.float16))
+    tables = cuda.to_device(np.arange(4096 // BS, dtype=np.int32)[None])
+    lens, slots = cuda.to_device(np.full(1, 4096, np.int32)), cuda.to_device(np.zeros(1, np.int32))
+    plan = DecodePlan(q, store, tables, lens, slots, max_seq_len=4096)
+    rows.append(dict(call="DecodePlan.run (decode + merge)", host_us=host_seconds_per_call(lambda: plan.run(0)) * 1e6))
+    one = cuda.device_array(1, np.float32)
+    rows.append(dict(call="numba launch, 1 array argument", host_us=host_seconds_per_call(lambda: _touch[1, 1](one)) * 1e6))
+    prepared = PreparedLaunch(_touch, 1, 1, (one,))
+    rows.append(dict(call="PreparedLaunch.run, 1 array argument", host_us=host_seconds_per_call(prepared.run) * 1e6))
+    return rows
+
+
+def _touch_kernel(a):
+    a[0] = 1.0
+
+
+_touch = None
 
 
 @pytest.mark.gpu
@@ -102,8 +125,19 @@ def test_decode_bandwidth():
     rows = rows_for([(B, 32, CTX), (B, 8, CTX)])
     rows += rows_for([(1, 8, 32768), (1, 8, 131072)])
     save("decode", rows)
-    save("decode_host", host_overhead_rows())
+    host()
     assert all(math.isfinite(r["ms"]) for r in rows)
+
+
+def host() -> None:
+    """Host overhead rows only."""
+    from numba import cuda
+
+    from benchmarks.gpu_common import save
+
+    global _touch
+    _touch = cuda.jit(_touch_kernel)
+    save("decode_host", host_overhead_rows())
 
 
 def quick() -> None:
@@ -117,4 +151,4 @@ def quick() -> None:
 if __name__ == "__main__":
     import sys
 
-    quick() if "--quick" in sys.argv else test_decode_bandwidth()
+    {"--quick": quick, "--host": host}.get(sys.argv[-1], test_decode_bandwidth)()

@@ -29,14 +29,14 @@ def _hash(x):
 def _fill_bytes(words, seed):
     i = cuda.grid(1)
     if i < words.shape[0]:
-        words[i] = _hash(i * 2654435761 + seed)
+        words[i] = _hash((i * 2654435761 + seed) & 0xFFFFFFFF)
 
 
 @cuda.jit
 def _fill_halves(halves, seed, lo, hi):
     i = cuda.grid(1)
     if i < halves.shape[0]:
-        u = float32(_hash(i * 2654435761 + seed) >> uint32(8)) * float32(1.0 / 16777216.0)
+        u = float32(_hash((i * 2654435761 + seed) & 0xFFFFFFFF) >> uint32(8)) * float32(1.0 / 16777216.0)
         halves[i] = lo + (hi - lo) * u
 
 

@@ -7,7 +7,7 @@ import pytest
 from numba import cuda
 
 from hexcore import HexcoreInvalidArgumentError, KVCacheConfig, KVDtype
-from hexcore.cuda import DeviceKVStore, paged_decode
+from hexcore.cuda import DecodePlan, DeviceKVStore, paged_decode
 from tests import reference as ref
 
 
@@ -136,3 +136,22 @@ def test_bad_arguments_raise_before_launch():
         args = {"q": q, "layer": 0, **ok, **case}
         with pytest.raises(HexcoreInvalidArgumentError):
             paged_decode(args.pop("q"), store, args.pop("layer"), **args)
+
+
+def test_decode_plan_equals_eager_and_follows_new_inputs():
+    """A plan is marshalled once; new contents of its buffers give new, correct results."""
+    cfg = KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=64, block_size=8, kv_dtype="int4", group_size=32)
+    rng = np.random.default_rng()
+    store, tables, tails, keys, values = build_cache(cfg, [21, 9], rng)
+    q_host = rng.standard_normal((2, 2, 64)).astype(np.float16)
+    q, d_tables = cuda.to_device(q_host), cuda.to_device(tables)
+    lens, slots = cuda.to_device(np.array([21, 9], np.int32)), cuda.to_device(tails)
+    plan = DecodePlan(q, store, d_tables, lens, slots, max_seq_len=21)
+    scale = 1 / math.sqrt(64)
+    assert ref.relative_l2(plan.run(0).copy_to_host(), ref.decode_attention(q_host, keys, values, scale)) <= 2e-3
+    q_host = rng.standard_normal((2, 2, 64)).astype(np.float16)
+    q.copy_to_device(q_host)
+    lens.copy_to_device(np.array([16, 9], np.int32))  # sequence 0 shrinks to its two sealed blocks
+    keys[0], values[0] = keys[0][:, :16], values[0][:, :16]
+    got = plan.run(0).copy_to_host()
+    assert ref.relative_l2(got, ref.decode_attention(q_host, keys, values, scale)) <= 2e-3

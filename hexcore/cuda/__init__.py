@@ -6,13 +6,14 @@ Importing this package loads numba.cuda; to run on the simulator, set
 
 from __future__ import annotations
 
-from .decode import paged_decode
+from .decode import DecodePlan, paged_decode
+from .launch import PreparedLaunch
 from .blocks import copy_blocks, copy_tails, dequantize_blocks
 from .layout_check import device_layout_offsets, host_layout_offsets, layout_agrees
 from .store import DeviceKVStore
 from .write import append, seal
 
 __all__ = [
-    "DeviceKVStore", "paged_decode", "append", "seal", "copy_blocks", "copy_tails", "dequantize_blocks",
+    "DeviceKVStore", "paged_decode", "DecodePlan", "PreparedLaunch", "append", "seal", "copy_blocks", "copy_tails", "dequantize_blocks",
     "device_layout_offsets", "host_layout_offsets", "layout_agrees",
 ]

@@ -72,8 +72,48 @@ def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, ta
         the grid without reading them back); taken from host arrays directly.
 
     Returns ``out``. Host (numpy) index arrays are range-checked before the launch;
-    device arrays are trusted (checking them would synchronise).
+    device arrays are trusted (checking them would synchronise). For repeated calls on
+    fixed buffers, :class:`DecodePlan` does the checks once and launches in a few us.
     """
+    launches, out = _prepare(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len, stream)
+    for dispatcher, grid, args in launches:
+        dispatcher[grid, THREADS, stream](*args)
+    return out
+
+
+class DecodePlan:
+    """``paged_decode`` for buffers that keep their addresses between steps.
+
+    Arguments are validated and marshalled once per layer; ``run(layer)`` only enqueues
+    the decode and merge kernels (capture-safe). Change the contents of ``q``,
+    ``block_tables``, ``seq_lens`` and ``tail_slots`` between runs, never the arrays;
+    every ``seq_lens`` entry must stay at most ``max_seq_len``.
+    """
+
+    def __init__(self, q, store: DeviceKVStore, block_tables, seq_lens, tail_slots, max_seq_len: int, out=None,
+                 scale: float | None = None):
+        self.store = store
+        self._inputs = (q, block_tables, seq_lens, tail_slots)
+        self._scale, self._max_seq_len = scale, max_seq_len
+        _, self.out = _prepare(q, store, 0, block_tables, seq_lens, tail_slots, out, scale, max_seq_len, 0)
+        self._layers: dict = {}
+
+    def run(self, layer: int, stream=0):
+        """Enqueue attention for ``layer`` into ``self.out``; returns ``self.out``."""
+        prepared = self._layers.get(layer)
+        if prepared is None:
+            from .launch import PreparedLaunch
+
+            launches, _ = _prepare(self._inputs[0], self.store, layer, *self._inputs[1:], self.out, self._scale,
+                                   self._max_seq_len, 0)
+            prepared = self._layers[layer] = [PreparedLaunch(d, g, THREADS, a) for d, g, a in launches]
+        for launch in prepared:
+            launch.run(stream)
+        return self.out
+
+
+def _prepare(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len, stream):
+    """Validate paged_decode's arguments; returns ([(kernel, grid, args), ...], out)."""
     cfg = store.config
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < cfg.num_layers:
         raise HexcoreInvalidArgumentError(f"layer: expected an int in [0, {cfg.num_layers}), got {layer!r}")
@@ -107,13 +147,12 @@ def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, ta
     kernel = decode_kernel(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size, group,
                            cfg.group_size)
     w = store.word_offsets
-    kernel[(splits, cfg.num_kv_heads, batch), THREADS, stream](
-        store.pool, w["k_codes"], w["v_codes"], w.get("k_meta", 0), w.get("v_meta", 0), w["k_tails"],
-        w["v_tails"], flat_words(q), block_tables, seq_lens, tail_slots, part_out, part_ml, layer,
-        store.num_blocks, store.max_seqs, split_blocks, np.float32(scale))
-    merge_kernel[(num_q_heads, batch), THREADS, stream](part_out, part_ml, seq_lens, out,
-                                                       split_blocks * cfg.block_size)
-    return out
+    decode_args = (store.pool, w["k_codes"], w["v_codes"], w.get("k_meta", 0), w.get("v_meta", 0), w["k_tails"],
+                   w["v_tails"], flat_words(q), block_tables, seq_lens, tail_slots, part_out, part_ml, layer,
+                   store.num_blocks, store.max_seqs, split_blocks, np.float32(scale))
+    merge_args = (part_out, part_ml, seq_lens, out, split_blocks * cfg.block_size)
+    return [(kernel, (splits, cfg.num_kv_heads, batch), decode_args),
+            (merge_kernel, (num_q_heads, batch), merge_args)], out
 
 
 def _max_blocks(block_tables, batch: int) -> int:
