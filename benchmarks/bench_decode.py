@@ -26,7 +26,7 @@ def decode_case(dtype: str, batch: int, num_kv_heads: int, ctx: int, num_q_heads
     from numba import cuda
 
     from benchmarks.gpu_common import fill_store
-    from hexcore.cuda import DeviceKVStore, paged_decode
+    from hexcore.cuda import DecodePlan, DeviceKVStore
 
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=num_kv_heads, head_dim=D, block_size=BS, kv_dtype=dtype)
     per_seq = -(-ctx // BS)
@@ -37,12 +37,8 @@ def decode_case(dtype: str, batch: int, num_kv_heads: int, ctx: int, num_q_heads
     lens = cuda.to_device(np.full(batch, ctx, np.int32))
     slots = cuda.to_device(np.arange(batch, dtype=np.int32))
     q = cuda.to_device(rng.standard_normal((batch, num_q_heads, D)).astype(np.float16))
-    out = cuda.device_array((batch, num_q_heads, D), np.float16)
-
-    def run():
-        paged_decode(q, store, 0, tables, lens, slots, out=out, max_seq_len=ctx)
-
-    return run, kv_bytes(cfg, batch, ctx), store
+    plan = DecodePlan(q, store, tables, lens, slots, max_seq_len=ctx)
+    return (lambda: plan.run(0)), kv_bytes(cfg, batch, ctx), store
 
 
 def sdpa_case(batch: int, num_kv_heads: int, ctx: int, num_q_heads: int = HQ):
@@ -93,21 +89,30 @@ def host_overhead_rows():
     from numba import cuda
 
     from benchmarks.gpu_common import host_seconds_per_call
-    from hexcore.cuda import DecodePlan
     from hexcore.cuda.launch import PreparedLaunch
 
+    from hexcore.cuda import paged_decode
+
     run, _, store = decode_case("int4", 1, 8, 4096)
-    rows = [dict(call="paged_decode eager (int4, B=1, ctx 4096, numba arrays)", host_us=host_seconds_per_call(run) * 1e6)]
     rng = np.random.default_rng(0)
     q = cuda.to_device(rng.standard_normal((1, HQ, D)).astype(np.float16))
     tables = cuda.to_device(np.arange(4096 // BS, dtype=np.int32)[None])
     lens, slots = cuda.to_device(np.full(1, 4096, np.int32)), cuda.to_device(np.zeros(1, np.int32))
-    plan = DecodePlan(q, store, tables, lens, slots, max_seq_len=4096)
-    rows.append(dict(call="DecodePlan.run (decode + merge)", host_us=host_seconds_per_call(lambda: plan.run(0)) * 1e6))
+    out = cuda.device_array((1, HQ, D), np.float16)
     one = cuda.device_array(1, np.float32)
-    rows.append(dict(call="numba launch, 1 array argument", host_us=host_seconds_per_call(lambda: _touch[1, 1](one)) * 1e6))
-    prepared = PreparedLaunch(_touch, 1, 1, (one,))
-    rows.append(dict(call="PreparedLaunch.run, 1 array argument", host_us=host_seconds_per_call(prepared.run) * 1e6))
+    cases = {
+        "paged_decode eager (int4, B=1, ctx 4096, numba arrays)":
+            lambda: lambda: paged_decode(q, store, 0, tables, lens, slots, out=out, max_seq_len=4096),
+        "DecodePlan.run (decode + merge)": lambda: run,
+        "numba launch, 1 array argument": lambda: lambda: _touch[1, 1](one),
+        "PreparedLaunch.run, 1 array argument": lambda: PreparedLaunch(_touch, 1, 1, (one,)).run,
+    }
+    rows = []
+    for name, make in cases.items():
+        try:
+            rows.append(dict(call=name, host_us=host_seconds_per_call(make()) * 1e6))
+        except Exception as exc:  # keep the other rows; say what failed
+            print(f"{name}: {type(exc).__name__}: {exc}")
     return rows
 
 

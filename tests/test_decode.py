@@ -155,3 +155,22 @@ def test_decode_plan_equals_eager_and_follows_new_inputs():
     keys[0], values[0] = keys[0][:, :16], values[0][:, :16]
     got = plan.run(0).copy_to_host()
     assert ref.relative_l2(got, ref.decode_attention(q_host, keys, values, scale)) <= 2e-3
+
+
+@pytest.mark.gpu
+def test_decode_plan_and_cached_eager_gpu():
+    """On a GPU the plan and the repeated eager call take the prepared-launch path."""
+    test_decode_plan_equals_eager_and_follows_new_inputs()
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=4, head_dim=128, block_size=32, kv_dtype="int2")
+    rng = np.random.default_rng()
+    store, tables, tails, keys, values = build_cache(cfg, [300, 64, 5], rng)
+    q_host = rng.standard_normal((3, 16, 128)).astype(np.float16)
+    q, d_tables, lens, slots = (cuda.to_device(a) for a in (q_host, tables, np.array([300, 64, 5], np.int32), tails))
+    out = cuda.device_array(q_host.shape, np.float16)
+    for _ in range(3):  # the 2nd and 3rd calls replay the cached launches
+        q_host = rng.standard_normal(q_host.shape).astype(np.float16)
+        q.copy_to_device(q_host)
+        out.copy_to_device(np.full(q_host.shape, np.nan, np.float16))
+        got = paged_decode(q, store, 0, d_tables, lens, slots, out=out, max_seq_len=300).copy_to_host()
+        expect = ref.decode_attention(q_host, keys, values, 1 / math.sqrt(128))
+        assert ref.relative_l2(got, expect) <= 2e-3

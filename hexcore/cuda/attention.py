@@ -46,13 +46,15 @@ FP16_PASSES_IN_FLIGHT = int(os.environ.get("HEXCORE_FP16_LOADS", "4"))
 # CTAs per SM the compiler must fit (caps registers through launch bounds); 0 = no cap
 MIN_CTAS_PER_SM = int(os.environ.get("HEXCORE_MIN_CTAS_PER_SM", "0"))
 KERNEL_OPTIONS = {"launch_bounds": (THREADS, MIN_CTAS_PER_SM)} if MIN_CTAS_PER_SM and not SIMULATOR else {}
-MAX_REGS_PER_LANE = 32  # q' values (or accumulators) a lane keeps: elements x heads
+MAX_REGS_PER_LANE = int(os.environ.get("HEXCORE_MAX_LANE_VALUES", "32"))  # q' values (or accumulators) a lane keeps: elements x heads
 
 
 def vector_words(bits: int, head_dim: int, group: int) -> int:
     """32-bit words each lane loads per token row: 4 (16-byte loads) unless the
     lane's elements times the query heads would not fit ``MAX_REGS_PER_LANE``."""
     row_words = head_dim * bits // 32
+    if bits == 16:
+        return 4  # FP16 rows have their own mapping (8 halves per lane)
     for vw in (4, 2, 1):
         if vw <= row_words and (vw * 32 // bits) * group <= MAX_REGS_PER_LANE:
             return vw
