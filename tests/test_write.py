@@ -180,3 +180,10 @@ def test_per_channel_keys_beat_per_token_on_outliers(bits, record_property):
         errors[name] = (ref.relative_l2(per_channel, data), ref.relative_l2(per_token, data))
         record_property(f"int{bits}_{name}_rel_l2_per_channel_per_token", errors[name])
     assert errors["outliers"][0] < errors["outliers"][1]
+
+
+def test_size_one_axes_with_odd_strides_are_contiguous():
+    from hexcore.cuda.arrays import _c_contiguous
+
+    assert _c_contiguous((1, 128), (0, 4), 4) and _c_contiguous((3, 1, 8), (8, 999, 1), 1)
+    assert not _c_contiguous((2, 128), (0, 4), 4) and not _c_contiguous((4, 8), (1, 4), 1)

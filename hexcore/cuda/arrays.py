@@ -45,7 +45,7 @@ def checked(x, name: str, dtype, shape: tuple, align: int = 16):
     if len(arr.shape) != len(shape) or any(e is not None and e != a for e, a in zip(shape, arr.shape)):
         want = tuple("*" if e is None else e for e in shape)
         raise HexcoreInvalidArgumentError(f"{name}: expected shape {want}, got {tuple(arr.shape)}")
-    if arr.size and not arr.is_c_contiguous():
+    if arr.size and not _c_contiguous(arr.shape, arr.strides, np.dtype(arr.dtype).itemsize):
         raise HexcoreInvalidArgumentError(f"{name}: expected C-contiguous strides, got {arr.strides} for shape {arr.shape}")
     ptr = device_pointer(arr)
     if ptr is not None and align > 1 and ptr % align:
@@ -70,3 +70,13 @@ def checked_ids(x, name: str, count: int | None, upper: int, lower: int = 0):
             raise HexcoreInvalidArgumentError(
                 f"{name}[{bad[0]}] = {x[bad[0]]} is outside [{lower}, {upper})")
     return checked(x, name, np.int32, (count,), align=4)
+
+
+def _c_contiguous(shape, strides, itemsize: int) -> bool:
+    """C order, ignoring the strides of axes of extent 1 (numpy gives those any value)."""
+    expected = itemsize
+    for extent, stride in zip(reversed(tuple(shape)), reversed(tuple(strides))):
+        if extent != 1 and stride != expected:
+            return False
+        expected *= extent
+    return True
