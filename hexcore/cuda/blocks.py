@@ -9,7 +9,7 @@ from numba import cuda
 
 from ..errors import HexcoreInvalidArgumentError
 from ..layout import code_offset, value_meta_offset
-from .arrays import checked_ids
+from .arrays import caller_stream, checked_ids
 from .store import DeviceKVStore
 
 _code_offset = cuda.jit(device=True)(code_offset)
@@ -37,6 +37,7 @@ def _copy_runs_kernel(a, b, c, d, run_words, src_ids, dst_ids, units_per_layer):
 
 
 def _copy(store, names, units, src, dst, what, stream):
+    stream = caller_stream(stream, src, dst)
     src = checked_ids(src, f"src_{what}", None, units)
     dst = checked_ids(dst, f"dst_{what}", src.shape[0], units)
     if src.shape[0] == 0:
@@ -55,7 +56,7 @@ def _check_distinct(dst, what: str) -> None:
         raise HexcoreInvalidArgumentError(f"dst_{what}: expected distinct ids, got {dst.tolist()}")
 
 
-def copy_blocks(store: DeviceKVStore, src_blocks, dst_blocks, stream=0) -> None:
+def copy_blocks(store: DeviceKVStore, src_blocks, dst_blocks, stream=None) -> None:
     """Copy sealed blocks (codes and metadata, K and V, all layers) pairwise, one launch.
 
     ``src_blocks``, ``dst_blocks``: int32 ``[num_pairs]``; destinations distinct.
@@ -65,7 +66,7 @@ def copy_blocks(store: DeviceKVStore, src_blocks, dst_blocks, stream=0) -> None:
           stream)
 
 
-def copy_tails(store: DeviceKVStore, src_slots, dst_slots, stream=0) -> None:
+def copy_tails(store: DeviceKVStore, src_slots, dst_slots, stream=None) -> None:
     """Copy FP16 tails (K and V, all layers) pairwise, one launch (a fork copies one).
 
     ``src_slots``, ``dst_slots``: int32 ``[num_pairs]``; destinations distinct.
@@ -107,7 +108,7 @@ def _dequantize_kernel(cfg):
     return kernel
 
 
-def dequantize_blocks(store: DeviceKVStore, layer: int, block_ids, stream=0):
+def dequantize_blocks(store: DeviceKVStore, layer: int, block_ids, stream=None):
     """Sealed blocks of one layer back to float16, for tests and debugging.
 
     Returns device arrays ``(k, v)``, each float16 ``[num_ids, H, block_size, D]``.
@@ -115,6 +116,7 @@ def dequantize_blocks(store: DeviceKVStore, layer: int, block_ids, stream=0):
     cfg = store.config
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < cfg.num_layers:
         raise HexcoreInvalidArgumentError(f"layer: expected an int in [0, {cfg.num_layers}), got {layer!r}")
+    stream = caller_stream(stream, block_ids)
     ids = checked_ids(block_ids, "block_ids", None, store.num_blocks)
     if not cfg.kv_dtype.is_quantized:
         host = ids.copy_to_host()

@@ -10,7 +10,7 @@ import numpy as np
 from numba import cuda
 
 from ..errors import HexcoreInvalidArgumentError
-from .arrays import checked, checked_ids
+from .arrays import caller_stream, checked, checked_ids
 from .attention import SPLIT_TOKENS, THREADS, decode_kernel, merge_kernel
 from .device import SIMULATOR
 from .store import DeviceKVStore, flat_words
@@ -52,7 +52,7 @@ _workspace = _Workspace()
 
 
 def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, tail_slots, out=None,
-                 scale: float | None = None, max_seq_len: int | None = None, stream=0):
+                 scale: float | None = None, max_seq_len: int | None = None, stream=None):
     """Decode attention of one new query token per sequence over its paged KV cache.
 
     Each sequence ``b`` attends over its ``seq_lens[b] // block_size`` sealed blocks
@@ -67,6 +67,8 @@ def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, ta
     seq_lens : int32 ``[B]``: tokens per sequence (0 gives a zero output).
     tail_slots : int32 ``[B]``: each sequence's tail slot.
     out : optional float16 ``[B, num_q_heads, head_dim]`` to write; allocated if None.
+    stream : numba stream to launch on; by default torch's current stream when any
+        argument is a torch tensor, else the default stream.
     scale : softmax scale, ``1/sqrt(head_dim)`` by default.
     max_seq_len : the longest ``seq_lens`` entry when they live on the device (sizes
         the grid without reading them back); taken from host arrays directly.
@@ -75,6 +77,7 @@ def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, ta
     device arrays are trusted (checking them would synchronise). For repeated calls on
     fixed buffers, :class:`DecodePlan` does the checks once and launches in a few us.
     """
+    stream = caller_stream(stream, q, block_tables, seq_lens, tail_slots, out)
     key = _eager_key(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len, stream)
     prepared = _eager_plans.get(key) if key is not None else None
     if prepared is None:
@@ -143,8 +146,12 @@ class DecodePlan:
         _, self.out = _prepare(q, store, 0, block_tables, seq_lens, tail_slots, out, scale, max_seq_len, 0)
         self._layers: dict = {}
 
-    def run(self, layer: int, stream=0):
-        """Enqueue attention for ``layer`` into ``self.out``; returns ``self.out``."""
+    def run(self, layer: int, stream=None):
+        """Enqueue attention for ``layer`` into ``self.out``; returns ``self.out``.
+
+        ``stream``: a numba stream; by default torch's current stream when the plan was
+        built from torch tensors, else the default stream."""
+        stream = caller_stream(stream, *self._inputs)
         prepared = self._layers.get(layer)
         if prepared is None:
             from .launch import PreparedLaunch

@@ -26,7 +26,7 @@ from numba import cuda
 from ..config import KVCacheConfig
 from ..errors import HexcoreInvalidArgumentError
 from ..layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
-from .arrays import checked, checked_ids
+from .arrays import caller_stream, checked, checked_ids
 from .device import load_u32x4
 from .store import DeviceKVStore, flat_words
 
@@ -88,7 +88,7 @@ def _append_kernel(num_kv_heads: int, block_size: int, head_dim: int):
     return kernel, chunks
 
 
-def append(store: DeviceKVStore, k, v, slots, positions, layer: int | None = None, stream=0) -> None:
+def append(store: DeviceKVStore, k, v, slots, positions, layer: int | None = None, stream=None) -> None:
     """Write new K/V tokens into their sequences' tails, one launch.
 
     Parameters
@@ -100,6 +100,7 @@ def append(store: DeviceKVStore, k, v, slots, positions, layer: int | None = Non
         before it was appended.
     """
     cfg = store.config
+    stream = caller_stream(stream, k, v, slots, positions)
     first, count = _layer_range(layer, cfg.num_layers)
     lead = () if layer is not None else (cfg.num_layers,)
     k = checked(k, "k", np.float16, lead + (None, cfg.num_kv_heads, cfg.head_dim))
@@ -209,7 +210,7 @@ def _seal_fp16_kernel(num_kv_heads: int, block_size: int, head_dim: int):
     return kernel
 
 
-def seal(store: DeviceKVStore, slots, block_ids, layer: int | None = None, stream=0) -> None:
+def seal(store: DeviceKVStore, slots, block_ids, layer: int | None = None, stream=None) -> None:
     """Seal full tails into blocks (quantizing for INT4/INT2), all of a step's in one launch.
 
     Parameters
@@ -219,6 +220,7 @@ def seal(store: DeviceKVStore, slots, block_ids, layer: int | None = None, strea
     layer : one layer, or None for all layers (the default).
     """
     cfg = store.config
+    stream = caller_stream(stream, slots, block_ids)
     first, count = _layer_range(layer, cfg.num_layers)
     slots = checked_ids(slots, "slots", None, store.max_seqs)
     num = slots.shape[0]
