@@ -7,9 +7,10 @@ def test_capacity_table_lists_every_dtype():
 
 
 def test_demo_prints_table_and_layout(capsys):
-    assert main(["demo", "--preset", "mistral-7b", "--budget-gib", "8"]) == 0
+    assert main(["demo", "--preset", "mistral-7b", "--budget-gib", "8", "--steps", "1"]) == 0
     out = capsys.readouterr().out
     assert "mistral-7b" in out and "layout agreement" in out and "DISAGREES" not in out
+    assert "served" in out and "step   0" in out
 
 
 def test_plan_rejects_bad_block_size(capsys):
