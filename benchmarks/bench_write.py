@@ -45,7 +45,6 @@ def write_rows():
             rows.append(dict(op=f"seal {dtype}", items=f"{seals} blocks x {L} layers", us=seconds * 1e6,
                              TBs=nbytes / seconds / 1e12, of_copy=nbytes / seconds / 1e12 / CEILING_COPY_TBS,
                              host_us=host_seconds_per_call(lambda: seal(store, ids, blocks)) * 1e6))
-        del store
     return rows
 
 
