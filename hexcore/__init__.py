@@ -10,6 +10,7 @@ from .config import PRESETS, KVCacheConfig, KVDtype, ModelPreset
 from .errors import (
     HexcoreConfigError,
     HexcoreCorruptionError,
+    HexcoreCudaError,
     HexcoreError,
     HexcoreInvalidArgumentError,
     HexcoreInvalidBlockError,
@@ -24,10 +25,25 @@ __version__ = "0.1.0"
 _HOST_NAMES = ("PagedKVCache", "MetricsCollector", "LockFreeRingBuffer", "SpeculativeAllocator")
 
 __all__ = [
-    "PRESETS", "KVCacheConfig", "KVDtype", "ModelPreset",
-    "HexcoreError", "HexcoreConfigError", "HexcoreOOMError", "HexcoreInvalidBlockError",
-    "HexcoreInvalidSequenceError", "HexcoreInvalidArgumentError", "HexcoreCorruptionError",
-    "Status", "raise_for_status", "__version__", *_HOST_NAMES,
+    "PRESETS",
+    "HexcoreConfigError",
+    "HexcoreCorruptionError",
+    "HexcoreCudaError",
+    "HexcoreError",
+    "HexcoreInvalidArgumentError",
+    "HexcoreInvalidBlockError",
+    "HexcoreInvalidSequenceError",
+    "HexcoreOOMError",
+    "KVCacheConfig",
+    "KVDtype",
+    "LockFreeRingBuffer",
+    "MetricsCollector",
+    "ModelPreset",
+    "PagedKVCache",
+    "SpeculativeAllocator",
+    "Status",
+    "__version__",
+    "raise_for_status",
 ]
 
 

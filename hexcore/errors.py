@@ -37,6 +37,10 @@ class HexcoreCorruptionError(HexcoreError):
     """A checksum or canary does not match: cache memory was corrupted."""
 
 
+class HexcoreCudaError(HexcoreError, RuntimeError):
+    """A CUDA driver call failed; the message names the call and its CUresult."""
+
+
 class Status(enum.IntEnum):
     """Result codes shared by njit code, ``try_*`` methods and batch calls."""
 

@@ -5,7 +5,18 @@ import pytest
 from numba import cuda
 
 from hexcore import HexcoreError, HexcoreInvalidArgumentError, KVCacheConfig, KVDtype
-from hexcore.cuda import DeviceKVStore, append, copy_blocks, copy_tails, dequantize_blocks, seal
+from hexcore.cuda import (
+    DeviceKVStore,
+    append,
+    copy_blocks,
+    copy_tails,
+    dequantize_blocks,
+    prepare_append,
+    prepare_copy_blocks,
+    prepare_copy_tails,
+    prepare_seal,
+    seal,
+)
 from tests import reference as ref
 
 SIM_CONFIGS = [KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=64, block_size=8, kv_dtype=d, group_size=32)
@@ -116,6 +127,41 @@ def test_copy_blocks_and_tails(cfg):
             np.testing.assert_array_equal(after[name][:, [1, 2, 3]], before[name][:, [1, 2, 3]])
     np.testing.assert_array_equal(after["k_tails"][:, 1], before["k_tails"][:, 2])
     np.testing.assert_array_equal(after["v_tails"][:, [0, 2, 3]], before["v_tails"][:, [0, 2, 3]])
+
+
+@pytest.mark.parametrize("cfg", SIM_CONFIGS[:2], ids=ids)
+def test_prepared_launches_equal_eager_and_skip_padding_rows(cfg):
+    """prepare_* bound to device rows where -1 marks padding: the same bytes as eager calls."""
+    seed = np.random.SeedSequence().entropy
+    stores = [DeviceKVStore(cfg, num_blocks=5, max_seqs=4) for _ in range(2)]
+    for store in stores:
+        store.poison()
+        fill_tails(store, np.random.default_rng(seed), [2, 0])
+    token = np.random.default_rng(seed + 1).standard_normal((cfg.num_layers, 3, cfg.num_kv_heads, cfg.head_dim))
+    token = token.astype(np.float16)
+    eager, prepared = stores
+    seal(eager, np.array([2, 0], np.int32), np.array([3, 1], np.int32))
+    copy_tails(eager, np.array([2], np.int32), np.array([1], np.int32))
+    copy_blocks(eager, np.array([3], np.int32), np.array([4], np.int32))
+    append(eager, np.ascontiguousarray(token[:, 1:2]), np.ascontiguousarray(token[:, 1:2]), np.array([2], np.int32),
+           np.array([5], np.int32))
+    rows = {name: cuda.to_device(np.array(ids, np.int32)) for name, ids in {
+        "seal_slots": [2, -1, 0], "seal_blocks": [3, -1, 1], "tail_src": [-1, 2], "tail_dst": [-1, 1], "block_src": [3, -1],
+        "block_dst": [4, -1], "slots": [-1, 2, 3], "positions": [4, 5, -1]}.items()}  # slot 3: position -1 is skipped too
+    token_d = cuda.to_device(token)
+    launches = [prepare_seal(prepared, rows["seal_slots"], rows["seal_blocks"]),
+                prepare_copy_tails(prepared, rows["tail_src"], rows["tail_dst"]),
+                prepare_copy_blocks(prepared, rows["block_src"], rows["block_dst"]),
+                prepare_append(prepared, token_d, token_d, rows["slots"], rows["positions"])]
+    for launch in launches:
+        launch.run()
+    after = snapshot(prepared)
+    for name, array in snapshot(eager).items():
+        np.testing.assert_array_equal(after[name].view(np.uint8), array.view(np.uint8), err_msg=name)
+    with pytest.raises(HexcoreInvalidArgumentError, match="host numpy array"):
+        prepare_seal(prepared, np.array([0], np.int32), rows["seal_blocks"][:1])
+    with pytest.raises(HexcoreInvalidArgumentError, match="at least one"):
+        prepare_copy_tails(prepared, rows["tail_src"][:0], rows["tail_dst"][:0])
 
 
 def bad_calls(store):

@@ -27,6 +27,15 @@ def as_device_array(x, name: str = "array"):
     raise HexcoreInvalidArgumentError(f"{name}: expected a CUDA or numpy array, got {type(x).__name__}")
 
 
+def device_only(**arrays) -> None:
+    """Raise HexcoreInvalidArgumentError for a host (numpy) array: prepared launches bind
+    device buffers once, and a host array would be copied to a new buffer per call."""
+    for name, x in arrays.items():
+        if isinstance(x, np.ndarray):
+            raise HexcoreInvalidArgumentError(
+                f"{name}: a prepared launch needs a device array or CUDA tensor, got a host numpy array")
+
+
 def device_pointer(x) -> int | None:
     """The device address of ``x``'s first element, or None where it has none (simulator)."""
     iface = getattr(x, "__cuda_array_interface__", None)

@@ -9,7 +9,8 @@ from numba import cuda
 
 from ..errors import HexcoreInvalidArgumentError
 from ..layout import code_offset, value_meta_offset
-from .arrays import caller_stream, checked_ids
+from .arrays import caller_stream, checked_ids, device_only
+from .launch import PreparedLaunch
 from .store import DeviceKVStore
 
 _code_offset = cuda.jit(device=True)(code_offset)
@@ -20,7 +21,7 @@ THREADS = 256
 @cuda.jit
 def _copy_runs_kernel(a, b, c, d, run_words, src_ids, dst_ids, units_per_layer):
     # a..d: flat uint32 arrays laid out [layer, unit, run]; run_words[k]: run length of
-    # array k (0 = skip); grid (pairs, layers, 4 arrays)
+    # array k (0 = skip); grid (pairs, layers, arrays copied)
     pair = cuda.blockIdx.x
     layer = cuda.blockIdx.y
     which = cuda.blockIdx.z
@@ -36,19 +37,41 @@ def _copy_runs_kernel(a, b, c, d, run_words, src_ids, dst_ids, units_per_layer):
         arr[d0 + w] = arr[s0 + w]
 
 
-def _copy(store, names, units, src, dst, what, stream):
-    stream = caller_stream(stream, src, dst)
+_COPIED = {"blocks": ("k_codes", "v_codes", "k_meta", "v_meta"), "tails": ("k_tails", "v_tails", None, None)}
+
+
+def _copy_launch(store, what, src, dst):
+    """Validate a copy's ids; returns (kernel, grid, args)."""
+    units = store.num_blocks if what == "blocks" else store.max_seqs
     src = checked_ids(src, f"src_{what}", None, units)
     dst = checked_ids(dst, f"dst_{what}", src.shape[0], units)
-    if src.shape[0] == 0:
-        return
-    words = store.words
-    arrays = [words.get(n) for n in names]
-    runs = np.array([0 if a is None else a.shape[0] // (store.config.num_layers * units) for a in arrays], np.int64)
-    placeholder = next(a for a in arrays if a is not None)
-    arrays = [placeholder if a is None else a for a in arrays]
-    _copy_runs_kernel[(src.shape[0], store.config.num_layers, 4), THREADS, stream](
-        *arrays, cuda.to_device(runs, stream=stream), src, dst, units)
+    arrays = _copy_arrays(store, what)
+    # grid z: one per copied array (FP16 blocks and tails have no metadata arrays)
+    copied = sum(1 for name in _COPIED[what] if name and name in store.words)
+    return _copy_runs_kernel, (src.shape[0], store.config.num_layers, copied), (*arrays, src, dst, units)
+
+
+def _copy_arrays(store, what: str) -> tuple:
+    """The four flat uint32 arrays a copy of ``what`` reads and writes, and their run
+    lengths as a device int64 ``[4]`` array: made once per store, so a copy allocates
+    nothing (capture-safe once made)."""
+    key = ("copy", what)
+    found = store.constants.get(key)
+    if found is None:
+        units = store.num_blocks if what == "blocks" else store.max_seqs
+        arrays = [store.words.get(n) if n else None for n in _COPIED[what]]
+        runs = np.array([0 if a is None else a.shape[0] // (store.config.num_layers * units) for a in arrays],
+                        np.int64)
+        placeholder = next(a for a in arrays if a is not None)
+        found = store.constants[key] = (*(placeholder if a is None else a for a in arrays), cuda.to_device(runs))
+    return found
+
+
+def _copy(store, what, src, dst, stream):
+    stream = caller_stream(stream, src, dst)
+    kernel, grid, args = _copy_launch(store, what, src, dst)
+    if grid[0]:
+        kernel[grid, THREADS, stream](*args)
 
 
 def _check_distinct(dst, what: str) -> None:
@@ -62,8 +85,7 @@ def copy_blocks(store: DeviceKVStore, src_blocks, dst_blocks, stream=None) -> No
     ``src_blocks``, ``dst_blocks``: int32 ``[num_pairs]``; destinations distinct.
     """
     _check_distinct(dst_blocks, "blocks")
-    _copy(store, ("k_codes", "v_codes", "k_meta", "v_meta"), store.num_blocks, src_blocks, dst_blocks, "blocks",
-          stream)
+    _copy(store, "blocks", src_blocks, dst_blocks, stream)
 
 
 def copy_tails(store: DeviceKVStore, src_slots, dst_slots, stream=None) -> None:
@@ -72,7 +94,25 @@ def copy_tails(store: DeviceKVStore, src_slots, dst_slots, stream=None) -> None:
     ``src_slots``, ``dst_slots``: int32 ``[num_pairs]``; destinations distinct.
     """
     _check_distinct(dst_slots, "slots")
-    _copy(store, ("k_tails", "v_tails", None, None), store.max_seqs, src_slots, dst_slots, "slots", stream)
+    _copy(store, "tails", src_slots, dst_slots, stream)
+
+
+def prepare_copy_blocks(store: DeviceKVStore, src_blocks, dst_blocks) -> PreparedLaunch:
+    """``copy_blocks`` bound to fixed device id arrays (-1 pairs are padding); capture-safe."""
+    return _prepared_copy(store, "blocks", src_blocks, dst_blocks)
+
+
+def prepare_copy_tails(store: DeviceKVStore, src_slots, dst_slots) -> PreparedLaunch:
+    """``copy_tails`` bound to fixed device id arrays (-1 pairs are padding); capture-safe."""
+    return _prepared_copy(store, "tails", src_slots, dst_slots)
+
+
+def _prepared_copy(store, what, src, dst) -> PreparedLaunch:
+    device_only(**{f"src_{what}": src, f"dst_{what}": dst})
+    kernel, grid, args = _copy_launch(store, what, src, dst)
+    if not grid[0]:
+        raise HexcoreInvalidArgumentError(f"src_{what}: a prepared copy needs at least one pair, got 0")
+    return PreparedLaunch(kernel, grid, THREADS, args)
 
 
 @functools.cache

@@ -56,6 +56,8 @@ class DeviceKVStore:
             setattr(self, name, self.pool[start:start + words].view(dtype).reshape(shape))
             start += words
         assert start * 4 == total == self.nbytes, (start * 4, total, self.nbytes)
+        # device constants launchers make on first use and reuse (never inside a capture)
+        self.constants: dict = {}
 
     @property
     def arrays(self) -> dict:

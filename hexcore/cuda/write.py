@@ -26,8 +26,9 @@ from numba import cuda
 from ..config import KVCacheConfig
 from ..errors import HexcoreInvalidArgumentError
 from ..layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
-from .arrays import caller_stream, checked, checked_ids
+from .arrays import caller_stream, checked, checked_ids, device_only
 from .device import load_u32x4
+from .launch import PreparedLaunch
 from .store import DeviceKVStore, flat_words
 
 _code_offset = cuda.jit(device=True)(code_offset)
@@ -99,8 +100,28 @@ def append(store: DeviceKVStore, k, v, slots, positions, layer: int | None = Non
     positions : int32 ``[num_tokens]``: each token's place in its tail, ``seq_len % block_size``
         before it was appended.
     """
-    cfg = store.config
     stream = caller_stream(stream, k, v, slots, positions)
+    kernel, grid, args = _append_launch(store, k, v, slots, positions, layer)
+    if grid[0]:
+        kernel[grid, THREADS, stream](*args)
+
+
+def prepare_append(store: DeviceKVStore, k, v, slots, positions, layer: int | None = None) -> PreparedLaunch:
+    """``append`` validated once and bound to fixed device buffers; ``run(stream)`` enqueues it.
+
+    Same parameters as :func:`append`, all on the device. Rows whose slot is -1 are
+    padding: the kernel skips them. Capture-safe.
+    """
+    device_only(k=k, v=v, slots=slots, positions=positions)
+    kernel, grid, args = _append_launch(store, k, v, slots, positions, layer)
+    if not grid[0]:
+        raise HexcoreInvalidArgumentError("slots: a prepared append needs at least one row, got 0")
+    return PreparedLaunch(kernel, grid, THREADS, args)
+
+
+def _append_launch(store, k, v, slots, positions, layer):
+    """Validate append's arguments; returns (kernel, grid, args)."""
+    cfg = store.config
     first, count = _layer_range(layer, cfg.num_layers)
     lead = () if layer is not None else (cfg.num_layers,)
     k = checked(k, "k", np.float16, lead + (None, cfg.num_kv_heads, cfg.head_dim))
@@ -108,12 +129,10 @@ def append(store: DeviceKVStore, k, v, slots, positions, layer: int | None = Non
     v = checked(v, "v", np.float16, lead + (num_tokens, cfg.num_kv_heads, cfg.head_dim))
     slots = checked_ids(slots, "slots", num_tokens, store.max_seqs)
     positions = checked_ids(positions, "positions", num_tokens, cfg.block_size)
-    if num_tokens == 0:
-        return
     kernel, chunks = _append_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim)
     blocks = (num_tokens * cfg.num_kv_heads * chunks + THREADS - 1) // THREADS
-    kernel[(blocks, count), THREADS, stream](store.words["k_tails"], store.words["v_tails"], flat_words(k),
-                                             flat_words(v), slots, positions, num_tokens, first, store.max_seqs)
+    return kernel, (blocks, count), (store.words["k_tails"], store.words["v_tails"], flat_words(k), flat_words(v),
+                                     slots, positions, num_tokens, first, store.max_seqs)
 
 
 # -- seal -----------------------------------------------------------------------------
@@ -219,24 +238,40 @@ def seal(store: DeviceKVStore, slots, block_ids, layer: int | None = None, strea
     block_ids : int32 ``[num_seals]``: the distinct destination block of each.
     layer : one layer, or None for all layers (the default).
     """
-    cfg = store.config
     stream = caller_stream(stream, slots, block_ids)
+    kernel, grid, args = _seal_launch(store, slots, block_ids, layer)
+    if grid[0]:
+        kernel[grid, THREADS, stream](*args)
+
+
+def prepare_seal(store: DeviceKVStore, slots, block_ids, layer: int | None = None) -> PreparedLaunch:
+    """``seal`` validated once and bound to fixed device buffers; ``run(stream)`` enqueues it.
+
+    ``slots``, ``block_ids``: device int32 ``[rows]``; a row whose slot or block is -1
+    is padding (the kernel skips it). Capture-safe.
+    """
+    device_only(slots=slots, block_ids=block_ids)
+    kernel, grid, args = _seal_launch(store, slots, block_ids, layer)
+    if not grid[0]:
+        raise HexcoreInvalidArgumentError("slots: a prepared seal needs at least one row, got 0")
+    return PreparedLaunch(kernel, grid, THREADS, args)
+
+
+def _seal_launch(store, slots, block_ids, layer):
+    """Validate seal's arguments; returns (kernel, grid, args)."""
+    cfg = store.config
     first, count = _layer_range(layer, cfg.num_layers)
     slots = checked_ids(slots, "slots", None, store.max_seqs)
     num = slots.shape[0]
     if isinstance(block_ids, np.ndarray) and block_ids.ndim == 1 and len(np.unique(block_ids)) != len(block_ids):
         raise HexcoreInvalidArgumentError(f"block_ids: expected distinct ids, got {block_ids.tolist()}")
     block_ids = checked_ids(block_ids, "block_ids", num, store.num_blocks)
-    if num == 0:
-        return
-    w = store.words
     if cfg.kv_dtype.is_quantized:
-        kernel = _seal_quantized_kernel(cfg)
         f = store.flat
-        kernel[(num, count), THREADS, stream](f["k_tails"], f["v_tails"], f["k_codes"], f["v_codes"], f["k_meta"],
-                                              f["v_meta"], slots, block_ids, num, first, store.num_blocks,
-                                              store.max_seqs)
-    else:
-        kernel = _seal_fp16_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim)
-        kernel[(num, count), THREADS, stream](w["k_tails"], w["v_tails"], w["k_codes"], w["v_codes"], slots,
-                                              block_ids, first, store.num_blocks, store.max_seqs)
+        return _seal_quantized_kernel(cfg), (num, count), (
+            f["k_tails"], f["v_tails"], f["k_codes"], f["v_codes"], f["k_meta"], f["v_meta"], slots, block_ids, num,
+            first, store.num_blocks, store.max_seqs)
+    w = store.words
+    return _seal_fp16_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim), (num, count), (
+        w["k_tails"], w["v_tails"], w["k_codes"], w["v_codes"], slots, block_ids, first, store.num_blocks,
+        store.max_seqs)

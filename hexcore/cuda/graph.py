@@ -1,0 +1,295 @@
+"""DecodeGraph: whole decode steps (append, seal, decode of every layer) replayed as CUDA graphs.
+
+At small batch the host sets decode latency: a 32-layer step is about 70 launches, and
+a numba launch costs 25-55 us of host time (DESIGN.md §4). A CUDA graph replays them
+all with one call. A DecodeGraph keeps static buffers per batch-size bucket (vLLM's
+capture sizes) and one graph per (batch bucket, context bucket); a step costs one njit
+call that validates and pads its index arrays into pinned memory, one async copy of
+them, and one graph launch::
+
+    graph = DecodeGraph(store, num_q_heads=32, max_blocks_per_seq=cache.max_blocks_per_seq)
+    result = cache.step(seq_ids); result.raise_for_status()
+    q, k, v, _ = graph.buffers(len(seq_ids))     # [L, B, heads, D] views: fill them
+    out = graph.step(result.block_tables, result.seq_lens, result.tail_slots,
+                     seal_slots=result.sealed[:, 0], seal_blocks=result.sealed[:, 2])
+
+The context bucket (next power of two >= the longest sequence, at least one block)
+sizes the decode grid, so B=1 at 4k does not launch the splits of 128k. A bucket
+pair's first step runs eagerly (its warm-up), then is captured; ``warmup`` captures
+ahead of time. Batches above the largest bucket run the eager launchers.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import NamedTuple
+
+import numpy as np
+from numba import cuda
+
+from ..errors import HexcoreInvalidArgumentError
+from .blocks import copy_tails
+from .capture import DriverGraph, TorchGraph, choose_backend
+from .decode import Workspace, paged_decode
+from .device import SIMULATOR
+from .indices import NO_IDS, Staging, StepIndices, check_step
+from .launch import stream_handle
+from .step import DecodeStep, StepBuffers
+from .write import append, seal
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class StepViews(NamedTuple):
+    """A step's buffers for ``B`` sequences: q, out ``[L, B, num_q_heads, D]``, k, v
+    ``[L, B, num_kv_heads, D]`` float16 (torch tensors when torch drives the graphs)."""
+
+    q: object
+    k: object
+    v: object
+    out: object
+
+
+class DecodeGraph:
+    """Decode steps for ``store`` captured as CUDA graphs per batch and context bucket.
+
+    ``num_q_heads``: query heads (a multiple of the store's KV heads);
+    ``max_blocks_per_seq``: block-table width (``PagedKVCache.max_blocks_per_seq``);
+    ``batch_buckets``: batch sizes to capture (capped at the store's ``max_seqs``);
+    ``backend``: "torch" (torch.cuda.CUDAGraph), "driver" (cuda.bindings stream
+    capture), "eager" (no capture) or "auto" (torch if installed, else driver; eager on
+    the simulator). Steps of one DecodeGraph must run one after another on one stream.
+    """
+
+    def __init__(self, store, num_q_heads: int, max_blocks_per_seq: int, batch_buckets=DEFAULT_BUCKETS,
+                 scale: float | None = None, backend: str = "auto"):
+        cfg = store.config
+        _positive("num_q_heads", num_q_heads)
+        if num_q_heads % cfg.num_kv_heads:
+            raise HexcoreInvalidArgumentError(
+                f"num_q_heads: {num_q_heads} is not a multiple of num_kv_heads {cfg.num_kv_heads}")
+        _positive("max_blocks_per_seq", max_blocks_per_seq)
+        for size in batch_buckets:
+            _positive("batch_buckets", size)
+        if not batch_buckets:
+            raise HexcoreInvalidArgumentError("batch_buckets: expected at least one size, got none")
+        self.store, self.num_q_heads, self.max_blocks_per_seq, self.scale = store, num_q_heads, max_blocks_per_seq, scale
+        self.batch_buckets = tuple(sorted({min(int(b), store.max_seqs) for b in batch_buckets}))
+        self.capacity = (max_blocks_per_seq + 1) * cfg.block_size - 1  # longest sequence a table can describe
+        self.backend, self._torch = choose_backend(backend)
+        self._buckets: dict = {}  # bucket size -> _Bucket
+        self._steps: dict = {}  # (bucket, context) -> DecodeStep
+        self._graphs: dict = {}  # (bucket, context) -> DriverGraph | TorchGraph
+        self._streams: dict = {}  # raw handle -> (numba stream, CUstream)
+        self._workspace, self._capture_stream, self._overflow = Workspace(), None, None
+        self._torch_device = None
+
+    @property
+    def captured(self) -> tuple:
+        """The (batch bucket, context bucket) pairs captured so far."""
+        return tuple(sorted(self._graphs))
+
+    @property
+    def prepared(self) -> tuple:
+        """The (batch bucket, context bucket) pairs whose launches are prepared."""
+        return tuple(sorted(self._steps))
+
+    def context_bucket(self, longest: int) -> int:
+        """The context bucket of a step whose longest sequence has ``longest`` tokens."""
+        bucket = self.store.config.block_size
+        while bucket < longest:
+            bucket *= 2
+        return min(bucket, self.capacity)
+
+    def buffers(self, batch: int) -> StepViews:
+        """The q, k, v, out views a step of ``batch`` sequences reads and writes: fill
+        q, k, v (row i for ``seq_lens[i]``) before ``step``; ``out`` holds its result."""
+        _positive("batch", batch)
+        if batch > self.batch_buckets[-1]:
+            return self._overflow_buffers(batch)[1]
+        return self._bucket(batch).views(batch)
+
+    def step(self, block_tables, seq_lens, tail_slots, positions=None, seal_slots=None, seal_blocks=None,
+             fork_src=None, fork_dst=None, stream=None):
+        """One decode step: fork copies, append, seal, then attention for every layer.
+
+        Parameters (host numpy int32, as ``PagedKVCache.step`` gives them)
+        ----------
+        block_tables : ``[B, >= 1]`` sealed block ids; seq_lens : ``[B]`` lengths after
+            the step (>= 1); tail_slots : ``[B]`` distinct tail slots; positions : ``[B]``
+            optional, checked to equal ``(seq_lens - 1) % block_size``.
+        seal_slots, seal_blocks : ``[S]`` tails that filled and their distinct blocks
+            (``result.sealed[:, 0]`` and ``[:, 2]``).
+        fork_src, fork_dst : ``[F]`` tails to copy before the append (forks made before
+            this step).
+        stream : numba or torch stream; default torch's current stream under torch,
+            else the default stream.
+
+        Returns ``out`` of ``buffers(B)``. Bad input raises HexcoreInvalidArgumentError
+        before anything is enqueued.
+        """
+        indices = check_step(self.store, self.max_blocks_per_seq, block_tables, seq_lens, tail_slots, positions,
+                             seal_slots, seal_blocks, fork_src, fork_dst)
+        batch = indices.seq_lens.shape[0]
+        numba_stream, handle = self._resolve(stream)
+        if batch > self.batch_buckets[-1]:
+            return self._eager_step(indices, numba_stream)
+        launches = self._load(indices, numba_stream, handle)
+        graph = self._graphs.get(launches.key)
+        if graph is None:  # eager, and the warm-up of a capture (which must launch everything)
+            launches.enqueue_all(numba_stream, indices.seal_slots.shape[0] if self.backend == "eager" else None)
+            if self.backend != "eager":
+                self._graphs[launches.key] = self._capture(launches)
+        elif self.backend == "driver":
+            graph.replay(handle)
+        elif stream is None:
+            graph.replay()
+        else:
+            with self._torch.cuda.stream(self._torch.cuda.ExternalStream(int(handle))):
+                graph.replay()
+        return self._buckets[launches.key[0]].views(batch).out
+
+    def load(self, block_tables, seq_lens, tail_slots, positions=None, seal_slots=None, seal_blocks=None,
+             fork_src=None, fork_dst=None, stream=None) -> DecodeStep:
+        """``step`` without the attention: copy the step's index arrays into its bucket's
+        buffer and run its fork copies on ``stream``; returns the :class:`DecodeStep`
+        whose ``enqueue(layer, stream)`` an engine captures in its own graph (one per
+        ``key``). Same parameters as ``step``; batches above the largest bucket raise."""
+        indices = check_step(self.store, self.max_blocks_per_seq, block_tables, seq_lens, tail_slots, positions,
+                             seal_slots, seal_blocks, fork_src, fork_dst)
+        batch = indices.seq_lens.shape[0]
+        if batch > self.batch_buckets[-1]:
+            raise HexcoreInvalidArgumentError(f"seq_lens: batch {batch} exceeds the largest bucket "
+                                              f"{self.batch_buckets[-1]} (step() runs such batches eagerly)")
+        return self._load(indices, *self._resolve(stream))
+
+    def warmup(self, batch: int, max_seq_len: int, stream=None) -> tuple:
+        """Prepare and capture the step for ``batch`` sequences of up to ``max_seq_len``
+        tokens ahead of time (as an engine does at start-up); returns its key. Runs the
+        step once with every row padding, which changes nothing in the store."""
+        _positive("batch", batch)
+        if batch > self.batch_buckets[-1] or not 1 <= max_seq_len <= self.capacity:
+            raise HexcoreInvalidArgumentError(f"warmup: expected batch <= {self.batch_buckets[-1]} and max_seq_len "
+                                              f"in [1, {self.capacity}], got {batch}, {max_seq_len}")
+        numba_stream, handle = self._resolve(stream)
+        padding = StepIndices(np.zeros((0, 1), np.int32), *(NO_IDS,) * 6, max_seq_len)
+        launches = self._load(padding, numba_stream, handle, self._bucket(batch))
+        if launches.key not in self._graphs:
+            launches.enqueue_all(numba_stream)
+            if self.backend != "eager":
+                self._graphs[launches.key] = self._capture(launches)
+        return launches.key
+
+    # -- internals ------------------------------------------------------------------
+    def _bucket(self, batch: int):
+        size = self.batch_buckets[bisect.bisect_left(self.batch_buckets, batch)]
+        bucket = self._buckets.get(size)
+        if bucket is None:
+            bucket = self._buckets[size] = _Bucket(self, size)
+        return bucket
+
+    def _load(self, indices: StepIndices, numba_stream, handle, bucket=None) -> DecodeStep:
+        # copy a checked step into its bucket's index buffer, run its forks; its launches
+        bucket = bucket or self._bucket(indices.seq_lens.shape[0])
+        for name, ids in (("seal_slots", indices.seal_slots), ("fork_src", indices.fork_src)):
+            if ids.shape[0] > bucket.size:
+                raise HexcoreInvalidArgumentError(
+                    f"{name}: {ids.shape[0]} entries exceed the batch bucket of {bucket.size} rows")
+        key = (bucket.size, self.context_bucket(indices.longest))
+        launches = self._steps.get(key)
+        if launches is None:
+            launches = self._steps[key] = DecodeStep(self.store, bucket.buffers, key[1], self.scale,
+                                                     self._workspace)
+        bucket.staging.upload(indices, bucket.size, launches.width, handle)
+        if indices.fork_src.shape[0]:
+            bucket.buffers.fork(indices.fork_src.shape[0]).run(numba_stream)
+        return launches
+
+    def _capture(self, launches):
+        if self.backend == "driver":
+            if self._capture_stream is None:
+                self._capture_stream = cuda.stream()
+            return DriverGraph(launches.enqueue_all, self._capture_stream)
+        if self._capture_stream is None:
+            side = self._torch.cuda.Stream()
+            self._capture_stream = (side, cuda.external_stream(side.cuda_stream))
+        return TorchGraph(launches.enqueue_all, *self._capture_stream)
+
+    def _resolve(self, stream) -> tuple:
+        # (numba stream to launch on, its CUstream): stable objects per raw handle
+        if SIMULATOR:
+            return (0 if stream is None else stream), None
+        if stream is not None:
+            raw = int(stream_handle(stream))
+        else:
+            raw = self._current_torch_stream() if self._torch is not None else 0
+        entry = self._streams.get(raw)
+        if entry is None:
+            entry = self._streams[raw] = (cuda.external_stream(raw) if raw else 0, stream_handle(raw))
+        return entry
+
+    def _current_torch_stream(self) -> int:
+        # torch's current stream as a raw handle; torch.cuda.current_stream() builds a
+        # Stream object per call (several us), the C accessor does not
+        raw_stream = getattr(self._torch._C, "_cuda_getCurrentRawStream", None)
+        if raw_stream is None:
+            return self._torch.cuda.current_stream().cuda_stream
+        if self._torch_device is None:
+            self._torch_device = self._torch.cuda.current_device()
+        return raw_stream(self._torch_device)
+
+    def _overflow_buffers(self, batch: int) -> tuple:
+        if self._overflow is None or self._overflow[0].q.shape[1] != batch:
+            cfg = self.store.config
+            shapes = [(self.num_q_heads,), (cfg.num_kv_heads,), (cfg.num_kv_heads,), (self.num_q_heads,)]
+            arrays = StepViews(*(cuda.device_array((cfg.num_layers, batch, h, cfg.head_dim), np.float16)
+                                 for (h,) in shapes))
+            self._overflow = (arrays, _as_views(self, arrays))
+        return self._overflow
+
+    def _eager_step(self, indices: StepIndices, numba_stream):
+        # a batch above the largest bucket: the eager launchers, on exact-size buffers
+        tables, seq_lens, tail_slots, seal_slots, seal_blocks, fork_src, fork_dst, _ = indices
+        (q, k, v, out), views = self._overflow_buffers(seq_lens.shape[0])
+        store, block_size = self.store, self.store.config.block_size
+        if fork_src.shape[0]:
+            copy_tails(store, fork_src, fork_dst, stream=numba_stream)
+        append(store, k, v, tail_slots, ((seq_lens - 1) % block_size).astype(np.int32), stream=numba_stream)
+        if seal_slots.shape[0]:
+            seal(store, seal_slots, seal_blocks, stream=numba_stream)
+        for layer in range(store.config.num_layers):
+            paged_decode(q[layer], store, layer, tables, seq_lens, tail_slots, out=out[layer], scale=self.scale,
+                         stream=numba_stream)
+        return views.out
+
+
+class _Bucket:
+    """A batch bucket: its StepBuffers, their staging, and views per batch size."""
+
+    def __init__(self, graph: DecodeGraph, size: int):
+        self.size = size
+        self.buffers = b = StepBuffers(graph.store, graph.num_q_heads, size, graph.max_blocks_per_seq)
+        self.staging = Staging(b.index, graph.store.config.block_size)
+        self.arrays = _as_views(graph, StepViews(b.q, b.k, b.v, b.out))
+        self._views: dict = {}
+
+    def views(self, batch: int) -> StepViews:
+        """The buffers' first ``batch`` rows (cached)."""
+        found = self._views.get(batch)
+        if found is None:
+            found = self._views[batch] = StepViews(*(a[:, :batch] for a in self.arrays))
+        return found
+
+
+def _as_views(graph, arrays: StepViews) -> StepViews:
+    """torch views of the buffers when torch drives the graphs, else the arrays."""
+    if graph._torch is None:
+        return arrays
+    return StepViews(*(graph._torch.as_tensor(a, device="cuda") for a in arrays))
+
+
+def _positive(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise HexcoreInvalidArgumentError(f"{name}: expected a positive int, got {value!r}")
+
+

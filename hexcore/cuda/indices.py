@@ -1,0 +1,206 @@
+"""A decode step's index arrays on the host: checked, padded into pinned memory, copied once.
+
+``check_step`` validates what ``PagedKVCache.step`` produced (Python checks types and
+shapes, one njit call checks every value) and raises HexcoreInvalidArgumentError naming
+the first bad entry. ``Staging`` packs a checked step into the layout of a bucket's
+index buffer (``step.py``) and copies it to the device with one async copy from pinned
+memory, double-buffered: a step never overwrites a buffer whose copy may be in flight.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numba
+import numpy as np
+from numba import cuda
+
+from ..errors import HexcoreInvalidArgumentError
+from .capture import check
+from .device import SIMULATOR
+from .step import ROWS
+
+RANGE, REPEATED, POSITION = 1, 2, 3  # kinds of bad entry `validate` reports
+ARRAYS = ("block_tables", *ROWS)  # the array numbers `validate` reports
+NO_IDS = np.empty(0, np.int32)
+
+
+class StepIndices(NamedTuple):
+    """A checked step: host int32 arrays, and its longest sequence."""
+
+    block_tables: np.ndarray
+    seq_lens: np.ndarray
+    tail_slots: np.ndarray
+    seal_slots: np.ndarray
+    seal_blocks: np.ndarray
+    fork_src: np.ndarray
+    fork_dst: np.ndarray
+    longest: int
+
+
+def check_step(store, max_blocks_per_seq: int, block_tables, seq_lens, tail_slots, positions=None, seal_slots=None,
+               seal_blocks=None, fork_src=None, fork_dst=None) -> StepIndices:
+    """Validate a step's host index arrays (see ``DecodeGraph.step``); None means none."""
+    seq_lens = _ids("seq_lens", seq_lens, None)
+    batch = seq_lens.shape[0]
+    if batch == 0:
+        raise HexcoreInvalidArgumentError("seq_lens: expected at least one sequence, got 0")
+    tail_slots = _ids("tail_slots", tail_slots, batch)
+    positions = NO_IDS if positions is None else _ids("positions", positions, batch)
+    tables = block_tables
+    if not isinstance(tables, np.ndarray) or tables.dtype != np.int32 or tables.ndim != 2 or tables.shape[0] != batch:
+        got = f"{tables.dtype} {tables.shape}" if isinstance(tables, np.ndarray) else type(tables).__name__
+        raise HexcoreInvalidArgumentError(f"block_tables: expected a host int32 array of shape ({batch}, *), got {got}")
+    seal_slots = NO_IDS if seal_slots is None else _ids("seal_slots", seal_slots, None)
+    seal_blocks = NO_IDS if seal_blocks is None else _ids("seal_blocks", seal_blocks, seal_slots.shape[0])
+    fork_src = NO_IDS if fork_src is None else _ids("fork_src", fork_src, None)
+    fork_dst = NO_IDS if fork_dst is None else _ids("fork_dst", fork_dst, fork_src.shape[0])
+    for name, ids, other in (("seal_blocks", seal_blocks, seal_slots), ("fork_dst", fork_dst, fork_src)):
+        if ids.shape[0] != other.shape[0]:
+            raise HexcoreInvalidArgumentError(f"{name}: expected shape ({other.shape[0]},), got {ids.shape}")
+    block_size = store.config.block_size
+    max_len = (min(tables.shape[1], max_blocks_per_seq) + 1) * block_size - 1
+    arrays = (tables, seq_lens, tail_slots, positions, seal_slots, seal_blocks, fork_src, fork_dst)
+    which, i, j, kind, longest = validate(*arrays[:4], positions is not NO_IDS, *arrays[4:], block_size,
+                                          store.num_blocks, store.max_seqs, max_len)
+    if which >= 0:
+        raise _bad_entry(store, which, i, j, kind, arrays, max_len)
+    return StepIndices(tables, seq_lens, tail_slots, seal_slots, seal_blocks, fork_src, fork_dst, int(longest))
+
+
+class Staging:
+    """Two pinned host buffers shaped like ``index`` (a bucket's device index buffer),
+    each with an event recorded after the copy that reads it."""
+
+    def __init__(self, index, block_size: int):
+        self.index, self.block_size = index, block_size
+        self._stages = [cuda.pinned_array(index.shape[0], np.int32) for _ in range(2)]
+        self._addresses = [stage.ctypes.data for stage in self._stages]
+        self._turn = 0
+        if not SIMULATOR:
+            from cuda.bindings import driver
+
+            from .arrays import device_pointer
+
+            self._events = [cuda.event(timing=False) for _ in range(2)]
+            self._device = driver.CUdeviceptr(device_pointer(index))
+            self._copy, self._record = driver.cuMemcpyHtoDAsync, driver.cuEventRecord
+            self._wait = driver.cuEventSynchronize
+
+    def upload(self, step: StepIndices, bucket: int, width: int, handle) -> None:
+        """Pack ``step`` padded to ``bucket`` rows with ``width``-wide block tables, and
+        copy it to ``index`` on the stream ``handle`` (a CUstream; ignored on the simulator)."""
+        stage = self._stages[self._turn]
+        if not SIMULATOR:  # the copy that last read this buffer must be done
+            check(self._wait(self._events[self._turn].handle), "cuEventSynchronize")
+        count = pack(stage, bucket, width, step.block_tables, step.seq_lens, step.tail_slots, step.seal_slots,
+                     step.seal_blocks, step.fork_src, step.fork_dst, self.block_size)
+        if SIMULATOR:
+            self.index[:count].copy_to_device(stage[:count])
+        else:
+            check(self._copy(self._device, self._addresses[self._turn], 4 * count, handle), "cuMemcpyHtoDAsync")
+            check(self._record(self._events[self._turn].handle, handle), "cuEventRecord")
+        self._turn ^= 1
+
+
+def _ids(name: str, x, count: int | None) -> np.ndarray:
+    if not isinstance(x, np.ndarray) or x.dtype != np.int32 or x.ndim != 1 or (count is not None
+                                                                               and x.shape[0] != count):
+        want = f"({'*' if count is None else count},)"
+        got = f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
+        raise HexcoreInvalidArgumentError(f"{name}: expected a host int32 array of shape {want}, got {got}")
+    return x
+
+
+def _bad_entry(store, which, i, j, kind, arrays, max_len) -> HexcoreInvalidArgumentError:
+    block_size, seq_lens = store.config.block_size, arrays[1]
+    if which == 0:
+        return HexcoreInvalidArgumentError(f"block_tables[{i}, {j}] = {arrays[0][i, j]} is outside "
+                                           f"[0, {store.num_blocks}) for seq_len {seq_lens[i]}")
+    name, value = ARRAYS[which], arrays[which][i]
+    if kind == POSITION:
+        return HexcoreInvalidArgumentError(f"positions[{i}] = {value}: expected (seq_lens[{i}] - 1) % block_size "
+                                           f"= {(seq_lens[i] - 1) % block_size}")
+    if kind == REPEATED:
+        return HexcoreInvalidArgumentError(f"{name}[{i}] = {value} repeats an earlier entry: expected distinct ids")
+    low, high = {1: (1, max_len + 1), 3: (0, block_size), 5: (0, store.num_blocks)}.get(which, (0, store.max_seqs))
+    return HexcoreInvalidArgumentError(f"{name}[{i}] = {value} is outside [{low}, {high})")
+
+
+@numba.njit(cache=True)
+def validate(tables, seq_lens, tail_slots, positions, has_positions, seal_slots, seal_blocks, fork_src, fork_dst,
+             block_size, num_blocks, max_seqs, max_len):
+    """First bad entry of a step's index arrays as (array, row, column, kind, longest):
+    array a number into ARRAYS (-1: all good), kind RANGE, REPEATED or POSITION,
+    longest the largest seq_len. Array lengths are checked by the caller."""
+    longest = 0
+    for b in range(seq_lens.shape[0]):
+        n = seq_lens[b]
+        if n < 1 or n > max_len:
+            return 1, b, 0, RANGE, 0
+        longest = max(longest, n)
+        if tail_slots[b] < 0 or tail_slots[b] >= max_seqs:
+            return 2, b, 0, RANGE, 0
+        if has_positions and positions[b] != (n - 1) % block_size:
+            return 3, b, 0, RANGE if positions[b] < 0 or positions[b] >= block_size else POSITION, 0
+        for j in range(n // block_size):
+            if tables[b, j] < 0 or tables[b, j] >= num_blocks:
+                return 0, b, j, RANGE, 0
+    for k, i in ((4, _first_outside(seal_slots, max_seqs)), (5, _first_outside(seal_blocks, num_blocks)),
+                 (6, _first_outside(fork_src, max_seqs)), (7, _first_outside(fork_dst, max_seqs))):
+        if i >= 0:
+            return k, i, 0, RANGE, 0
+    for k, i in ((2, _first_repeat(tail_slots)), (4, _first_repeat(seal_slots)), (5, _first_repeat(seal_blocks)),
+                 (7, _first_repeat(fork_dst))):
+        if i >= 0:
+            return k, i, 0, REPEATED, 0
+    return -1, 0, 0, 0, longest
+
+
+@numba.njit(cache=True)
+def _first_outside(ids, upper):
+    # the first index whose id is outside [0, upper), -1 if none
+    for i in range(ids.shape[0]):
+        if ids[i] < 0 or ids[i] >= upper:
+            return i
+    return -1
+
+
+@numba.njit(cache=True)
+def _first_repeat(ids):
+    # the first index whose value appeared before it, -1 if none
+    order = np.argsort(ids, kind="mergesort")
+    first = -1
+    for k in range(1, ids.shape[0]):
+        if ids[order[k]] == ids[order[k - 1]] and (first < 0 or order[k] < first):
+            first = order[k]
+    return first
+
+
+@numba.njit(cache=True)
+def pack(staging, bucket, width, tables, seq_lens, tail_slots, seal_slots, seal_blocks, fork_src, fork_dst,
+         block_size):
+    """Write a checked step into ``staging`` in the index buffer's layout, padded;
+    returns the number of int32 entries the device needs (table rows past the batch
+    are not read, so not copied)."""
+    batch = seq_lens.shape[0]
+    for b in range(bucket):
+        real = b < batch
+        staging[b] = seq_lens[b] if real else 0
+        staging[bucket + b] = tail_slots[b] if real else -1
+        staging[2 * bucket + b] = (seq_lens[b] - 1) % block_size if real else -1
+    _pack_ids(staging, 3 * bucket, bucket, seal_slots)
+    _pack_ids(staging, 4 * bucket, bucket, seal_blocks)
+    _pack_ids(staging, 5 * bucket, bucket, fork_src)
+    _pack_ids(staging, 6 * bucket, bucket, fork_dst)
+    base = 7 * bucket
+    for b in range(batch):
+        for j in range(seq_lens[b] // block_size):
+            staging[base + b * width + j] = tables[b, j]
+    return base + batch * width
+
+
+@numba.njit(cache=True)
+def _pack_ids(staging, start, bucket, ids):
+    for i in range(bucket):
+        staging[start + i] = ids[i] if i < ids.shape[0] else -1

@@ -1,0 +1,122 @@
+"""PreparedLaunch: parameters marshalled once, each at the width cuda.core would pass, replayed
+with one cuLaunchKernel; on a GPU it must equal numba's own launch bit for bit."""
+
+import ctypes
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from hexcore import HexcoreCudaError, HexcoreInvalidArgumentError
+from hexcore.cuda import PreparedLaunch
+from hexcore.cuda import launch as launch_module
+from hexcore.cuda.launch import kernel_params, stream_handle
+
+
+def test_kernel_params_store_each_value_at_cuda_cores_width():
+    """What numba's _prepare_args produces (ints for array fields, ctypes for scalars),
+    read back through the void* array cuLaunchKernel receives."""
+    own = ctypes.c_int32(-7)
+    values = [0, 0, 12, 2, 0x7F00DEADBEEF0, 3, -8, own, ctypes.c_uint16(0x3C00), ctypes.c_float(1.5), 2.25, True,
+              np.int32(9), np.float16(1.5), np.float32(0.5), np.uint8(200)]
+    expected = [(ctypes.c_ssize_t, v) for v in (0, 0, 12, 2, 0x7F00DEADBEEF0, 3, -8)] + [
+        (ctypes.c_int32, -7), (ctypes.c_uint16, 0x3C00), (ctypes.c_float, 1.5), (ctypes.c_double, 2.25),
+        (ctypes.c_ssize_t, 1), (ctypes.c_int32, 9), (ctypes.c_uint16, 0x3E00), (ctypes.c_float, 0.5),
+        (ctypes.c_uint8, 200)]
+    keep, address = kernel_params(values)
+    pointers = (ctypes.c_void_p * len(values)).from_address(address)
+    for i, (ctype, value) in enumerate(expected):
+        assert ctype.from_address(pointers[i]).value == value, f"parameter {i}"
+    assert pointers[7] == ctypes.addressof(own)  # numba's ctypes values are passed as they are
+    assert keep  # the storage lives as long as the caller keeps this
+    with pytest.raises(HexcoreInvalidArgumentError, match="parameter 1: unsupported type str"):
+        kernel_params([0, "x"])
+
+
+def test_stream_handle_of_every_kind_of_stream():
+    from cuda.bindings import driver
+
+    class NumbaLike:
+        handle = driver.CUstream(0x1234)
+
+    class CoreLike:
+        def __cuda_stream__(self):
+            return (0, 0x5678)
+
+    class TorchLike:
+        cuda_stream = 0x9ABC
+
+    assert int(stream_handle(0)) == int(stream_handle(None)) == 0
+    assert [int(stream_handle(s)) for s in (77, NumbaLike(), CoreLike(), TorchLike())] == [77, 0x1234, 0x5678, 0x9ABC]
+    handle = driver.CUstream(5)
+    assert stream_handle(handle) is handle
+    for bad in (True, "stream"):
+        with pytest.raises(HexcoreInvalidArgumentError, match="stream"):
+            stream_handle(bad)
+
+
+@cuda.jit
+def _mixed(out, a2d, b1d, i32, i64, f32, f64, u8):
+    # a function of every parameter: a wrong width, order, shape or stride changes it
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        r, c = i % a2d.shape[0], (i // 3) % a2d.shape[1]
+        out[i] = a2d[r, c] * f32 + b1d[i % b1d.shape[0]] * f64 + i32 + i64 * 2 + u8 + a2d.strides[0] + r
+
+
+def _mixed_args(rng):
+    a = cuda.to_device(rng.standard_normal((5, 14)))[:, ::2]  # strided: strides must travel too
+    b = cuda.to_device(rng.standard_normal(11).astype(np.float32))
+    return a, b, np.int32(-3), 2**40 + 5, np.float32(0.25), 1.0 / 3, np.uint8(200)
+
+
+def test_prepared_launch_on_the_simulator_follows_new_contents():
+    rng = np.random.default_rng(0)
+    args = _mixed_args(rng)
+    expect, got = cuda.device_array(40), cuda.device_array(40)
+    prepared = PreparedLaunch(_mixed, 2, 32, (got, *args))
+    for _ in range(2):  # the second time with new contents at the same addresses
+        _mixed[2, 32](expect, *args)
+        prepared.run()
+        np.testing.assert_array_equal(got.copy_to_host(), expect.copy_to_host())
+        args[1].copy_to_device(rng.standard_normal(11).astype(np.float32))
+    assert prepared.grid == (2, 1, 1) and prepared.block == (32, 1, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["raw", "core"])
+def test_prepared_launch_equals_plain_launch_gpu(path, monkeypatch):
+    """Bit-equal to numba's launch: on the default stream, a numba stream, an external
+    stream, after the inputs change in place, and (raw path) replayed from a CUDA graph."""
+    monkeypatch.setattr(launch_module, "LAUNCH_PATH", path)
+    rng = np.random.default_rng()
+    args = _mixed_args(rng)
+    expect, got = cuda.device_array(300), cuda.device_array(300)
+    prepared = PreparedLaunch(_mixed, 3, 128, (got, *args))
+    stream = cuda.stream()
+    external = cuda.external_stream(int(stream.handle))
+    for run_on in (0, stream, external, 0):
+        got.copy_to_device(np.full(300, np.nan))
+        _mixed[3, 128](expect, *args)
+        prepared.run(run_on)
+        cuda.synchronize()
+        assert np.array_equal(got.copy_to_host(), expect.copy_to_host()), f"stream {run_on}"
+        args[1].copy_to_device(rng.standard_normal(11).astype(np.float32))  # same address, new contents
+    if path == "raw":
+        from hexcore.cuda.capture import DriverGraph
+
+        graph = DriverGraph(prepared.run, cuda.stream())  # capture-safe: no sync, allocation or read
+        got.copy_to_device(np.full(300, np.nan))
+        _mixed[3, 128](expect, *args)
+        graph.replay(stream_handle(0))
+        cuda.synchronize()
+        assert np.array_equal(got.copy_to_host(), expect.copy_to_host()), "graph replay"
+
+
+@pytest.mark.gpu
+def test_launch_failure_names_the_cuda_error_gpu(monkeypatch):
+    monkeypatch.setattr(launch_module, "LAUNCH_PATH", "raw")
+    rng = np.random.default_rng()
+    prepared = PreparedLaunch(_mixed, 1, 2048, (cuda.device_array(4), *_mixed_args(rng)))  # > 1024 threads
+    with pytest.raises(HexcoreCudaError, match="CUDA_ERROR_INVALID_VALUE"):
+        prepared.run()
