@@ -89,9 +89,8 @@ def host_overhead_rows():
     from numba import cuda
 
     from benchmarks.gpu_common import host_seconds_per_call
-    from hexcore.cuda.launch import PreparedLaunch
-
     from hexcore.cuda import paged_decode
+    from hexcore.cuda.launch import PreparedLaunch
 
     run, _, store = decode_case("int4", 1, 8, 4096)
     rng = np.random.default_rng(0)
@@ -153,7 +152,25 @@ def quick() -> None:
     save("decode_quick", rows)
 
 
+def sweep(shapes: list[str]) -> None:
+    """One tuning variant (set by HEXCORE_* variables) over ``BxKVxCTX`` shapes, no peer;
+    dtypes from BENCH_DTYPES (default all), saved as decode_<BENCH_NAME>.json."""
+    import os
+
+    from benchmarks.gpu_common import save
+
+    dtypes = tuple(os.environ.get("BENCH_DTYPES", "fp16,int4,int2").split(","))
+    rows = []
+    for shape in shapes:
+        batch, kv_heads, ctx = (int(x) for x in shape.split("x"))
+        rows += rows_for([(batch, kv_heads, ctx)], dtypes=dtypes, peer=False)
+    save(f"decode_{os.environ.get('BENCH_NAME', 'sweep')}", rows)
+
+
 if __name__ == "__main__":
     import sys
 
-    {"--quick": quick, "--host": host}.get(sys.argv[-1], test_decode_bandwidth)()
+    if "--sweep" in sys.argv:
+        sweep(sys.argv[sys.argv.index("--sweep") + 1:])
+    else:
+        {"--quick": quick, "--host": host}.get(sys.argv[-1], test_decode_bandwidth)()

@@ -100,6 +100,42 @@ def test_decode_matches_reference(dtype, head_dim, block_size, group, seq_lens):
     check_decode(cfg, group, seq_lens, np.random.SeedSequence().entropy)
 
 
+SIM_TENSOR_CORE_CASES = [  # (kv_dtype, head_dim, block_size, group, seq_lens, group_size): attention_tc layouts
+    ("int2", 128, 16, 8, [37, 16], 64),
+    ("int4", 128, 32, 3, [70, 5], 8),  # several value groups inside one lane's dims
+    ("fp16", 128, 16, 5, [20, 49], 64),
+]
+
+
+@pytest.fixture
+def tensor_cores(request, monkeypatch):
+    """Choose the kernel family (attention_tc or the CUDA-core kernel) for one test."""
+    from hexcore.cuda import attention
+
+    monkeypatch.setattr(attention, "TENSOR_CORES", request.param)
+    attention.decode_kernel.cache_clear()
+    yield request.param
+    attention.decode_kernel.cache_clear()
+
+
+@pytest.mark.parametrize("tensor_cores", [True], indirect=True)
+@pytest.mark.parametrize("dtype,head_dim,block_size,group,seq_lens,group_size", SIM_TENSOR_CORE_CASES)
+def test_tensor_core_decode_matches_reference(tensor_cores, dtype, head_dim, block_size, group, seq_lens, group_size):
+    from hexcore.cuda import attention_tc
+
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=head_dim, block_size=block_size, kv_dtype=dtype,
+                        group_size=group_size)
+    assert attention_tc.supported(cfg.kv_dtype.bits, head_dim, block_size, group)
+    check_decode(cfg, group, seq_lens, np.random.SeedSequence().entropy)
+
+
+@pytest.mark.parametrize("tensor_cores", [False], indirect=True)
+@pytest.mark.parametrize("dtype", ["fp16", "int4"])
+def test_cuda_core_decode_matches_reference(tensor_cores, dtype):
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype=dtype, group_size=32)
+    check_decode(cfg, 2, [33, 5], np.random.SeedSequence().entropy)
+
+
 GPU_SHAPES = [(64, 16, 1), (64, 32, 4), (64, 64, 8), (128, 16, 8), (128, 32, 1), (128, 64, 4)]
 
 
@@ -112,6 +148,15 @@ def test_decode_matches_reference_gpu(dtype, head_dim, block_size, group):
                         group_size=64)
     lens = [int(rng.integers(1, 32768)), 0, int(rng.integers(1, 300)), block_size * 7, 32768]
     check_decode(cfg, group, lens, int(rng.integers(1 << 62)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tensor_cores", [False], indirect=True)
+@pytest.mark.parametrize("dtype", ["fp16", "int4", "int2"])
+def test_cuda_core_decode_matches_reference_gpu(tensor_cores, dtype):
+    rng = np.random.default_rng()
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=4, head_dim=128, block_size=32, kv_dtype=dtype, group_size=64)
+    check_decode(cfg, 4, [int(rng.integers(1, 32768)), 0, 31, 32768], int(rng.integers(1 << 62)))
 
 
 def test_bad_arguments_raise_before_launch():

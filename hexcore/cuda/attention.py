@@ -20,25 +20,38 @@ Codes become floats with the magic-number trick (device.py), in 32-bit arithmeti
 from __future__ import annotations
 
 import functools
-import math
 import os
 
 import numpy as np
 from numba import cuda, float32
 
 from ..layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
-from .device import MAGIC, MAGIC_F32, SIMULATOR, block_max, block_sum, half2_hi, half2_lo, half_at, load_u32x2, load_u32x4, \
-    u32_as_f32, xor_sum_add, xor_sum_store
+from .device import (
+    MAGIC,
+    MAGIC_F32,
+    SIMULATOR,
+    half2_hi,
+    half2_lo,
+    half_at,
+    u32_as_f32,
+    xor_sum_add,
+    xor_sum_store,
+)
+from .splits import (  # noqa: F401
+    SPLIT_TOKENS,
+    THREADS,
+    WARPS,
+    load_words,
+    merge_kernel,
+    split_softmax,
+    write_partial,
+)
 
 _code_offset = cuda.jit(device=True)(code_offset)
 _key_meta_offset = cuda.jit(device=True)(key_meta_offset)
 _value_meta_offset = cuda.jit(device=True)(value_meta_offset)
 _tail_offset = cuda.jit(device=True)(tail_offset)
 
-NEG_INF = np.float32(-np.inf)
-THREADS = 128
-WARPS = THREADS // 32
-SPLIT_TOKENS = 512  # most tokens one CTA handles (its shared score buffer)
 # FP16 rows: load the next batch while computing on this one (tuning knob)
 PIPELINE = os.environ.get("HEXCORE_PIPELINE", "0") == "1"
 # FP16 rows: 16-byte loads each lane issues before using any (tuning knob)
@@ -46,6 +59,8 @@ FP16_PASSES_IN_FLIGHT = int(os.environ.get("HEXCORE_FP16_LOADS", "4"))
 # CTAs per SM the compiler must fit (caps registers through launch bounds); 0 = no cap
 MIN_CTAS_PER_SM = int(os.environ.get("HEXCORE_MIN_CTAS_PER_SM", "0"))
 KERNEL_OPTIONS = {"launch_bounds": (THREADS, MIN_CTAS_PER_SM)} if MIN_CTAS_PER_SM and not SIMULATOR else {}
+# paged decode on tensor cores where the layout allows (attention_tc.py); 0 = CUDA cores
+TENSOR_CORES = os.environ.get("HEXCORE_TENSOR_CORES", "1") == "1"
 MAX_REGS_PER_LANE = int(os.environ.get("HEXCORE_MAX_LANE_VALUES", "32"))  # q' values (or accumulators) a lane keeps: elements x heads
 
 
@@ -59,17 +74,6 @@ def vector_words(bits: int, head_dim: int, group: int) -> int:
         if vw <= row_words and (vw * 32 // bits) * group <= MAX_REGS_PER_LANE:
             return vw
     return 1
-
-
-@cuda.jit(device=True)
-def _load_words(pool, at, vw, out, o):
-    # out[o:o+vw] = pool[at:at+vw], as one 16- or 8-byte load where vw allows
-    if vw == 4:
-        out[o], out[o + 1], out[o + 2], out[o + 3] = load_u32x4(pool, at)
-    elif vw == 2:
-        out[o], out[o + 1] = load_u32x2(pool, at)
-    else:
-        out[o] = pool[at]
 
 
 @cuda.jit(device=True)
@@ -92,7 +96,12 @@ def _code_weight(k, bits):
 
 @functools.cache
 def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
-    """The split-K decode kernel for one layout, compiled on first launch and cached."""
+    """The split-K decode kernel for one layout, compiled on first launch and cached:
+    the tensor-core kernel (attention_tc.py) where it applies, else the one below."""
+    from . import attention_tc
+
+    if TENSOR_CORES and attention_tc.supported(bits, D, BS, G):
+        return attention_tc.tc_decode_kernel(bits, H, D, BS, G, GS)
     quantized = bits < 16
     NG = D // GS
     row_bytes = D * bits // 8
@@ -125,7 +134,7 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
         for u in range(NLF):
             t = (batch * NLF + u) * F_TPW + lane // F_TPT
             tt = t if t < ntok else 0
-            _load_words(pool, row0 + tt * TAIL_WORDS + (lane % F_TPT) * 4, 4, words, o + 4 * u)
+            load_words(pool, row0 + tt * TAIL_WORDS + (lane % F_TPT) * 4, 4, words, o + 4 * u)
 
     @cuda.jit(device=True)
     def fp16_scores(pool, row0, ntok, s_q, s_p, p0, lane, words, qh):
@@ -177,8 +186,8 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
         for g in range(G):
             mt[g] = 0
         for v in range(EPT // 8):  # 8 channels' scales and mins per pair of 16-byte loads
-            _load_words(pool, meta_w + (c0 + v * 8) // 2, 4, words, 0)
-            _load_words(pool, meta_w + (D + c0 + v * 8) // 2, 4, words, 4)
+            load_words(pool, meta_w + (c0 + v * 8) // 2, 4, words, 0)
+            load_words(pool, meta_w + (D + c0 + v * 8) // 2, 4, words, 4)
             for i in range(8):
                 e = v * 8 + i
                 ks = half2_hi(words[i // 2]) if i % 2 else half2_lo(words[i // 2])
@@ -192,7 +201,7 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
             for u in range(NLQ):
                 t = (batch * NLQ + u) * TPW + lane // TPT
                 tt = t if t < BS else 0
-                _load_words(pool, row0 + tt * ROW_WORDS + chunk * VW, VW, words, VW * u)
+                load_words(pool, row0 + tt * ROW_WORDS + chunk * VW, VW, words, VW * u)
             for u in range(NLQ):
                 t = (batch * NLQ + u) * TPW + lane // TPT
                 tt = t if t < BS else 0
@@ -213,7 +222,7 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
             for u in range(NLQ):
                 t = (batch * NLQ + u) * TPW + lane // TPT
                 tt = t if t < BS else 0
-                _load_words(pool, row0 + tt * ROW_WORDS + chunk * VW, VW, words, VW * u)
+                load_words(pool, row0 + tt * ROW_WORDS + chunk * VW, VW, words, VW * u)
             for u in range(NLQ):
                 t = (batch * NLQ + u) * TPW + lane // TPT
                 if t < BS:
@@ -232,7 +241,7 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
                                 e = w * EPW + k
                                 acc[g * EPT + e] += pvs[g * NGC + e // EPG] * _code_value(word, k, bits, MASK)
 
-    @cuda.jit
+    @cuda.jit(**KERNEL_OPTIONS)
     def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots,
                part_out, part_ml, layer, num_blocks, max_seqs, split_blocks, scale):
         # pool: every store array as uint32 words; k_codes..v_tails: their word offsets
@@ -285,22 +294,7 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
                 fp16_scores(pool, row0, n_tok - p0, s_q, s_p, p0, lane, words, qh)
         cuda.syncthreads()  # all scores written
 
-        # ---- softmax over the split, per head --------------------------------------------
-        for g in range(G):
-            m = NEG_INF
-            for t in range(tid, n_tok, THREADS):
-                m = max(m, s_p[g, t])
-            m = block_max(m, s_red)
-            total = float32(0)
-            for t in range(tid, n_tok, THREADS):
-                p = math.exp(s_p[g, t] - m)
-                s_p[g, t] = p
-                total += p
-            total = block_sum(total, s_red)
-            if tid == 0:
-                out_row = (b * H + h) * G + g
-                part_ml[out_row, split, 0] = m
-                part_ml[out_row, split, 1] = total
+        split_softmax(s_p, s_red, part_ml, n_tok, (b * H + h) * G, split, G)
         cuda.syncthreads()  # probabilities complete
 
         # ---- values -----------------------------------------------------------------
@@ -338,72 +332,6 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
                     value = acc[g * EPT + e] * _code_weight(e % EPW, bits) + mv[g * NGC + e // EPG]
                     xor_sum_add(s_out, g, c0 + e, value, lane, TPT, 16)
         cuda.syncthreads()  # s_out complete
-        for i in range(tid, G * D, THREADS):
-            g = i // D
-            part_out[(b * H + h) * G + g, split, i % D] = s_out[g, i % D]
+        write_partial(s_out, part_out, (b * H + h) * G, split)
 
     return kernel
-
-
-MERGE_CHUNK = 1024  # split weights staged in shared memory per round
-
-
-@cuda.jit
-def merge_kernel(part_out, part_ml, seq_lens, out, split_tokens):
-    # one CTA per (query head, sequence); out: [B, Hq, D] float16, D <= 2 * THREADS
-    hq = cuda.blockIdx.x
-    b = cuda.blockIdx.y
-    tid = cuda.threadIdx.x
-    num_q_heads = out.shape[1]
-    head_dim = out.shape[2]
-    row = b * num_q_heads + hq
-    n_splits = (seq_lens[b] + split_tokens - 1) // split_tokens
-    s_red = cuda.shared.array(THREADS, float32)
-    s_w = cuda.shared.array(MERGE_CHUNK, float32)  # exp(m_s - m) of this round's splits
-    m = NEG_INF
-    for s in range(tid, n_splits, THREADS):
-        m = max(m, part_ml[row, s, 0])
-    m = block_max(m, s_red)
-    total = float32(0)
-    for s in range(tid, n_splits, THREADS):
-        total += math.exp(part_ml[row, s, 0] - m) * part_ml[row, s, 1]
-    total = block_sum(total, s_red)
-    inv = float32(1) / total if total > 0 else float32(0)
-    d0 = tid
-    d1 = tid + THREADS
-    acc0 = float32(0)
-    acc1 = float32(0)
-    for base in range(0, n_splits, MERGE_CHUNK):
-        n = min(MERGE_CHUNK, n_splits - base)
-        for s in range(tid, n, THREADS):
-            s_w[s] = math.exp(part_ml[row, base + s, 0] - m)
-        cuda.syncthreads()  # weights of this round ready
-        if d0 < head_dim:
-            acc0 += _weighted_sum(part_out, row, base, n, d0, s_w)
-        if d1 < head_dim:
-            acc1 += _weighted_sum(part_out, row, base, n, d1, s_w)
-        cuda.syncthreads()  # weights read before the next round overwrites them
-    if d0 < head_dim:
-        out[b, hq, d0] = acc0 * inv
-    if d1 < head_dim:
-        out[b, hq, d1] = acc1 * inv
-
-
-@cuda.jit(device=True)
-def _weighted_sum(part_out, row, base, n, d, s_w):
-    # sum_s s_w[s] * part_out[row, base + s, d], four independent loads in flight
-    a0 = float32(0)
-    a1 = float32(0)
-    a2 = float32(0)
-    a3 = float32(0)
-    s = 0
-    while s + 4 <= n:
-        a0 += s_w[s] * part_out[row, base + s, d]
-        a1 += s_w[s + 1] * part_out[row, base + s + 1, d]
-        a2 += s_w[s + 2] * part_out[row, base + s + 2, d]
-        a3 += s_w[s + 3] * part_out[row, base + s + 3, d]
-        s += 4
-    while s < n:
-        a0 += s_w[s] * part_out[row, base + s, d]
-        s += 1
-    return (a0 + a1) + (a2 + a3)
