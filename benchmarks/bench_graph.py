@@ -23,8 +23,6 @@ Shape: llama-3-8b attention (32 layers, 32 query / 8 KV heads, head_dim 128), bl
 from __future__ import annotations
 
 import math
-import statistics
-import time
 
 import numpy as np
 import pytest
@@ -37,33 +35,16 @@ CALL_CTX = 4095  # context of the single-call rows
 
 def host_us(fn, calls: int = 60) -> float:
     """Median host microseconds of ``fn()``, each call starting on an idle GPU."""
-    from numba import cuda
+    from benchmarks.gpu_common import host_seconds_per_call
 
-    for _ in range(3):
-        fn()
-    cuda.synchronize()
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        cuda.synchronize()
-    return statistics.median(times) * 1e6
+    return host_seconds_per_call(fn, calls, idle=True) * 1e6
 
 
 def latency_us(fn, calls: int = 30) -> float:
     """Median wall microseconds of ``fn()`` followed by a device synchronize."""
-    from numba import cuda
+    from benchmarks.gpu_common import host_seconds_per_call
 
-    fn()
-    cuda.synchronize()
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+    return host_seconds_per_call(fn, calls, idle=True, until_done=True) * 1e6
 
 
 class Case:

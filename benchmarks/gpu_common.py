@@ -73,8 +73,12 @@ def time_gpu(fn, warmup: int = 3, repeats: int = 10, inner: int = 10) -> float:
     return statistics.median(times)
 
 
-def host_seconds_per_call(fn, calls: int = 200) -> float:
-    """Median host time of one ``fn()`` call that only enqueues work (no sync inside)."""
+def host_seconds_per_call(fn, calls: int = 200, idle: bool = False, until_done: bool = False) -> float:
+    """Median seconds of one ``fn()`` call that only enqueues work (no sync inside).
+
+    ``idle``: synchronize before each call, so each starts on an idle GPU (not timed);
+    ``until_done``: the timed span ends after a device synchronize (the call's latency).
+    """
     for _ in range(5):
         fn()
     cuda.synchronize()
@@ -82,7 +86,11 @@ def host_seconds_per_call(fn, calls: int = 200) -> float:
     for _ in range(calls):
         t0 = time.perf_counter()
         fn()
+        if until_done:
+            cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        if idle:
+            cuda.synchronize()
     cuda.synchronize()
     return statistics.median(times)
 
