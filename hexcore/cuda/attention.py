@@ -1,4 +1,5 @@
-"""Paged decode attention over FP16/INT4/INT2 sealed blocks and FP16 tails (split-K).
+"""Paged decode attention on CUDA cores, split-K (FP16 MHA, and layouts attention_tc.py
+does not take).
 
 One CTA of 128 threads handles one (split, KV head, sequence): a run of up to
 ``SPLIT_TOKENS`` tokens of one sequence, for all ``G = num_q_heads // num_kv_heads``
@@ -26,17 +27,8 @@ import numpy as np
 from numba import cuda, float32
 
 from ..layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
-from .device import (
-    MAGIC,
-    MAGIC_F32,
-    SIMULATOR,
-    half2_hi,
-    half2_lo,
-    half_at,
-    u32_as_f32,
-    xor_sum_add,
-    xor_sum_store,
-)
+from .codes import code_value, code_weight, vector_words
+from .device import SIMULATOR, half2_hi, half2_lo, half_at, xor_sum_add, xor_sum_store
 from .splits import (  # noqa: F401
     SPLIT_TOKENS,
     THREADS,
@@ -61,39 +53,6 @@ MIN_CTAS_PER_SM = int(os.environ.get("HEXCORE_MIN_CTAS_PER_SM", "0"))
 KERNEL_OPTIONS = {"launch_bounds": (THREADS, MIN_CTAS_PER_SM)} if MIN_CTAS_PER_SM and not SIMULATOR else {}
 # paged decode on tensor cores where the layout allows (attention_tc.py); 0 = CUDA cores
 TENSOR_CORES = os.environ.get("HEXCORE_TENSOR_CORES", "1") == "1"
-MAX_REGS_PER_LANE = int(os.environ.get("HEXCORE_MAX_LANE_VALUES", "32"))  # q' values (or accumulators) a lane keeps: elements x heads
-
-
-def vector_words(bits: int, head_dim: int, group: int) -> int:
-    """32-bit words each lane loads per token row: 4 (16-byte loads) unless the
-    lane's elements times the query heads would not fit ``MAX_REGS_PER_LANE``."""
-    row_words = head_dim * bits // 32
-    if bits == 16:
-        return 4  # FP16 rows have their own mapping (8 halves per lane)
-    for vw in (4, 2, 1):
-        if vw <= row_words and (vw * 32 // bits) * group <= MAX_REGS_PER_LANE:
-            return vw
-    return 1
-
-
-@cuda.jit(device=True)
-def _code_value(word, k, bits, mask):
-    # element k of a packed word times 2**position(k): one LOP3 and one FADD.
-    # Positions up to bit 22 use the magic float directly; higher elements are read
-    # from word >> 12 (position k*bits - 12), which the compiler computes once a word.
-    if k * bits + bits <= 23:
-        return u32_as_f32(MAGIC | (word & (mask << (k * bits)))) - MAGIC_F32
-    return u32_as_f32(MAGIC | ((word >> 12) & (mask << (k * bits - 12)))) - MAGIC_F32
-
-
-@cuda.jit(device=True)
-def _code_weight(k, bits):
-    # 2**-position(k): undoes the position left in _code_value's result
-    if k * bits + bits <= 23:
-        return float32(1.0) / float32(1 << (k * bits))
-    return float32(1.0) / float32(1 << (k * bits - 12))
-
-
 @functools.cache
 def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
     """The split-K decode kernel for one layout, compiled on first launch and cached:
@@ -192,7 +151,7 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
                 e = v * 8 + i
                 ks = half2_hi(words[i // 2]) if i % 2 else half2_lo(words[i // 2])
                 km = half2_hi(words[4 + i // 2]) if i % 2 else half2_lo(words[4 + i // 2])
-                weight = _code_weight(e % EPW, bits) * ks
+                weight = code_weight(e % EPW, bits) * ks
                 for g in range(G):
                     qv = s_q[g, c0 + e]
                     qp[g * EPT + e] = qv * weight
@@ -210,7 +169,7 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
                     for w in range(VW):
                         word = words[VW * u + w]
                         for k in range(EPW):
-                            acc += qp[g * EPT + w * EPW + k] * _code_value(word, k, bits, MASK)
+                            acc += qp[g * EPT + w * EPW + k] * code_value(word, k, bits, MASK)
                     xor_sum_store(s_p, g, p0 + tt, acc, lane, 1, TPT // 2, t < BS)
 
     @cuda.jit(device=True)
@@ -239,7 +198,7 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
                             word = words[VW * u + w]
                             for k in range(EPW):
                                 e = w * EPW + k
-                                acc[g * EPT + e] += pvs[g * NGC + e // EPG] * _code_value(word, k, bits, MASK)
+                                acc[g * EPT + e] += pvs[g * NGC + e // EPG] * code_value(word, k, bits, MASK)
 
     @cuda.jit(**KERNEL_OPTIONS)
     def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots,
@@ -329,7 +288,7 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
             c0 = (lane % TPT) * EPT
             for g in range(G):
                 for e in range(EPT):
-                    value = acc[g * EPT + e] * _code_weight(e % EPW, bits) + mv[g * NGC + e // EPG]
+                    value = acc[g * EPT + e] * code_weight(e % EPW, bits) + mv[g * NGC + e // EPG]
                     xor_sum_add(s_out, g, c0 + e, value, lane, TPT, 16)
         cuda.syncthreads()  # s_out complete
         write_partial(s_out, part_out, (b * H + h) * G, split)
