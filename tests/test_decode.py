@@ -219,3 +219,12 @@ def test_decode_plan_and_cached_eager_gpu():
         got = paged_decode(q, store, 0, d_tables, lens, slots, out=out, max_seq_len=300).copy_to_host()
         expect = ref.decode_attention(q_host, keys, values, 1 / math.sqrt(128))
         assert ref.relative_l2(got, expect) <= 2e-3
+
+
+def test_small_value_groups_fall_back_to_cuda_cores():
+    """A group size the tensor-core kernel does not take (64 groups a row) still decodes."""
+    from hexcore.cuda import attention_tc
+
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=128, block_size=16, kv_dtype="int4", group_size=2)
+    assert not attention_tc.supported(4, 128, 16, 2, 2)
+    check_decode(cfg, 2, [21], np.random.SeedSequence().entropy)

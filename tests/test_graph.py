@@ -182,7 +182,7 @@ SIM_CASES = [  # (dtype, layers, query heads, buckets); the simulator costs ~0.3
 
 @pytest.mark.parametrize("dtype,layers,heads,buckets", SIM_CASES, ids=[c[0] for c in SIM_CASES])
 def test_graph_steps_equal_eager_steps(dtype, layers, heads, buckets, monkeypatch):
-    monkeypatch.setattr(decode_module, "CTAS_PER_SM", 1)  # one split per sequence: fewer simulated CTAs
+    monkeypatch.setattr(decode_module, "CTAS_PER_SM", 1)  # pinned (the default): few splits, few simulated CTAs
     cfg = KVCacheConfig(num_layers=layers, num_kv_heads=1, head_dim=64, block_size=8, kv_dtype=dtype, group_size=32)
     seed = int(np.random.SeedSequence().entropy % (1 << 32))
     eager = run_workload(cfg, heads, eager_runner, seed)

@@ -80,6 +80,7 @@ def test_constructor_rejects_bad_arguments():
     store = DeviceKVStore(KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=8), 4, 2)
     for kwargs, text in (({"num_q_heads": 3}, "num_q_heads"), ({"max_blocks_per_seq": 0}, "max_blocks_per_seq"),
                          ({"batch_buckets": ()}, "batch_buckets"), ({"batch_buckets": (0, 2)}, "batch_buckets"),
+                         ({"batch_buckets": 4}, "batch_buckets"), ({"scale": "x"}, "scale"), ({"scale": -1.0}, "scale"),
                          ({"backend": "cudnn"}, "backend")):
         with pytest.raises(HexcoreInvalidArgumentError, match=text):
             DecodeGraph(store, **{"num_q_heads": 4, "max_blocks_per_seq": 4, **kwargs})
@@ -113,7 +114,7 @@ def test_warmup_prepares_a_bucket_pair_and_leaves_the_store_alone(monkeypatch):
 
 def test_load_and_per_layer_enqueue_equal_step(monkeypatch):
     """The engine path (load, then enqueue per layer) does what step does."""
-    monkeypatch.setattr(decode_module, "CTAS_PER_SM", 1)
+    monkeypatch.setattr(decode_module, "CTAS_PER_SM", 1)  # pinned, whatever the default
     results = []
     for engine in (False, True):
         graph = make_graph(buckets=(1,), num_q_heads=1)
@@ -132,8 +133,9 @@ def test_load_and_per_layer_enqueue_equal_step(monkeypatch):
             assert step.key == (1, 8) and step.block_tables.shape == (1, 1)
             for layer in range(CFG.num_layers):
                 step.enqueue(layer)
-            with pytest.raises(HexcoreInvalidArgumentError, match="layer"):
-                step.enqueue(2)
+            for bad in (2, True, 1.0):  # also after layer 1 ran: its launches are cached
+                with pytest.raises(HexcoreInvalidArgumentError, match="layer"):
+                    step.enqueue(bad)
         else:
             out = graph.step(*args, **seals)
         results.append((to_host(out), graph.store.pool.copy_to_host()))

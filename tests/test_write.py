@@ -233,3 +233,12 @@ def test_size_one_axes_with_odd_strides_are_contiguous():
 
     assert _c_contiguous((1, 128), (0, 4), 4) and _c_contiguous((3, 1, 8), (8, 999, 1), 1)
     assert not _c_contiguous((2, 128), (0, 4), 4) and not _c_contiguous((4, 8), (1, 4), 1)
+
+
+def test_copy_errors_name_the_parameters():
+    store = DeviceKVStore(SIM_CONFIGS[1], num_blocks=3, max_seqs=2)
+    one = np.array([0], np.int32)
+    with pytest.raises(HexcoreInvalidArgumentError, match=r"src_slots\[0\] = 9"):
+        copy_tails(store, np.array([9], np.int32), one)
+    with pytest.raises(HexcoreInvalidArgumentError, match=r"dst_blocks\[0\] = 7"):
+        copy_blocks(store, one, np.array([7], np.int32))

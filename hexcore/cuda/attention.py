@@ -59,7 +59,7 @@ def decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):
     the tensor-core kernel (attention_tc.py) where it applies, else the one below."""
     from . import attention_tc
 
-    if TENSOR_CORES and attention_tc.supported(bits, D, BS, G):
+    if TENSOR_CORES and attention_tc.supported(bits, D, BS, G, GS):
         return attention_tc.tc_decode_kernel(bits, H, D, BS, G, GS)
     quantized = bits < 16
     NG = D // GS

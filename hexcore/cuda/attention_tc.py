@@ -28,14 +28,15 @@ from .tc_tiles import (
 )
 
 
-def supported(bits: int, D: int, BS: int, G: int) -> bool:
-    """Whether the tensor-core kernel handles this layout, and is chosen for it: not for
-    FP16 MHA, where one FMA per element keeps CUDA cores at the bandwidth limit
-    (measured 0.99 ms there against 1.13 ms on tensor cores)."""
+def supported(bits: int, D: int, BS: int, G: int, GS: int = 64) -> bool:
+    """Whether the tensor-core kernel handles this layout (``GS``: value group size), and
+    is chosen for it: not for FP16 MHA, where one FMA per element keeps CUDA cores at
+    the bandwidth limit (measured 0.99 ms there against 1.13 ms on tensor cores)."""
     row_words = D * bits // 32
     if bits == 16 and G == 1:
         return False
-    return G <= 8 and BS % 16 == 0 and D in (64, 128) and row_words % 4 == 0 and (D // 8 * bits) % 32 == 0
+    return G <= 8 and BS % 16 == 0 and D in (64, 128) and row_words % 4 == 0 and (D // 8 * bits) % 32 == 0 \
+        and D % GS == 0 and D // GS in (1, 2, 4, 8, 16)
 
 
 def tc_decode_kernel(bits: int, H: int, D: int, BS: int, G: int, GS: int):

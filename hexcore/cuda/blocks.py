@@ -43,8 +43,9 @@ _COPIED = {"blocks": ("k_codes", "v_codes", "k_meta", "v_meta"), "tails": ("k_ta
 def _copy_launch(store, what, src, dst):
     """Validate a copy's ids; returns (kernel, grid, args)."""
     units = store.num_blocks if what == "blocks" else store.max_seqs
-    src = checked_ids(src, f"src_{what}", None, units)
-    dst = checked_ids(dst, f"dst_{what}", src.shape[0], units)
+    ids = "blocks" if what == "blocks" else "slots"  # the parameter names: src_blocks, src_slots
+    src = checked_ids(src, f"src_{ids}", None, units)
+    dst = checked_ids(dst, f"dst_{ids}", src.shape[0], units)
     arrays = _copy_arrays(store, what)
     # grid z: one per copied array (FP16 blocks and tails have no metadata arrays)
     copied = sum(1 for name in _COPIED[what] if name and name in store.words)
@@ -108,10 +109,11 @@ def prepare_copy_tails(store: DeviceKVStore, src_slots, dst_slots) -> PreparedLa
 
 
 def _prepared_copy(store, what, src, dst) -> PreparedLaunch:
-    device_only(**{f"src_{what}": src, f"dst_{what}": dst})
+    ids = "blocks" if what == "blocks" else "slots"
+    device_only(**{f"src_{ids}": src, f"dst_{ids}": dst})
     kernel, grid, args = _copy_launch(store, what, src, dst)
     if not grid[0]:
-        raise HexcoreInvalidArgumentError(f"src_{what}: a prepared copy needs at least one pair, got 0")
+        raise HexcoreInvalidArgumentError(f"src_{ids}: a prepared copy needs at least one pair, got 0")
     return PreparedLaunch(kernel, grid, THREADS, args)
 
 

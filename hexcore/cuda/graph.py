@@ -42,7 +42,8 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 class StepViews(NamedTuple):
     """A step's buffers for ``B`` sequences: q, out ``[L, B, num_q_heads, D]``, k, v
-    ``[L, B, num_kv_heads, D]`` float16 (torch tensors when torch drives the graphs)."""
+    ``[L, B, num_kv_heads, D]`` float16 (torch tensors whenever torch with CUDA is
+    installed, whatever the backend; numba device arrays otherwise)."""
 
     q: object
     k: object
@@ -69,10 +70,14 @@ class DecodeGraph:
             raise HexcoreInvalidArgumentError(
                 f"num_q_heads: {num_q_heads} is not a multiple of num_kv_heads {cfg.num_kv_heads}")
         _positive("max_blocks_per_seq", max_blocks_per_seq)
+        if not isinstance(batch_buckets, (tuple, list, range)) or not batch_buckets:
+            raise HexcoreInvalidArgumentError(f"batch_buckets: expected a non-empty sequence of sizes, got "
+                                              f"{batch_buckets!r}")
         for size in batch_buckets:
             _positive("batch_buckets", size)
-        if not batch_buckets:
-            raise HexcoreInvalidArgumentError("batch_buckets: expected at least one size, got none")
+        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating))
+                                  or not np.isfinite(scale) or scale <= 0):
+            raise HexcoreInvalidArgumentError(f"scale: expected a positive finite number or None, got {scale!r}")
         self.store, self.num_q_heads, self.max_blocks_per_seq, self.scale = store, num_q_heads, max_blocks_per_seq, scale
         self.batch_buckets = tuple(sorted({min(int(b), store.max_seqs) for b in batch_buckets}))
         self.capacity = (max_blocks_per_seq + 1) * cfg.block_size - 1  # longest sequence a table can describe

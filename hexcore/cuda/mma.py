@@ -118,24 +118,29 @@ if not SIMULATOR:
 
     @cuda.jit(device=True, inline=True)
     def prefetch_l2(words, i, nbytes):
+        """Ask L2 for ``nbytes`` of ``words`` from word ``i`` (see the module docstring)."""
         _prefetch(words, i, types.uint32(nbytes))
 
     @cuda.jit(device=True, inline=True)
     def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """One warp-wide m16n8k16 f16 mma with f32 accumulators (see the module docstring)."""
         return _mma(types.uint32(a0), types.uint32(a1), types.uint32(a2), types.uint32(a3), types.uint32(b0),
                     types.uint32(b1), types.float32(c0), types.float32(c1), types.float32(c2), types.float32(c3))
 
     @cuda.jit(device=True, inline=True)
     def prmt(a, b, selector):
+        """PTX ``prmt.b32``: bytes of ``b:a`` picked by ``selector``."""
         return _prmt(types.uint32(a), types.uint32(b), types.uint32(selector))
 
     @cuda.jit(device=True, inline=True)
     def dequant_f16x2(word, shift, mask, scale, low):
+        """Two codes of ``word`` as ``scale * code + low``, float16 pair (see the module docstring)."""
         return _dequant(types.uint32(word), types.uint32(shift), types.uint32(mask), types.uint32(scale),
                         types.uint32(low))
 
     @cuda.jit(device=True, inline=True)
     def pack_f16x2(lo, hi):
+        """Two float32 rounded into one float16 pair, ``lo`` in the low half."""
         return _pack(types.float32(lo), types.float32(hi))
 
 else:
@@ -162,6 +167,7 @@ else:
 
     @cuda.jit(device=True)
     def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """One warp-wide m16n8k16 f16 mma with f32 accumulators (see the module docstring)."""
         warp = _warp()
         lane = cuda.threadIdx.x % 32
         warp.a[lane] = (a0, a1, a2, a3)
@@ -184,16 +190,19 @@ else:
 
     @cuda.jit(device=True)
     def prefetch_l2(words, i, nbytes):
-        pass  # a hint only: nothing to simulate
+        """Ask L2 for ``nbytes`` of ``words`` from word ``i`` (see the module docstring)."""
+        # a hint only: nothing to simulate
 
     @cuda.jit(device=True)
     def prmt(a, b, selector):
+        """PTX ``prmt.b32``: bytes of ``b:a`` picked by ``selector``."""
         data = np.array([a, b], np.uint32).view(np.uint8)
         out = np.array([data[(int(selector) >> (4 * i)) & 7] for i in range(4)], np.uint8)
         return np.uint32(out.view(np.uint32)[0])
 
     @cuda.jit(device=True)
     def dequant_f16x2(word, shift, mask, scale, low):
+        """Two codes of ``word`` as ``scale * code + low``, float16 pair (see the module docstring)."""
         raw = ((int(word) >> int(shift)) & int(mask)) | F16X2_1024
         r = _halves([raw]).astype(np.float64) - 1024.0
         s = _halves([scale]).astype(np.float64)
@@ -202,4 +211,5 @@ else:
 
     @cuda.jit(device=True)
     def pack_f16x2(lo, hi):
+        """Two float32 rounded into one float16 pair, ``lo`` in the low half."""
         return np.uint32(np.array([lo, hi], np.float32).astype(np.float16).view(np.uint32)[0])

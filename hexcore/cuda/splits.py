@@ -23,7 +23,7 @@ SPLIT_TOKENS = 512  # most tokens one CTA handles (its shared score buffer)
 
 @cuda.jit(device=True)
 def load_words(pool, at, vw, out, o):
-    # out[o:o+vw] = pool[at:at+vw], as one 16- or 8-byte load where vw allows
+    """``out[o:o+vw] = pool[at:at+vw]``, as one 16- or 8-byte load where ``vw`` allows."""
     if vw == 4:
         out[o], out[o + 1], out[o + 2], out[o + 3] = load_u32x4(pool, at)
     elif vw == 2:
@@ -34,7 +34,7 @@ def load_words(pool, at, vw, out, o):
 
 @cuda.jit(device=True)
 def split_softmax(s_p, s_red, part_ml, n_tok, row0, split, G):
-    # per head g: s_p[g, :n_tok] = exp(score - max); part_ml[row0 + g, split] = (max, sum)
+    """Per head g: ``s_p[g, :n_tok] = exp(score - max); part_ml[row0 + g, split] = (max, sum)``."""
     tid = cuda.threadIdx.x
     for g in range(G):
         m = NEG_INF
@@ -54,7 +54,7 @@ def split_softmax(s_p, s_red, part_ml, n_tok, row0, split, G):
 
 @cuda.jit(device=True)
 def write_partial(s_out, part_out, row0, split):
-    # part_out[row0 + g, split, :] = s_out[g, :], the CTA's unnormalised output
+    """``part_out[row0 + g, split, :] = s_out[g, :]``: the CTA's unnormalised output."""
     G, D = s_out.shape
     for i in range(cuda.threadIdx.x, G * D, THREADS):
         part_out[row0 + i // D, split, i % D] = s_out[i // D, i % D]

@@ -120,12 +120,11 @@ class DecodeStep:
         once a layer has run: its first call prepares (and loads) its kernels, so run a
         step eagerly before capturing, as every CUDA graph capture needs.
         """
+        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < len(self._decode):
+            raise HexcoreInvalidArgumentError(f"layer: expected an int in [0, {len(self._decode)}), got {layer!r}")
         launches = self._layers.get(layer)
         if launches is None:
             rows, b = self.buffers.rows, self.buffers
-            if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < len(
-                    self._decode):
-                raise HexcoreInvalidArgumentError(f"layer: expected an int in [0, {len(self._decode)}), got {layer!r}")
             launches = self._layers[layer] = [
                 prepare_append(self.store, b.k[layer], b.v[layer], rows["tail_slots"], rows["positions"], layer),
                 b.seal(b.bucket, layer), *self._decode[layer]]
