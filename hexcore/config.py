@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from .errors import HexcoreConfigError
+from ._checks import as_int
+from .errors import HexcoreConfigError, HexcoreInvalidArgumentError
 from .layout import FP16_BYTES
 
 
@@ -59,9 +60,12 @@ PRESETS: dict[str, ModelPreset] = {
 }
 
 
-def _positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise HexcoreConfigError(f"{name}: expected a positive int, got {value!r}")
+def _field_int(name: str, value) -> int:
+    # A size field: the integer rule of hexcore._checks, raised as HexcoreConfigError.
+    try:
+        return as_int(name, value, low=1)
+    except HexcoreInvalidArgumentError as exc:
+        raise HexcoreConfigError(str(exc)) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +73,14 @@ class KVCacheConfig:
     """Shape and storage type of a KV cache; derives every byte count as an exact int.
 
     ``block_size`` is tokens per sealed block (and per tail); ``group_size`` is the
-    number of channels that share one value scale/min in INT4/INT2 blocks.
+    number of channels that share one value scale/min in INT4/INT2 blocks. INT4/INT2
+    need ``head_dim`` a multiple of 64 and ``group_size`` 16, 32 or a multiple of 64 (the
+    sealed code order follows the decode kernel's tensor-core tiles).
+
+    The size fields are ints >= 1 (numpy integers are accepted and stored as int); a
+    bad field raises HexcoreConfigError naming it (``"<field>: expected an int >= 1,
+    got <value>"`` for a non-int or a value out of range). Method arguments follow the
+    same integer rule with HexcoreInvalidArgumentError.
     """
 
     num_layers: int
@@ -82,14 +93,20 @@ class KVCacheConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_dtype", KVDtype.parse(self.kv_dtype))
         for name in ("num_layers", "num_kv_heads", "head_dim", "block_size", "group_size"):
-            _positive_int(name, getattr(self, name))
+            object.__setattr__(self, name, _field_int(name, getattr(self, name)))  # numpy ints -> int
         bs = self.block_size
-        if bs & (bs - 1) or not 8 <= bs <= 256:
-            raise HexcoreConfigError(f"block_size: expected a power of two in [8, 256], got {bs}")
+        if bs & (bs - 1) or not 16 <= bs <= 256:
+            raise HexcoreConfigError(f"block_size: expected a power of two in [16, 256], got {bs}")
         if self.head_dim % self.group_size:
             raise HexcoreConfigError(
                 f"group_size: head_dim {self.head_dim} is not divisible by group_size {self.group_size}"
             )
+        if self.kv_dtype.is_quantized and self.head_dim % 64:
+            raise HexcoreConfigError(
+                f"head_dim: {self.kv_dtype.value} blocks need a multiple of 64, got {self.head_dim}")
+        if self.kv_dtype.is_quantized and not (self.group_size in (16, 32) or self.group_size % 64 == 0):
+            raise HexcoreConfigError(
+                f"group_size: {self.kv_dtype.value} blocks need 16, 32 or a multiple of 64, got {self.group_size}")
         if self.row_bytes % 16:
             raise HexcoreConfigError(
                 f"head_dim: a {self.kv_dtype.value} code row of head_dim {self.head_dim} is "
@@ -155,15 +172,19 @@ class KVCacheConfig:
 
     # -- totals and capacity ----------------------------------------------------------
     def total_bytes(self, num_blocks: int, max_seqs: int) -> int:
-        """Device bytes of a cache with ``num_blocks`` sealed blocks and ``max_seqs`` tails."""
-        _positive_int("num_blocks", num_blocks)
-        _positive_int("max_seqs", max_seqs)
+        """Device bytes of a cache with ``num_blocks`` sealed blocks and ``max_seqs`` tails.
+
+        Both are ints >= 1 (else HexcoreInvalidArgumentError naming the argument).
+        """
+        num_blocks, max_seqs = as_int("num_blocks", num_blocks, low=1), as_int("max_seqs", max_seqs, low=1)
         return num_blocks * self.block_bytes + max_seqs * self.tail_bytes
 
     def blocks_for_budget(self, budget_bytes: int, max_seqs: int) -> int:
-        """Sealed blocks that fit ``budget_bytes`` after ``max_seqs`` tails (0 if none)."""
-        _positive_int("budget_bytes", budget_bytes)
-        _positive_int("max_seqs", max_seqs)
+        """Sealed blocks that fit ``budget_bytes`` after ``max_seqs`` tails (0 if none).
+
+        Both are ints >= 1 (else HexcoreInvalidArgumentError naming the argument).
+        """
+        budget_bytes, max_seqs = as_int("budget_bytes", budget_bytes, low=1), as_int("max_seqs", max_seqs, low=1)
         return max(0, (budget_bytes - max_seqs * self.tail_bytes) // self.block_bytes)
 
     def tokens_for_budget(self, budget_bytes: int, max_seqs: int) -> int:
@@ -179,19 +200,23 @@ class KVCacheConfig:
     # -- array shapes (the store allocates exactly these) -----------------------------
     def code_shape(self, num_blocks: int) -> tuple[int, ...]:
         """Shape of a sealed K or V pool: float16 for FP16, uint8 codes otherwise."""
+        num_blocks = as_int("num_blocks", num_blocks, low=1)
         last = self.head_dim if not self.kv_dtype.is_quantized else self.row_bytes
         return (self.num_layers, num_blocks, self.num_kv_heads, self.block_size, last)
 
     def key_meta_shape(self, num_blocks: int) -> tuple[int, ...]:
         """Shape of the float16 key scale/min array (per channel over a block)."""
+        num_blocks = as_int("num_blocks", num_blocks, low=1)
         return (self.num_layers, num_blocks, self.num_kv_heads, 2, self.head_dim)
 
     def value_meta_shape(self, num_blocks: int) -> tuple[int, ...]:
         """Shape of the float16 value scale/min array (per token and channel group)."""
+        num_blocks = as_int("num_blocks", num_blocks, low=1)
         return (self.num_layers, num_blocks, self.num_kv_heads, self.block_size, 2, self.num_groups)
 
     def tail_shape(self, max_seqs: int) -> tuple[int, ...]:
         """Shape of a float16 K or V tail pool."""
+        max_seqs = as_int("max_seqs", max_seqs, low=1)
         return (self.num_layers, max_seqs, self.num_kv_heads, self.block_size, self.head_dim)
 
     # -- presets ------------------------------------------------------------------------

@@ -1,7 +1,13 @@
-"""Test set-up: the CUDA simulator when no GPU is present; `gpu` tests need a real one."""
+"""Test set-up: the CUDA simulator when no GPU is present; `gpu` tests need a real one.
+
+Random tests take their seed from the ``seed`` fixture (or ``rng``, a generator made
+from it): a fresh seed per test, shown in the report when the test fails; replay one
+with ``pytest --seed N``.
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from hexcore._runtime import use_simulator_if_no_gpu
@@ -18,6 +24,10 @@ def real_gpu_available() -> bool:
     return cuda.is_available()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--seed", type=int, default=None, help="seed for every random test (replays a failure)")
+
+
 def pytest_collection_modifyitems(config, items):
     if real_gpu_available():
         return
@@ -25,3 +35,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """This test's random seed: ``--seed`` if given, else fresh; reported on failure."""
+    value = request.config.getoption("--seed")
+    if value is None:
+        value = int(np.random.SeedSequence().entropy % (1 << 63))
+    request.node.hexcore_seed = value
+    return value
+
+
+@pytest.fixture
+def rng(seed) -> np.random.Generator:
+    """A numpy Generator seeded by ``seed``."""
+    return np.random.default_rng(seed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    seed = getattr(item, "hexcore_seed", None)
+    if seed is not None and report.failed:
+        report.sections.append(("random seed", f"seed {seed} (replay: pytest --seed {seed} '{item.nodeid}')"))

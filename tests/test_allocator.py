@@ -1,4 +1,4 @@
-"""PagedKVCache unit tests, one group per method, plus seeded random workloads."""
+"""PagedKVCache unit tests, one group per method: results, errors and their messages."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from hexcore import (
     KVCacheConfig,
     Status,
 )
-from hexcore.host import MetricsCollector, PagedKVCache
+from hexcore.host import LockFreeRingBuffer, MetricsCollector, PagedKVCache, StepResult
+from hexcore.host.allocator import PREDICTION_OUTCOMES
 
 BS = 16
 
@@ -45,31 +46,50 @@ def test_construction_sizes():
     cache.check_invariants()
 
 
-@pytest.mark.parametrize("kw", [{"num_blocks": 0}, {"max_seqs": True}, {"max_seq_len": 0},
-                                {"num_blocks": 2.0}])
-def test_construction_rejects(kw):
-    with pytest.raises(HexcoreInvalidArgumentError):
+@pytest.mark.parametrize("kw, match", [
+    ({"num_blocks": 0}, r"num_blocks: expected an int in \[1, 2147483647\], got 0"),
+    ({"max_seqs": True}, "max_seqs: expected an int, got True"),
+    ({"max_seq_len": 0}, r"max_seq_len: expected an int in \[1, \d+\], got 0"),
+    ({"num_blocks": 2.0}, "num_blocks: expected an int, got float 2.0"),
+    ({"max_seqs": "4"}, "max_seqs: expected an int, got str '4'"),
+    ({"num_blocks": 2**31}, r"num_blocks: expected an int in \[1, 2147483647\], got 2147483648"),
+])
+def test_construction_rejects(kw, match):
+    with pytest.raises(HexcoreInvalidArgumentError, match=match):
         make(**kw)
+
+
+def test_construction_rejects_a_non_config():
     with pytest.raises(HexcoreInvalidArgumentError, match="KVCacheConfig"):
         PagedKVCache("config", 4, 4)
 
 
+@pytest.mark.parametrize("kind", [int, np.int64, np.int32, np.uint16])
+def test_construction_accepts_numpy_ints(kind):
+    cache = make(num_blocks=kind(8), max_seqs=kind(4), max_seq_len=kind(64))
+    assert (cache.num_blocks, cache.max_seqs, cache.max_seq_len) == (8, 4, 64)
+    assert type(cache.num_blocks) is int and type(cache.max_seq_len) is int
+
+
 # -- add / free -----------------------------------------------------------------------
-def test_add_sequence_ids_and_errors():
+def test_add_sequence_ids():
     cache = make(max_seqs=3)
-    assert [cache.add_sequence(), cache.add_sequence(2)] == [0, 2]
-    assert cache.add_sequence() == 1
+    assert [cache.add_sequence(), cache.add_sequence(np.int64(2))] == [0, 2]
+    assert cache.add_sequence() == 1 and cache.num_sequences == 3
     with pytest.raises(HexcoreOOMError, match="max_seqs=3"):
         cache.add_sequence()
-    with pytest.raises(HexcoreInvalidSequenceError, match="already live"):
+    with pytest.raises(HexcoreInvalidSequenceError, match="seq_id: sequence 1 is already live"):
         cache.add_sequence(1)
-    for bad in (3, -1, 99):
-        with pytest.raises(HexcoreInvalidSequenceError, match=f"seq_id {bad} out of range"):
-            cache.add_sequence(bad)
-    with pytest.raises(HexcoreInvalidArgumentError):
-        cache.add_sequence(1.5)
-    assert cache.num_sequences == 3
     cache.check_invariants()
+
+
+@pytest.mark.parametrize("bad", [3, -1, 99, 10**30, np.int64(-7)])
+def test_add_sequence_out_of_range_names_the_range(bad):
+    cache = make(max_seqs=3)
+    before = state(cache)
+    with pytest.raises(HexcoreInvalidSequenceError, match=rf"^seq_id: expected an int in \[0, 2\], got {bad}$"):
+        cache.add_sequence(bad)
+    assert_unchanged(cache, before)
 
 
 def test_free_then_reallocate_hands_blocks_back():
@@ -84,16 +104,21 @@ def test_free_then_reallocate_hands_blocks_back():
     cache.check_invariants()
 
 
-def test_double_free_and_unknown_ids():
+@pytest.mark.parametrize("bad, error, match", [
+    (0, HexcoreInvalidSequenceError, r"seq_id: sequence 0 is not live \(double free\?\)"),
+    (3, HexcoreInvalidSequenceError, "seq_id: sequence 3 is not live"),
+    (17, HexcoreInvalidSequenceError, r"seq_id: expected an int in \[0, 3\], got 17"),
+    (-5, HexcoreInvalidSequenceError, r"seq_id: expected an int in \[0, 3\], got -5"),
+    (2**70, HexcoreInvalidSequenceError, rf"seq_id: expected an int in \[0, 3\], got {2**70}"),
+    ("0", HexcoreInvalidArgumentError, "seq_id: expected an int, got str '0'"),
+    (False, HexcoreInvalidArgumentError, "seq_id: expected an int, got False"),
+])
+def test_free_sequence_rejects(bad, error, match):
     cache = make()
-    s = cache.add_sequence()
-    cache.free_sequence(s)
+    cache.free_sequence(cache.add_sequence())
     before = state(cache)
-    for bad, match in ((s, "double free"), (3, "not live"), (17, "out of range"), (-5, "out of range")):
-        with pytest.raises(HexcoreInvalidSequenceError, match=match):
-            cache.free_sequence(bad)
-    with pytest.raises(HexcoreInvalidArgumentError):
-        cache.free_sequence("0")
+    with pytest.raises(error, match=match):
+        cache.free_sequence(bad)
     assert_unchanged(cache, before)
 
 
@@ -105,24 +130,41 @@ def test_grow_reports_sealed_blocks():
     assert cache.grow_sequence(s, BS).tolist() == [0]  # the tail filled: one seal
     assert cache.grow_sequence(s, 4 * BS + 1).tolist() == [1, 2, 3]  # a prefill seals several
     assert cache.seq_len(s) == 4 * BS + 1 and cache.block_table(s).tolist() == [0, 1, 2, 3]
-    sealed = cache.grow_sequence(s, 5 * BS)
-    assert sealed.dtype == np.int32 and not sealed.flags.writeable
+    sealed = cache.grow_sequence(np.int64(s), np.int32(5 * BS))
+    assert sealed.tolist() == [4] and sealed.dtype == np.int32 and not sealed.flags.writeable
     cache.check_invariants()
 
 
-@pytest.mark.parametrize("new_len, match", [
-    (10, "new_len 10 < current length 40 for seq 0"),
-    (-1, "new_len -1 is negative"),
-    (8 * BS + 1, f"new_len {8 * BS + 1} > max_seq_len {8 * BS}"),
-])
-def test_grow_bad_lengths_change_nothing(new_len, match):
+@pytest.mark.parametrize("new_len", [10, -1, 8 * BS + 1, 2**70])
+def test_grow_bad_lengths_name_the_range_and_change_nothing(new_len):
     cache = make()
     s = cache.add_sequence()
     cache.grow_sequence(s, 40)
     before = state(cache)
+    match = (rf"^new_len: expected an int in \[40, {8 * BS}\], got {new_len} "
+             rf"\(sequence 0 holds 40 tokens; max_seq_len {8 * BS}\)$")
     with pytest.raises(HexcoreInvalidSequenceError, match=match):
         cache.grow_sequence(s, new_len)
     assert cache.try_grow_sequence(s, new_len) is Status.INVALID_SEQUENCE
+    assert_unchanged(cache, before)
+
+
+@pytest.mark.parametrize("seq_id, new_len, error, match", [
+    (1, 5, HexcoreInvalidSequenceError, "seq_id: sequence 1 is not live"),
+    (9, 5, HexcoreInvalidSequenceError, r"seq_id: expected an int in \[0, 3\], got 9"),
+    (2**70, 5, HexcoreInvalidSequenceError, r"seq_id: expected an int in \[0, 3\]"),
+    (0, 5.0, HexcoreInvalidArgumentError, "new_len: expected an int, got float 5.0"),
+    (True, 5, HexcoreInvalidArgumentError, "seq_id: expected an int, got True"),
+    (None, 5, HexcoreInvalidArgumentError, "seq_id: expected an int, got NoneType None"),
+])
+def test_grow_rejects_bad_arguments(seq_id, new_len, error, match):
+    cache = make()
+    cache.add_sequence()
+    before = state(cache)
+    with pytest.raises(error, match=match):
+        cache.grow_sequence(seq_id, new_len)
+    expected = Status.INVALID_ARGUMENT if error is HexcoreInvalidArgumentError else Status.INVALID_SEQUENCE
+    assert cache.try_grow_sequence(seq_id, new_len) is expected
     assert_unchanged(cache, before)
 
 
@@ -136,10 +178,10 @@ def test_oom_exactly_at_capacity():
     with pytest.raises(HexcoreOOMError, match="needs 1 blocks, 0 free"):
         cache.grow_sequence(b, 3 * BS)
     assert cache.try_grow_sequence(b, 3 * BS) is Status.OUT_OF_MEMORY
+    assert_unchanged(cache, before)
     assert cache.try_grow_sequence(a, 5 * BS - 1) is Status.OK  # a tail still fills freely
     cache.free_sequence(a)
     assert cache.try_grow_sequence(b, 3 * BS) is Status.OK
-    del before
 
 
 def test_oom_prefill_is_all_or_nothing():
@@ -152,17 +194,12 @@ def test_oom_prefill_is_all_or_nothing():
     assert cache.grow_sequence(s, 4 * BS).tolist() == [0, 1, 2, 3]
 
 
-def test_try_grow_never_raises():
+def test_try_grow_sequence():
     cache = make()
     s = cache.add_sequence()
     assert cache.try_grow_sequence(s, 3) is Status.OK
-    assert cache.try_grow_sequence(99, 3) is Status.INVALID_SEQUENCE
-    assert cache.try_grow_sequence(s, "x") is Status.INVALID_ARGUMENT
-    assert cache.try_grow_sequence(s, np.int64(BS)) is Status.OK and cache.seq_len(s) == BS
-    assert cache.try_grow_sequence(s, 2**70) is Status.INVALID_SEQUENCE
-    assert cache.try_grow_sequence(2**70, 20) is Status.INVALID_SEQUENCE
-    with pytest.raises(HexcoreInvalidSequenceError):
-        cache.grow_sequence(s, 2**70)
+    assert cache.try_grow_sequence(np.int32(s), np.int64(BS)) is Status.OK and cache.seq_len(s) == BS
+    assert cache.block_table(s).tolist() == [0]
 
 
 # -- fork -----------------------------------------------------------------------------
@@ -183,17 +220,31 @@ def test_fork_shares_sealed_blocks():
     cache.check_invariants()
 
 
-def test_fork_errors():
+def test_fork_into_a_chosen_slot_then_out_of_slots():
     cache = make(max_seqs=2)
     p = cache.add_sequence()
-    with pytest.raises(HexcoreInvalidSequenceError, match="seq_id 1 is not live"):
-        cache.fork_sequence(1)
-    assert cache.fork_sequence(p, 1) == 1
-    with pytest.raises(HexcoreOOMError):
+    assert cache.fork_sequence(p, np.int64(1)) == 1
+    with pytest.raises(HexcoreOOMError, match="max_seqs=2"):
         cache.fork_sequence(p)
-    with pytest.raises(HexcoreInvalidSequenceError, match="already live"):
-        cache.fork_sequence(p, 1)
-    cache.check_invariants()
+
+
+@pytest.mark.parametrize("parent, child, error, match", [
+    (-1, None, HexcoreInvalidSequenceError, r"^parent: expected an int in \[0, 2\], got -1$"),
+    (5, None, HexcoreInvalidSequenceError, r"^parent: expected an int in \[0, 2\], got 5$"),
+    (1, None, HexcoreInvalidSequenceError, "^parent: sequence 1 is not live$"),
+    (0, 0, HexcoreInvalidSequenceError, r"^child: sequence 0 is already live \(length 0\)$"),
+    (0, 3, HexcoreInvalidSequenceError, r"^child: expected an int in \[0, 2\], got 3$"),
+    (0, -1, HexcoreInvalidSequenceError, r"^child: expected an int in \[0, 2\], got -1$"),
+    (0.0, None, HexcoreInvalidArgumentError, "^parent: expected an int, got float 0.0$"),
+    (0, True, HexcoreInvalidArgumentError, "^child: expected an int, got True$"),
+])
+def test_fork_errors_name_the_argument(parent, child, error, match):
+    cache = make(max_seqs=3)
+    cache.add_sequence()
+    before = state(cache)
+    with pytest.raises(error, match=match):
+        cache.fork_sequence(parent, child)
+    assert_unchanged(cache, before)
 
 
 # -- batch step -----------------------------------------------------------------------
@@ -202,21 +253,40 @@ def test_step_decode_and_kernel_arrays():
     seqs = ids(*(cache.add_sequence() for _ in range(3)))
     cache.grow_sequence(1, BS - 1)
     res = cache.step(seqs)
-    assert res.ok and res.statuses.tolist() == [0, 0, 0]
+    assert isinstance(res, StepResult) and res.ok and res.statuses.tolist() == [0, 0, 0]
     assert res.seq_lens.tolist() == [1, BS, 1] and res.tail_slots.tolist() == [0, 1, 2]
-    assert res.sealed.tolist() == [[1, 0, 0]]
+    assert res.sealed.tolist() == [[1, 0, 0]] and res.num_sealed == 1 and res.num_hits == 0
     assert res.block_tables.shape == (3, cache.max_blocks_per_seq)
     assert res.block_tables[:, :2].tolist() == [[-1, -1], [0, -1], [-1, -1]]
-    for arr in (res.statuses, res.seq_lens, res.tail_slots, res.block_tables, res.sealed):
-        assert arr.dtype == np.int32
+    arrays = {"statuses": res.statuses, "seq_lens": res.seq_lens, "tail_slots": res.tail_slots,
+              "block_tables": res.block_tables, "sealed": res.sealed, "seal_slots": res.seal_slots}
+    assert {k: a.dtype for k, a in arrays.items()} == {k: np.int32 for k in arrays}
     assert not res.block_tables.flags.writeable
     res = cache.step(seqs, ids(2 * BS, BS + 1, 0))
     assert res.sealed.tolist() == [[0, 0, 1], [0, 1, 2]]
     assert res.statuses.tolist() == [0, 0, Status.INVALID_SEQUENCE]  # 0 < length 1
     assert res.seq_lens.tolist() == [2 * BS, BS + 1, 1]
-    with pytest.raises(HexcoreInvalidSequenceError, match="entry 2"):
+    with pytest.raises(HexcoreInvalidSequenceError, match=r"entry 2 \(seq_id 2\)"):
         res.raise_for_status()
     cache.check_invariants()
+
+
+def test_step_seal_views_are_named_contiguous_columns():
+    cache = make(num_blocks=16, max_seqs=4)
+    a, b, c = (cache.add_sequence() for _ in range(3))
+    res = cache.step(ids(c, a, b), ids(2 * BS, 1, BS + 3))  # c seals 2 blocks, b one
+    assert res.num_sealed == 3
+    assert res.seal_slots.tolist() == [c, c, b]
+    assert res.seal_logical.tolist() == [0, 1, 0]
+    assert res.seal_blocks.tolist() == [0, 1, 2]
+    for view in (res.seal_slots, res.seal_logical, res.seal_blocks):
+        assert view.ndim == 1 and view.dtype == np.int32 and view.flags.c_contiguous
+    assert res.sealed.shape == (3, 3)
+    np.testing.assert_array_equal(res.sealed[:, 0], res.seal_slots)
+    np.testing.assert_array_equal(res.sealed[:, 1], res.seal_logical)
+    np.testing.assert_array_equal(res.sealed[:, 2], res.seal_blocks)
+    empty = cache.step(ids(a))
+    assert empty.num_sealed == 0 and empty.seal_slots.shape == (0,) and empty.sealed.shape == (0, 3)
 
 
 def test_step_per_entry_failures_leave_them_unchanged():
@@ -229,6 +299,16 @@ def test_step_per_entry_failures_leave_them_unchanged():
     assert res.num_failed == 5 and cache.seq_len(b) == 0 and cache.seq_len(a) == 2 * BS
     assert res.tail_slots.tolist() == [a, b, a, -1, -1, -1]
     cache.check_invariants()
+
+
+@pytest.mark.parametrize("bad", [-1, 9, 3])
+def test_step_failure_names_the_id_asked_for(bad):
+    cache = make(max_seqs=6)
+    a = cache.add_sequence()
+    res = cache.step(ids(a, bad))
+    assert res.tail_slots.tolist() == [a, -1] and res.seq_ids.tolist() == [a, bad]
+    with pytest.raises(HexcoreInvalidSequenceError, match=rf"batch entry 1 \(seq_id {bad}\) failed: INVALID_SEQUENCE"):
+        res.raise_for_status()
 
 
 @pytest.mark.parametrize("seq_ids, new_lens, match", [
@@ -270,30 +350,159 @@ def test_reserved_block_is_a_hit():
     cache.check_invariants()
 
 
-def test_reserve_rejects_dead_ids_atomically():
+def test_step_counts_hits():
+    cache = make(num_blocks=8)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    cache.reserve_blocks(ids(b))
+    res = cache.step(ids(a, b), ids(BS, 2 * BS))
+    assert (res.num_sealed, res.num_hits) == (3, 1)
+    assert res.seal_blocks.tolist() == [1, 0, 2]  # a: a fresh block; b: its reserved one first
+
+
+@pytest.mark.parametrize("call", ["reserve_blocks", "release_reserved"])
+@pytest.mark.parametrize("bad, match", [(3, r"^seq_ids\[1\]: sequence 3 is not live$"),
+                                         (7, r"^seq_ids\[1\]: expected an int in \[0, 3\], got 7$")])
+def test_reserve_and_release_reject_dead_ids_atomically(call, bad, match):
     cache = make()
     a = cache.add_sequence()
+    cache.reserve_blocks(ids(a))
     before = state(cache)
-    with pytest.raises(HexcoreInvalidSequenceError, match="seq_id 3 is not live"):
-        cache.reserve_blocks(ids(a, 3))
-    with pytest.raises(HexcoreInvalidSequenceError):
-        cache.release_reserved(ids(a, 7))
+    with pytest.raises(HexcoreInvalidSequenceError, match=match):
+        getattr(cache, call)(ids(a, bad))
     with pytest.raises(HexcoreInvalidArgumentError):
-        cache.reserve_blocks(ids(a, dtype=np.int64))
+        getattr(cache, call)(ids(a, dtype=np.int64))
     assert_unchanged(cache, before)
 
 
-# -- accessors, invariants ----------------------------------------------
-def test_accessors_reject_dead_ids():
+def predictions(*rows):
+    return np.array(rows, np.int64).reshape(-1, 2)
+
+
+def test_reserve_predictions_outcomes():
+    cache = make(num_blocks=6, max_seqs=6)
+    a, b, c, d = (cache.add_sequence() for _ in range(4))
+    cache.free_sequence(d)  # its generation is now 1
+    counts = np.zeros(len(PREDICTION_OUTCOMES), np.int64)
+    rows = predictions((a, -1), (b, 0), (b, -1), (c, 1), (d, -1), (-3, -1), (99, 0), (2**40, 0))
+    assert cache.reserve_predictions(rows, counts=counts) == 2
+    assert dict(zip(PREDICTION_OUTCOMES, counts.tolist())) == {
+        "reserved": 2, "stale": 5, "duplicate": 1, "unfilled": 0}
+    assert [cache.prefetched_block(s) for s in (a, b, c)] == [0, 1, -1]
+    d = cache.add_sequence(d)
+    assert cache.generation(d) == 1 and cache.reserve_predictions(predictions((d, 1), (c, 0))) == 2
+    cache.check_invariants()
+
+
+def test_reserve_predictions_floor_and_cap():
+    cache = make(num_blocks=6, max_seqs=5)
+    seqs = [cache.add_sequence() for _ in range(5)]
+    counts = np.zeros(4, np.int64)
+    rows = predictions(*[(s, -1) for s in seqs])
+    assert cache.reserve_predictions(rows, floor=3, counts=counts) == 3  # 6 free: stops at 3 left
+    assert counts.tolist() == [3, 0, 0, 2] and cache.num_free_blocks == 3
+    assert cache.reserve_predictions(rows, max_reserved=np.int64(4), counts=counts) == 1
+    assert counts.tolist() == [4, 0, 3, 3] and cache.num_reserved_blocks == 4
+
+
+def test_reserve_predictions_from_a_ring():
+    cache = make(num_blocks=8)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    ring = LockFreeRingBuffer(4, 2)
+    ring.push_batch([[a, -1], [7, -1], [b, 0], [b, 0]])
+    counts = np.zeros(4, np.int64)
+    assert cache.reserve_predictions(ring, counts=counts) == 2 and len(ring) == 0
+    assert counts.tolist() == [2, 1, 1, 0]
+    assert cache.reserve_predictions(ring) == 0  # empty
+    ring.close()
+    assert cache.reserve_predictions(ring) == 0  # closed and drained
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"predictions": predictions((0, 0)).astype(np.int32)}, "predictions: expected an int64 .*int32"),
+    ({"predictions": np.zeros((2, 3), np.int64)}, r"predictions: .*shape \(2, 3\)"),
+    ({"predictions": [[0, 0]]}, "predictions: .*got list"),
+    ({"predictions": LockFreeRingBuffer(4, 4)}, "predictions: .*record_width 2"),
+    ({"floor": -1}, r"floor: expected an int in \[0, 8\], got -1"),
+    ({"floor": 1.0}, "floor: expected an int, got float"),
+    ({"max_reserved": 5}, r"max_reserved: expected an int in \[0, 4\], got 5"),
+    ({"counts": np.zeros(3, np.int64)}, r"counts: expected a writable int64 \[4\] array"),
+    ({"counts": np.zeros(4, np.int32)}, "counts: .*int32"),
+])
+def test_reserve_predictions_rejects_bad_arguments(kw, match):
     cache = make()
-    for call in (cache.block_table, cache.seq_len, cache.prefetched_block):
-        with pytest.raises(HexcoreInvalidSequenceError):
-            call(0)
-    assert not cache.is_live(0) and not cache.is_live(-1) and not cache.is_live("0")
     cache.add_sequence()
-    assert cache.is_live(np.int32(0)) and not cache.is_live(2**70)
-    with pytest.raises(HexcoreInvalidArgumentError):
-        cache.free_sequence(2**70)
+    kw = {"predictions": predictions((0, -1)), **kw}
+    before = state(cache)
+    with pytest.raises(HexcoreInvalidArgumentError, match=match):
+        cache.reserve_predictions(**kw)
+    assert_unchanged(cache, before)
+
+
+def test_reserve_predictions_takes_strided_arrays():
+    cache = make()
+    a, b = cache.add_sequence(), cache.add_sequence()
+    counts = np.zeros(8, np.int64)
+    rows = np.array([[a, -1, 0], [b, -1, 0]], np.int64)[:, :2]  # rows of a wider array
+    assert cache.reserve_predictions(rows, counts=counts[::2]) == 2 and counts.tolist() == [2] + [0] * 7
+
+
+def test_reserve_predictions_rejects_read_only_counts():
+    cache = make()
+    counts = np.zeros(4, np.int64)
+    counts.flags.writeable = False
+    with pytest.raises(HexcoreInvalidArgumentError, match="read-only"):
+        cache.reserve_predictions(predictions((0, -1)), counts=counts)
+
+
+def test_release_all_reserved():
+    cache = make(num_blocks=8)
+    a, _, c = (cache.add_sequence() for _ in range(3))
+    cache.reserve_blocks(ids(a, c))
+    assert cache.release_all_reserved() == 2 and cache.num_reserved_blocks == 0
+    assert cache.num_free_blocks == 8 and cache.release_all_reserved() == 0
+    cache.check_invariants()
+
+
+# -- queries, invariants ---------------------------------------------------------------
+@pytest.mark.parametrize("query", ["block_table", "seq_len", "prefetched_block", "generation"])
+@pytest.mark.parametrize("bad, error, match", [
+    (1, HexcoreInvalidSequenceError, "^seq_id: sequence 1 is not live$"),
+    (4, HexcoreInvalidSequenceError, r"^seq_id: expected an int in \[0, 3\], got 4$"),
+    (10**30, HexcoreInvalidSequenceError, r"^seq_id: expected an int in \[0, 3\], got 10{30}$"),
+    (0.0, HexcoreInvalidArgumentError, "^seq_id: expected an int, got float 0.0$"),
+])
+def test_queries_reject_bad_ids(query, bad, error, match):
+    cache = make()
+    cache.add_sequence()
+    with pytest.raises(error, match=match):
+        getattr(cache, query)(bad)
+
+
+def test_queries_accept_numpy_ints():
+    cache = make()
+    s = cache.add_sequence()
+    cache.grow_sequence(s, BS + 1)
+    for kind in (np.int8, np.int64, np.uint32):
+        assert (cache.seq_len(kind(s)), cache.generation(kind(s))) == (BS + 1, 0)
+        assert cache.block_table(kind(s)).tolist() == [0] and cache.prefetched_block(kind(s)) == -1
+
+
+@pytest.mark.parametrize("value, live", [(0, True), (np.int32(0), True), (1, False), (-1, False),
+                                         (2**70, False), ("0", False), (True, False), (None, False)])
+def test_is_live_never_raises(value, live):
+    cache = make()
+    cache.add_sequence()
+    assert cache.is_live(value) is live
+
+
+def test_generation_counts_frees():
+    cache = make()
+    s = cache.add_sequence()
+    cache.free_sequence(s)
+    cache.add_sequence(s)
+    cache.free_sequence(s)
+    assert cache.add_sequence() == s and cache.generation(s) == 2
 
 
 def test_check_invariants_can_fail():

@@ -1,6 +1,12 @@
+"""Typed errors and Status codes, and the integer-argument rule that every public entry point shares."""
+
+import re
+
+import numpy as np
 import pytest
 
 import hexcore
+from hexcore._checks import as_int, int_value, range_message
 from hexcore.errors import (
     HexcoreCorruptionError,
     HexcoreError,
@@ -36,13 +42,46 @@ def test_unknown_status_is_an_error_naming_it():
         raise_for_status(99)
 
 
-def test_every_non_ok_status_is_mapped():
-    for status in Status:
-        if status is not Status.OK:
-            with pytest.raises(HexcoreError):
-                raise_for_status(status)
+@pytest.mark.parametrize("status", [s for s in Status if s is not Status.OK])
+def test_every_non_ok_status_is_mapped(status):
+    with pytest.raises(HexcoreError):
+        raise_for_status(status)
 
 
-def test_public_names_exported():
-    for name in hexcore.__all__:
-        assert getattr(hexcore, name) is not None or name == "__version__"
+@pytest.mark.parametrize("name", hexcore.__all__)
+def test_public_names_exported(name):
+    assert getattr(hexcore, name) is not None
+
+
+# -- the integer-argument rule (hexcore._checks) -------------------------------------------
+@pytest.mark.parametrize("value", [5, np.int64(5), np.int8(5), np.uint64(5), np.intp(5)])
+def test_as_int_accepts_ints_and_numpy_ints(value):
+    got = as_int("n", value, 0, 9)
+    assert got == 5 and type(got) is int
+
+
+@pytest.mark.parametrize("value, shown", [
+    (True, "True"), (np.bool_(False), "False"), (5.0, "float 5.0"), (np.float32(5), "float32 5.0"),
+    ("5", "str '5'"), (None, "NoneType None"), ([5], "list [5]"),
+])
+def test_as_int_rejects_non_ints(value, shown):
+    with pytest.raises(HexcoreInvalidArgumentError, match=rf"^n: expected an int, got {re.escape(shown)}$"):
+        as_int("n", value, 0, 9)
+
+
+@pytest.mark.parametrize("value, low, high, message", [
+    (10, 0, 9, "n: expected an int in [0, 9], got 10"),
+    (-1, 0, None, "n: expected an int >= 0, got -1"),
+    (10, None, 9, "n: expected an int <= 9, got 10"),
+    (2**62, None, None, f"n: expected an int in [{-2**62}, {2**62 - 1}], got {2**62}"),
+    (2**70, 1, None, f"n: expected an int in [1, {2**62 - 1}], got {2**70}"),
+    (-(2**70), None, 5, f"n: expected an int in [{-2**62}, 5], got {-(2**70)}"),
+])
+def test_as_int_out_of_range_names_range_and_value(value, low, high, message):
+    with pytest.raises(HexcoreInvalidArgumentError, match=f"^{re.escape(message)}$"):
+        as_int("n", value, low, high)
+    assert range_message("n", value, low, high) == message
+
+
+def test_int_value_has_no_range():
+    assert int_value("n", np.int64(-3)) == -3 and int_value("n", 10**30) == 10**30

@@ -4,17 +4,18 @@ source after seeded random workloads, in process and across a process boundary."
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from hexcore import (HexcoreCorruptionError, HexcoreInvalidArgumentError, HexcoreInvalidSequenceError,
                      HexcoreOOMError, KVCacheConfig)
-from hexcore.host import LockFreeRingBuffer, PagedKVCache, SpeculativeAllocator
+from hexcore.host import BlockTableMirror, LockFreeRingBuffer, PagedKVCache, SpeculativeAllocator
 from hexcore.host import events as ev
-from hexcore.host.events import BlockTableMirror
 
-BS = 8
+BS = 16
 CONFIG = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=BS)
 NUM_BLOCKS, MAX_SEQS = 48, 6
 
@@ -72,9 +73,7 @@ def random_workload(cache, rng, steps, spec=None):
         yield
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_mirror_follows_random_workload(seed):
-    rng = np.random.default_rng(seed)
+def test_mirror_follows_random_workload(rng):
     cache, ring = make(), LockFreeRingBuffer(16, 4)  # small: events back up and get staged
     cache.attach_event_ring(ring)
     mirror = BlockTableMirror.like(cache, ring)
@@ -89,7 +88,7 @@ def test_mirror_follows_random_workload(seed):
             assert mirror.num_sequences == cache.num_sequences
     cache.flush_events(), mirror.poll(), cache.flush_events(), mirror.poll()
     assert_mirrors(mirror, source_tables(cache))
-    assert cache._events.dropped == 0 and mirror.events_applied > 300
+    assert cache._events.dropped == 0 and mirror.events_applied > 150  # min over 200 seeds: 262
 
 
 def test_late_attach_replays_current_tables():
@@ -107,20 +106,19 @@ def test_late_attach_replays_current_tables():
     assert_mirrors(mirror, source_tables(cache))
 
 
-def test_speculative_allocator_and_events_together():
+def test_speculative_allocator_and_events_together(rng):
     cache, ring = make(), LockFreeRingBuffer(1024, 4)
     spec = SpeculativeAllocator(cache)
     cache.attach_event_ring(ring)
     mirror = BlockTableMirror.like(cache, ring)
-    rng = np.random.default_rng(7)
-    for _ in random_workload(cache, rng, 300, spec):
+    for _ in random_workload(cache, rng, 800, spec):
         if rng.random() < 0.5:
             live = [s for s in range(MAX_SEQS) if cache.is_live(s)]
             spec.step(np.array(live, np.int32))
     mirror.poll()
     assert_mirrors(mirror, source_tables(cache))
     spec.check_invariants()
-    assert spec.confirmed_hits() > 0 and spec.mispredicted() > 0
+    assert spec.confirmed_hits() > 0 and spec.mispredicted() > 0  # min over 300 seeds: 33 and 5
 
 
 def test_events_are_exact_records():
@@ -146,8 +144,33 @@ def test_corrupt_stream_raises_naming_the_event():
     ring.push([9, 0, 0, 0])
     with pytest.raises(HexcoreCorruptionError, match="kind 9"):
         mirror.poll()
-    with pytest.raises(HexcoreInvalidSequenceError, match="seq_id 0 is not live"):
+    with pytest.raises(HexcoreInvalidSequenceError, match="seq_id: sequence 0 is not live in the mirror"):
         mirror.block_table(0)
+
+
+def test_host_exports_the_mirror_lazily():
+    assert BlockTableMirror is ev.BlockTableMirror
+    script = ("import sys, hexcore.host as h; assert 'hexcore.host.events' not in sys.modules; "
+              "h.BlockTableMirror; assert 'hexcore.host.events' in sys.modules")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"num_blocks": 0}, r"num_blocks: expected an int in \[1, 2147483647\], got 0"),
+    ({"max_seqs": 2.0}, "max_seqs: expected an int, got float 2.0"),
+    ({"max_blocks_per_seq": True}, "max_blocks_per_seq: expected an int, got True"),
+    ({"batch": 0}, r"batch: expected an int in \[1, 16777216\], got 0"),
+])
+def test_mirror_rejects_bad_sizes(kw, match):
+    with pytest.raises(HexcoreInvalidArgumentError, match=match):
+        BlockTableMirror(LockFreeRingBuffer(8, 4), **{"num_blocks": 8, "max_seqs": 2, "max_blocks_per_seq": 4, **kw})
+
+
+def test_mirror_accepts_numpy_ints():
+    mirror = BlockTableMirror(LockFreeRingBuffer(8, 4), np.int64(8), np.int32(2), np.uint8(4), batch=np.int64(16))
+    assert (mirror.num_blocks, mirror.max_seqs) == (8, 2) and type(mirror.max_seqs) is int
+    assert not mirror.is_live(np.int64(0)) and not mirror.is_live("0") and not mirror.is_live(2**70)
 
 
 def test_bad_rings_are_rejected_and_change_nothing():
@@ -190,7 +213,6 @@ def _source_process(name, seed, results):
     ring.close()
 
 
-@pytest.mark.parametrize("seed", [3])
 def test_mirror_across_processes(seed):
     ring = LockFreeRingBuffer.create_shared(64, 4)
     ctx = multiprocessing.get_context("spawn")
@@ -203,5 +225,5 @@ def test_mirror_across_processes(seed):
     proc.join(60)
     assert proc.exitcode == 0 and left == 0
     assert_mirrors(mirror, tables)
-    assert mirror.events_applied > 300
+    assert mirror.events_applied > 150  # a 600-call workload: ~430 events
     ring.close()

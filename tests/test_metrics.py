@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from hexcore import KVCacheConfig, Status
-from hexcore.host import MetricsCollector, PagedKVCache
+from hexcore import HexcoreInvalidArgumentError, KVCacheConfig, Status
+from hexcore.host import LockFreeRingBuffer, MetricsCollector, PagedKVCache
 from hexcore.host import allocator as allocator_module
 
 BS = 16
@@ -48,10 +48,52 @@ def test_percentiles_interpolate_within_buckets():
     assert 2 < m.percentile_us(0.99) <= 4
     assert m.percentile_us(1.0) == 4  # the overflow bucket reports the last bound
     assert MetricsCollector().percentile_us(0.5) == 0.0
-    with pytest.raises(ValueError):
-        m.percentile_us(1.5)
-    with pytest.raises(ValueError):
-        MetricsCollector(buckets_us=(2, 1))
+
+
+@pytest.mark.parametrize("q", [1.5, -0.1, "0.5", True, None, float("nan")])
+def test_percentile_rejects_bad_quantiles(q):
+    with pytest.raises(HexcoreInvalidArgumentError, match="q: expected a quantile in"):
+        MetricsCollector().percentile_us(q)
+
+
+@pytest.mark.parametrize("buckets, match", [
+    ((2, 1), "increasing"), ((1, 1), "increasing"), ((), "increasing"), ((0, 1), r"buckets_us\[0\]"),
+    ((1, "2"), r"buckets_us\[1\]: .*'2'"), ((True, 2), r"buckets_us\[0\]"), ((1, float("inf")), "finite"),
+    (5, "sequence of numbers"),
+])
+def test_buckets_are_validated(buckets, match):
+    with pytest.raises(HexcoreInvalidArgumentError, match=match):
+        MetricsCollector(buckets_us=buckets)
+
+
+@pytest.mark.parametrize("buckets", [(1, 2, 4), (0.5, 2.0), np.array([1, 2, 4]), (np.int64(1), np.float32(2.5))])
+def test_buckets_take_any_real_numbers(buckets):
+    m = MetricsCollector(buckets_us=buckets)
+    assert all(type(b) is float for b in m.buckets_us) and len(m.buckets_us) == len(buckets)
+
+
+def test_observe_takes_numpy_ints_and_stores_ints():
+    m = MetricsCollector()
+    m.observe("grow", np.int64(1500), allocated=np.int32(2), free_blocks=np.uint16(3), num_blocks=np.int64(8))
+    snap = m.snapshot()
+    assert (snap["blocks_allocated"], snap["free_blocks"], snap["latency"]["count"]) == (2, 3, 1)
+    assert type(snap["blocks_allocated"]) is int and type(snap["free_blocks"]) is int
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"latency_ns": -1}, "latency_ns: expected an int >= 0, got -1"),
+    ({"latency_ns": 1.5}, "latency_ns: expected an int, got float"),
+    ({"allocated": True}, "allocated: expected an int, got True"),
+    ({"sealed": -2}, "sealed: expected an int >= 0, got -2"),
+    ({"sequences": "3"}, "sequences: expected an int, got str"),
+    ({"op": 7}, "op: expected a str, got int"),
+])
+def test_observe_rejects_bad_numbers_and_records_nothing(kw, match):
+    m = MetricsCollector()
+    kw = {"op": "grow", "latency_ns": 100, **kw}
+    with pytest.raises(HexcoreInvalidArgumentError, match=match):
+        m.observe(**kw)
+    assert m.snapshot()["latency"]["count"] == 0 and m.snapshot()["calls"] == {}
 
 
 def test_thread_safe_counts():
@@ -105,7 +147,8 @@ def test_no_timing_without_metrics(monkeypatch):
     cache = make()
     s = cache.add_sequence()
     cache.grow_sequence(s, 40), cache.try_grow_sequence(s, 41), cache.step(ids(s))
-    cache.reserve_blocks(ids(s)), cache.release_reserved(ids(s))
+    cache.reserve_blocks(ids(s)), cache.release_reserved(ids(s)), cache.release_all_reserved()
+    cache.reserve_predictions(np.array([[s, -1]], np.int64)), cache.reserve_predictions(LockFreeRingBuffer(4, 2))
     cache.free_sequence(cache.fork_sequence(s)), cache.free_sequence(s)
 
 
@@ -120,3 +163,15 @@ def test_metrics_counts_follow_the_cache():
     assert (snap["blocks_allocated"], snap["blocks_freed"], snap["oom_events"]) == (3, 3, 1)
     assert (snap["free_blocks"], snap["active_blocks"], snap["sequences"]) == (4, 0, 0)
     assert snap["calls"]["grow_sequence"] == 1 and snap["latency"]["count"] == 4
+
+
+def test_reservations_are_counted():
+    metrics = MetricsCollector()
+    cache = make(num_blocks=4, metrics=metrics)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    assert cache.reserve_predictions(np.array([[a, -1], [b, 0]], np.int64)) == 2
+    assert metrics.snapshot()["reserved_blocks"] == 2
+    assert cache.release_all_reserved() == 2
+    snap = metrics.snapshot()
+    assert (snap["blocks_allocated"], snap["blocks_freed"], snap["reserved_blocks"]) == (2, 2, 0)
+    assert snap["calls"]["reserve_predictions"] == snap["calls"]["release_all_reserved"] == 1

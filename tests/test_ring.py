@@ -156,21 +156,36 @@ def test_blocking_calls_time_out():
 
 
 @pytest.mark.parametrize("make,match", [
-    (lambda: LockFreeRingBuffer(6, 4), "capacity.*power of two.*6"),
-    (lambda: LockFreeRingBuffer(0, 4), "capacity.*0"),
-    (lambda: LockFreeRingBuffer(8, 0), "record_width.*0"),
-    (lambda: LockFreeRingBuffer.create_shared(8, -2), "record_width.*-2"),
+    (lambda: LockFreeRingBuffer(6, 4), "capacity: expected a power of two, got 6"),
+    (lambda: LockFreeRingBuffer(0, 4), r"capacity: expected an int in \[1, 4294967296\], got 0"),
+    (lambda: LockFreeRingBuffer(8, 0), r"record_width: expected an int in \[1, 4096\], got 0"),
+    (lambda: LockFreeRingBuffer.create_shared(8, -2), r"record_width: expected an int in \[1, 4096\], got -2"),
+    (lambda: LockFreeRingBuffer(True, 4), "capacity: expected an int, got True"),
+    (lambda: LockFreeRingBuffer(8.0, 4), "capacity: expected an int, got float 8.0"),
+    (lambda: LockFreeRingBuffer(8, "4"), "record_width: expected an int, got str '4'"),
+    (lambda: LockFreeRingBuffer(2**40, 4), r"capacity: expected an int in \[1, 4294967296\]"),
+    (lambda: LockFreeRingBuffer(8, 4).pop_batch(True), "max_records: expected an int, got True"),
     (lambda: LockFreeRingBuffer(8, 4).try_push_batch(np.zeros((2, 4))), "float64"),
     (lambda: LockFreeRingBuffer(8, 4).try_push_batch(np.zeros((2, 3), np.int64)), r"\[2, 3\]"),
     (lambda: LockFreeRingBuffer(8, 4).try_push(np.zeros(5, np.int64)), r"\[5\]"),
     (lambda: LockFreeRingBuffer(8, 4).try_pop([0, 0, 0, 0]), "out.*list"),
-    (lambda: LockFreeRingBuffer(8, 4).pop_batch(0), "max_records.*0"),
+    (lambda: LockFreeRingBuffer(8, 4).pop_batch(0), "max_records: expected an int in .*, got 0"),
     (lambda: LockFreeRingBuffer.attach("hexcore_no_such_ring"), "hexcore_no_such_ring"),
     (lambda: pickle.dumps(LockFreeRingBuffer(8, 4)), "in-process"),
 ])
 def test_invalid_arguments_raise_typed_errors(make, match):
     with pytest.raises(HexcoreInvalidArgumentError, match=match):
         make()
+
+
+@pytest.mark.parametrize("kind", [int, np.int64, np.int32, np.uint8])
+def test_numpy_ints_are_ints(kind):
+    ring = LockFreeRingBuffer(kind(8), kind(2))
+    assert (ring.capacity, ring.record_width) == (8, 2) and type(ring.capacity) is int
+    ring.push([1, 2])
+    assert ring.pop_batch(kind(4)).tolist() == [[1, 2]]
+    with LockFreeRingBuffer.create_shared(kind(4), kind(1)) as shared:
+        assert shared.capacity == 4
 
 
 # -- shared memory ------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from hexcore.host._atomics import load_acquire, store_release
 from hexcore.host.ring import ring_close
 from hexcore.host.speculative import next_sealers, push_predictions
 
-BS = 8
+BS = 16
 CONFIG = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=BS)
 
 
@@ -68,12 +68,10 @@ class Model:
             self.seqs[s][1] = False
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_counts_match_a_model(seed):
-    rng = np.random.default_rng(seed)
+def test_counts_match_a_model(rng):
     cache, spec = make()
     model = Model(cache.max_seqs)
-    for it in range(400):
+    for it in range(600):
         op, live = int(rng.integers(6)), sorted(model.seqs)
         if op == 0 and len(live) < cache.max_seqs:
             s = spec.add_sequence()
@@ -105,7 +103,8 @@ def test_counts_match_a_model(seed):
         for s, (length, reserved) in model.seqs.items():
             assert cache.seq_len(s) == length and (cache.prefetched_block(s) >= 0) == reserved
         spec.check_invariants()
-    assert stats["hits"] > 10 and stats["mispredicted"] > 5 and stats["stale"] > 20
+    # the workload reached every path (minima over 300 seeds: 9 hits, 38 mispredicted, 56 stale)
+    assert stats["hits"] >= 3 and stats["mispredicted"] >= 10 and stats["stale"] >= 20
 
 
 def test_mispredicted_blocks_return_to_the_pool():
@@ -152,15 +151,16 @@ def test_hit_rate_reaches_metrics_collector():
     cache, spec = make(metrics=metrics)
     seqs = np.array([spec.add_sequence() for _ in range(4)], np.int32)
     out = np.empty(4, np.int64)
+    predicted_steps = 0
     for t in range(3 * BS):
         if t % 3:  # predict on two steps of three
             n = next_sealers(seqs, np.array([t] * 4), 1, BS, out)
-            spec.predict(out[:n])
+            predicted_steps += spec.predict(out[:n]) > 0
         spec.step(seqs)
     snap = metrics.snapshot()
     assert (snap["hits"], snap["misses"]) == (spec.confirmed_hits(), spec.misses())
     assert snap["hit_rate"] == spec.hit_rate() and 0 < spec.hit_rate() < 1
-    assert snap["calls"]["speculative_apply"] == 3 * BS
+    assert snap["calls"]["reserve_predictions"] == predicted_steps  # an empty ring costs no call
 
 
 @pytest.mark.parametrize("call, error, match", [
@@ -171,9 +171,19 @@ def test_hit_rate_reaches_metrics_collector():
     (lambda s: SpeculativeAllocator(s.cache, max_reserved=99), HexcoreInvalidArgumentError, "99"),
     (lambda s: s.predict([0.5]), HexcoreInvalidArgumentError, "float64"),
     (lambda s: s.predict([0, 1], [3]), HexcoreInvalidArgumentError, r"\(1,\)"),
-    (lambda s: s.release(ids(0, 5)), HexcoreInvalidSequenceError, "seq_id 5"),
-    (lambda s: s.free_sequence(5), HexcoreInvalidSequenceError, "seq_id 5"),
-    (lambda s: s.generation(5), HexcoreInvalidSequenceError, "seq_id 5"),
+    (lambda s: SpeculativeAllocator(s.cache, reserve_floor=True), HexcoreInvalidArgumentError,
+     "reserve_floor: expected an int, got True"),
+    (lambda s: SpeculativeAllocator(s.cache, max_reserved=2.0), HexcoreInvalidArgumentError,
+     "max_reserved: expected an int, got float"),
+    (lambda s: SpeculativeAllocator(s.cache, capacity=6), HexcoreInvalidArgumentError, "capacity: .*power of two"),
+    (lambda s: SpeculativeAllocator(s.cache, capacity="8"), HexcoreInvalidArgumentError,
+     "capacity: expected an int, got str"),
+    (lambda s: s.release(ids(0, 5)), HexcoreInvalidSequenceError, r"^seq_ids\[1\]: sequence 5 is not live$"),
+    (lambda s: s.free_sequence(5), HexcoreInvalidSequenceError, "^seq_id: sequence 5 is not live"),
+    (lambda s: s.free_sequence(6), HexcoreInvalidSequenceError, r"^seq_id: expected an int in \[0, 5\], got 6$"),
+    (lambda s: s.generation(5), HexcoreInvalidSequenceError, "^seq_id: sequence 5 is not live$"),
+    (lambda s: s.generation(-1), HexcoreInvalidSequenceError, r"^seq_id: expected an int in \[0, 5\], got -1$"),
+    (lambda s: s.grow_sequence(0, 1.5), HexcoreInvalidArgumentError, "^new_len: expected an int, got float 1.5$"),
 ])
 def test_bad_input_raises_and_changes_nothing(call, error, match):
     cache, spec = make()
@@ -185,6 +195,17 @@ def test_bad_input_raises_and_changes_nothing(call, error, match):
         call(spec)
     for a, b in zip(before, (cache._blocks, cache._seqs, cache._counters)):
         np.testing.assert_array_equal(a, b)
+    spec.check_invariants()
+
+
+def test_numpy_ints_are_ints():
+    cache, spec = make(num_blocks=np.int64(8), max_seqs=np.int32(4), capacity=np.int64(16),
+                       reserve_floor=np.int64(1), max_reserved=np.uint8(2))
+    assert (spec.reserve_floor, spec.max_reserved, spec.ring.capacity) == (1, 2, 16)
+    assert type(spec.reserve_floor) is int and type(spec.max_reserved) is int
+    s = spec.add_sequence(np.int64(3))
+    spec.predict(np.array([s], np.int16), np.array([spec.generation(np.int32(s))], np.uint8))
+    assert spec.apply() == 1 and cache.prefetched_block(s) >= 0
     spec.check_invariants()
 
 
@@ -215,9 +236,9 @@ def _schedule(buf, starts, steps, progress):
         store_release(progress, 1, t + 1)
 
 
-def test_nogil_producer_thread():
+def test_nogil_producer_thread(rng):
     cache, spec = make(num_blocks=256, max_seqs=16, capacity=16)
-    starts = np.random.default_rng(0).integers(0, BS, 16)
+    starts = rng.integers(0, BS, 16)
     seqs = np.array([spec.add_sequence() for _ in range(16)], np.int32)
     for s in seqs:
         cache.grow_sequence(int(s), int(starts[s]))

@@ -1,14 +1,21 @@
-"""CPU side of hexcore: numba.njit code over numpy arrays; never imports hexcore.cuda."""
+"""CPU side of hexcore: numba.njit code over numpy arrays; never imports hexcore.cuda.
+
+Public names load lazily (importing hexcore compiles or loads no njit module):
+PagedKVCache and StepResult (allocator), MetricsCollector (metrics),
+LockFreeRingBuffer (ring), SpeculativeAllocator (speculative), BlockTableMirror (events).
+"""
 
 from __future__ import annotations
 
 import importlib
 
 _MODULE_OF = {
-    "PagedKVCache": "allocator",
-    "MetricsCollector": "metrics",
+    "BlockTableMirror": "events",
     "LockFreeRingBuffer": "ring",
+    "MetricsCollector": "metrics",
+    "PagedKVCache": "allocator",
     "SpeculativeAllocator": "speculative",
+    "StepResult": "allocator",
 }
 
 __all__ = sorted(_MODULE_OF)

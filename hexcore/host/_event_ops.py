@@ -19,7 +19,7 @@ NEED_ROOM = -2  # a publish_* call found the staging array too small; nothing wa
 _jit = numba.njit(cache=True, nogil=True)
 
 
-# -- publisher side --------------------------------------------------------------------- ------------------------------------------------------------
+# -- publisher side ---------------------------------------------------------------------
 # staging: int64 [capacity, 4] -> events not yet in the ring, rows [state[0], state[1])
 # state:   int64 [2] -> (first pending row, end of pending rows)
 @_jit
@@ -77,15 +77,15 @@ def publish_run(buf, staging, state, seq_id, first, block_ids):
 
 
 @_jit
-def publish_sealed(buf, staging, state, sealed):
-    """Stage SEALED events for the step's rows (seq_id, logical, block_id), int32 [n, 3]."""
-    n = sealed.shape[0]
+def publish_sealed(buf, staging, state, seals):
+    """Stage SEALED events for a step's seals, int32 [3, n] rows (seq_id, logical, block_id)."""
+    n = seals.shape[1]
     if not _room(staging, state, n):
         return NEED_ROOM
     end = state[1]
     for i in range(n):
-        staging[end + i, 0], staging[end + i, 1] = SEALED, sealed[i, 0]
-        staging[end + i, 2], staging[end + i, 3] = sealed[i, 1], sealed[i, 2]
+        staging[end + i, 0], staging[end + i, 1] = SEALED, seals[0, i]
+        staging[end + i, 2], staging[end + i, 3] = seals[1, i], seals[2, i]
     state[1] = end + n
     return _flush(buf, staging, state)
 

@@ -6,29 +6,15 @@ failure, by reading the (unchanged) state.
 
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
+from .._checks import range_message
 from ..errors import HexcoreInvalidArgumentError, Status
 from . import _blocks as core
+from .ring import LockFreeRingBuffer
 
 _I32 = np.dtype(np.int32)
-
-
-def as_index(name: str, value, low: int | None = None, high: int | None = None) -> int:
-    """``value`` as a Python int (bools and non-integers raise), optionally in [low, high]."""
-    if isinstance(value, (bool, np.bool_)):
-        raise HexcoreInvalidArgumentError(f"{name}: expected an int, got {value!r}")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise HexcoreInvalidArgumentError(
-            f"{name}: expected an int, got {type(value).__name__} {value!r}") from None
-    if not -(2**62) <= value < 2**62 or (low is not None and value < low) or (
-            high is not None and value > high):
-        raise HexcoreInvalidArgumentError(f"{name}: expected an int in [{low}, {high}], got {value}")
-    return value
+_I64 = np.dtype(np.int64)
 
 
 def check_ids(name: str, array, max_len: int | None, like=None) -> None:
@@ -42,38 +28,59 @@ def check_ids(name: str, array, max_len: int | None, like=None) -> None:
             raise HexcoreInvalidArgumentError(
                 f"{name}: a batch holds at most max_seqs={max_len} entries, got {array.shape[0]}")
         return
+    raise HexcoreInvalidArgumentError(f"{name}: expected a C-contiguous int32 1-D array, got {_describe(array)}")
+
+
+def check_predictions(name: str, array) -> None:
+    """Raise unless ``array`` is an int64 ``[n, 2]`` ndarray (the message names the ring option too)."""
+    if type(array) is np.ndarray and array.dtype == _I64 and array.ndim == 2 and array.shape[1] == 2:
+        return
+    got = repr(array) if isinstance(array, LockFreeRingBuffer) else _describe(array)
+    raise HexcoreInvalidArgumentError(
+        f"{name}: expected an int64 [n, 2] array or a LockFreeRingBuffer of record_width 2, got {got}")
+
+
+def check_counts(name: str, array, size: int) -> None:
+    """Raise unless ``array`` is a writable int64 ``[size]`` ndarray."""
+    if type(array) is np.ndarray and array.dtype == _I64 and array.shape == (size,) and array.flags.writeable:
+        return
+    got = _describe(array) + ("" if not isinstance(array, np.ndarray) or array.flags.writeable else " read-only")
+    raise HexcoreInvalidArgumentError(f"{name}: expected a writable int64 [{size}] array, got {got}")
+
+
+def _describe(array) -> str:
     if isinstance(array, np.ndarray):
-        got = f"{array.dtype} shape {array.shape}" + ("" if array.flags.c_contiguous else " strided")
-    else:
-        got = type(array).__name__
-    raise HexcoreInvalidArgumentError(f"{name}: expected a C-contiguous int32 1-D array, got {got}")
+        return f"{array.dtype} shape {array.shape}" + ("" if array.flags.c_contiguous else " strided")
+    return type(array).__name__
 
 
-def describe_seq_error(cache, status: int, action: str, seq_id, new_len=None) -> str:
-    """The message of a failed ``action`` on ``seq_id``, with the values involved."""
+def describe_seq_error(cache, status: int, action: str, name: str, seq_id, new_len=None) -> str:
+    """The message of a failed ``action`` on sequence ``seq_id``, passed as argument ``name``.
+
+    Read from the (unchanged) state after the njit core reported ``status``. A message
+    about an argument starts with it (``"<name>: ..."``); an id out of ``[0, max_seqs)``
+    gets the integer rule's ``"<name>: expected an int in [0, max_seqs - 1], got <id>"``.
+    """
     seqs, max_seqs = cache._seqs, cache.max_seqs
     if action == "add" and seq_id is None:
         return f"no free sequence slot: all max_seqs={max_seqs} slots are live"
     if not 0 <= seq_id < max_seqs:
-        return f"seq_id {seq_id} out of range [0, {max_seqs})"
+        return range_message(name, seq_id, 0, max_seqs - 1)
     length = int(seqs[core.LEN, seq_id])
     if action == "add":
-        return f"seq_id {seq_id} is already live (length {length})"
+        return f"{name}: sequence {seq_id} is already live (length {length})"
     if length < 0:
         hint = " (double free?)" if action == "free" else ""
-        return f"seq_id {seq_id} is not live{hint}"
+        return f"{name}: sequence {seq_id} is not live{hint}"
     if action != "grow":
-        return f"seq_id {seq_id}: {action} failed with {Status(status).name}"
-    if new_len < 0:
-        return f"new_len {new_len} is negative for seq {seq_id}"
-    if new_len < length:
-        return f"new_len {new_len} < current length {length} for seq {seq_id}"
-    if new_len > cache.max_seq_len:
-        return f"new_len {new_len} > max_seq_len {cache.max_seq_len} for seq {seq_id}"
+        return f"{name}: sequence {seq_id}: {action} failed with {Status(status).name}"
+    if not length <= new_len <= cache.max_seq_len:
+        return (range_message("new_len", new_len, length, cache.max_seq_len)
+                + f" (sequence {seq_id} holds {length} tokens; max_seq_len {cache.max_seq_len})")
     bs = cache.block_size
     need = new_len // bs - length // bs
     reserved = int(seqs[core.PREFETCHED, seq_id] >= 0)
-    return (f"out of blocks: seq {seq_id} growing {length} -> {new_len} needs {need} blocks, "
+    return (f"out of blocks: sequence {seq_id} growing {length} -> {new_len} needs {need} blocks, "
             f"{cache.num_free_blocks} free + {reserved} reserved")
 
 

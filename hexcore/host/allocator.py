@@ -5,6 +5,14 @@ and ``n % block_size`` tokens in its open tail. **A sequence id is also its tail
 slot**: ids are slots in ``[0, max_seqs)``, and the device side keeps sequence
 ``s``'s tail at tail slot ``s``. State lives in numpy arrays; the logic is one njit
 call per public method (``_blocks.py``); this class validates and raises.
+
+Arguments follow the integer rule of ``hexcore._checks``: an int argument is a
+Python int or a numpy integer, anything else (bools included) raises
+``HexcoreInvalidArgumentError``. A sequence id that names no live sequence -- one out
+of ``[0, max_seqs)`` included -- is a *sequence* error, as in a batch ``step``:
+``HexcoreInvalidSequenceError`` (``Status.INVALID_SEQUENCE`` from ``try_*``), whose
+message names the argument (``"parent: expected an int in [0, 63], got -1"``,
+``"seq_id: sequence 3 is not live"``). A failed call changes nothing.
 """
 
 from __future__ import annotations
@@ -13,18 +21,26 @@ from time import perf_counter_ns
 
 import numpy as np
 
+from .._checks import INT_LIMIT, as_int, int_value, range_message
 from ..config import KVCacheConfig
-from ..errors import HexcoreInvalidArgumentError, Status
+from ..errors import HexcoreInvalidArgumentError, HexcoreInvalidSequenceError, Status, raise_for_status
 from . import _blocks as core
-from ._accessors import CacheAccessors
 from ._event_ops import ALLOCATED, FORKED, FREED
-from ._step import OUT_LEN, OUT_STATUS, OUT_TAIL, StepResult, new_outputs, step
-from ._validation import as_index, check_ids
+from ._step import OUT_LEN, OUT_STATUS, OUT_TAIL, StepResult, check_step, new_outputs, step
+from ._validation import check_counts, check_ids, check_predictions, describe_seq_error, verify_state
+from .ring import LockFreeRingBuffer
 
+__all__ = ["PagedKVCache", "StepResult", "PREDICTION_OUTCOMES", "DEFAULT_MAX_SEQ_LEN"]
+
+# The order of reserve_predictions' counts: [outcome] -> predictions (core.PREDICTION_* indices)
+PREDICTION_OUTCOMES = ("reserved", "stale", "duplicate", "unfilled")
+DEFAULT_MAX_SEQ_LEN = 131072
 _STATUSES = tuple(Status)
 _NO_BLOCKS = np.empty(0, np.int32)
 _NO_BLOCKS.flags.writeable = False
-DEFAULT_MAX_SEQ_LEN = 131072
+_MAX_I32 = 2**31 - 1
+_I64 = np.dtype(np.int64)
+_COUNTS_SHAPE = (len(PREDICTION_OUTCOMES),)
 
 
 def _frozen(view: np.ndarray) -> np.ndarray:
@@ -32,7 +48,15 @@ def _frozen(view: np.ndarray) -> np.ndarray:
     return view
 
 
-class PagedKVCache(CacheAccessors):
+def _reraise_unless_beyond_limit(*values: int) -> None:
+    # The hot paths hand Python ints to njit unchecked: one past int64 makes numba raise
+    # (OverflowError, or a TypingError before the first compile). Such an int is out of
+    # every range -- the caller reports INVALID_SEQUENCE; any other error propagates.
+    if all(-INT_LIMIT <= v < INT_LIMIT for v in values):
+        raise
+
+
+class PagedKVCache:
     """Block manager of a paged KV cache: sequences, their sealed blocks and tails.
 
     ``num_blocks`` sealed blocks and ``max_seqs`` sequence slots (= tail slots);
@@ -47,21 +71,23 @@ class PagedKVCache(CacheAccessors):
         if not isinstance(config, KVCacheConfig):
             raise HexcoreInvalidArgumentError(f"config: expected KVCacheConfig, got {type(config).__name__}")
         bs = config.block_size
-        num_blocks = as_index("num_blocks", num_blocks, low=1, high=2**31 - 1)
-        max_seqs = as_index("max_seqs", max_seqs, low=1, high=2**31 - 1)
+        num_blocks = as_int("num_blocks", num_blocks, low=1, high=_MAX_I32)
+        max_seqs = as_int("max_seqs", max_seqs, low=1, high=_MAX_I32)
         if max_seq_len is None:
             max_seq_len = min(DEFAULT_MAX_SEQ_LEN, num_blocks * bs)
-        max_seq_len = as_index("max_seq_len", max_seq_len, low=1, high=2**31 - bs)
+        max_seq_len = as_int("max_seq_len", max_seq_len, low=1, high=_MAX_I32 + 1 - bs)
         self.config, self.block_size, self.num_blocks, self.max_seqs = config, bs, num_blocks, max_seqs
         self.max_blocks_per_seq = -(-max_seq_len // bs)
         self.max_seq_len = self.max_blocks_per_seq * bs
         # state arrays, their mappings documented in _blocks.py and _step.py
         self._blocks, self._seqs, self._tables, self._counters = core.new_state(
             num_blocks, max_seqs, self.max_blocks_per_seq)
-        self._out_rows, self._out_tables, self._sealed = new_outputs(
+        self._out_rows, self._out_tables, self._seals = new_outputs(
             num_blocks, max_seqs, self.max_blocks_per_seq)
         self._views: dict[int, tuple] = {}  # batch size -> read-only output views
         self._no_lens = np.zeros(0, np.int32)
+        self._prediction_counts = np.zeros(len(PREDICTION_OUTCOMES), np.int64)  # when none are asked for
+        self._ring_scratch = np.empty((1024, 2), np.int64)  # [row] -> a prediction popped from a ring
         self._metrics = metrics
         self._events = None  # an events.EventPublisher while an event ring is attached
         if metrics is not None:
@@ -76,7 +102,7 @@ class PagedKVCache(CacheAccessors):
         sid = -1 if seq_id is None else self._slot("seq_id", seq_id)
         status, sid = core.add_sequence(self._seqs, self._counters, sid)
         if status:
-            self._fail(status, "add", None if seq_id is None else sid)
+            self._fail(status, "add", "seq_id", None if seq_id is None else sid)
         if self._events is not None:
             self._events.one(ALLOCATED, sid, 0, -1)
         if t0:
@@ -86,12 +112,16 @@ class PagedKVCache(CacheAccessors):
     def free_sequence(self, seq_id: int) -> None:
         """Release ``seq_id``'s tail and reserved block; drop one reference from each block."""
         t0 = 0 if self._metrics is None else perf_counter_ns()
-        if type(seq_id) is not int or not -(2**62) < seq_id < 2**62:
-            seq_id = as_index("seq_id", seq_id)
-        status, freed = core.free_sequence(self._blocks, self._seqs, self._counters, self._tables,
-                                           seq_id, self.block_size)
+        if type(seq_id) is not int:
+            seq_id = int_value("seq_id", seq_id)
+        try:
+            status, freed = core.free_sequence(self._blocks, self._seqs, self._counters, self._tables,
+                                               seq_id, self.block_size)
+        except Exception:
+            _reraise_unless_beyond_limit(seq_id)
+            status, freed = Status.INVALID_SEQUENCE, 0
         if status:
-            self._fail(status, "free", seq_id)
+            self._fail(status, "free", "seq_id", seq_id)
         if self._events is not None:
             self._events.one(FREED, seq_id, 0, -1)
         if t0:
@@ -104,14 +134,12 @@ class PagedKVCache(CacheAccessors):
         returned id): tails are private, sealed blocks are shared by reference count.
         """
         t0 = 0 if self._metrics is None else perf_counter_ns()
-        parent = as_index("parent", parent)
+        parent = self._live("parent", parent)
         cid = -1 if child is None else self._slot("child", child)
         status, cid = core.fork_sequence(self._blocks, self._seqs, self._counters, self._tables,
                                          parent, cid, self.block_size)
         if status:
-            if not core._is_live(self._seqs, parent):
-                self._fail(status, "fork", parent)
-            self._fail(status, "add", None if child is None else cid)
+            self._fail(status, "add", "child", None if child is None else cid)
         if self._events is not None:
             self._events.one(FORKED, cid, parent, -1)
         if t0:
@@ -128,16 +156,17 @@ class PagedKVCache(CacheAccessors):
         """
         t0 = 0 if self._metrics is None else perf_counter_ns()
         if type(seq_id) is not int or type(new_len) is not int:
-            seq_id, new_len = as_index("seq_id", seq_id), as_index("new_len", new_len)
+            seq_id, new_len = int_value("seq_id", seq_id), int_value("new_len", new_len)
         try:
             status, first, hits, misses = core.grow_sequence(
                 self._blocks, self._seqs, self._counters, self._tables, seq_id, new_len, self.block_size)
-        except OverflowError:  # an int past int64: out of every range
+        except Exception:
+            _reraise_unless_beyond_limit(seq_id, new_len)
             status, first, hits, misses = Status.INVALID_SEQUENCE, 0, 0, 0
         if status:
             if t0:
                 self._record("grow_sequence", t0, oom=int(status == Status.OUT_OF_MEMORY))
-            self._fail(status, "grow", seq_id, new_len)
+            self._fail(status, "grow", "seq_id", seq_id, new_len)
         if t0:
             self._record("grow_sequence", t0, hits=hits, misses=misses)
         if hits + misses == 0:
@@ -150,18 +179,20 @@ class PagedKVCache(CacheAccessors):
     def try_grow_sequence(self, seq_id: int, new_len: int) -> Status:
         """:meth:`grow_sequence` that returns a :class:`Status` instead of raising.
 
-        Sealed blocks are then ``block_table(seq_id)[old_len // block_size:]``.
+        INVALID_ARGUMENT for a non-int argument. Sealed blocks are then
+        ``block_table(seq_id)[old_len // block_size:]``.
         """
         t0 = 0 if self._metrics is None else perf_counter_ns()
         if type(seq_id) is not int or type(new_len) is not int:
             try:
-                seq_id, new_len = as_index("seq_id", seq_id), as_index("new_len", new_len)
+                seq_id, new_len = int_value("seq_id", seq_id), int_value("new_len", new_len)
             except HexcoreInvalidArgumentError:
                 return Status.INVALID_ARGUMENT
         try:
             status, first, hits, misses = core.grow_sequence(
                 self._blocks, self._seqs, self._counters, self._tables, seq_id, new_len, self.block_size)
-        except OverflowError:  # an int past int64: out of every range
+        except Exception:
+            _reraise_unless_beyond_limit(seq_id, new_len)
             return Status.INVALID_SEQUENCE
         if hits + misses and self._events is not None:
             self._events.run(seq_id, first, self._tables[seq_id, first:first + hits + misses])
@@ -190,19 +221,31 @@ class PagedKVCache(CacheAccessors):
             lens, increment = new_lens, False
         num_sealed, num_failed, hits, misses, ooms = step(
             self._blocks, self._seqs, self._counters, self._tables, seq_ids, lens, increment,
-            self.block_size, self._out_rows, self._out_tables, self._sealed)
+            self.block_size, self._out_rows, self._out_tables, self._seals)
         views = self._views.get(len(seq_ids)) or self._make_views(len(seq_ids))
         if num_sealed == 0:
-            sealed = views[4]
+            seals = views[4]
         else:
-            sealed = self._sealed[:num_sealed]
+            seals = self._seals[:, :num_sealed]
             if self._events is not None:
-                self._events.sealed(sealed)
+                self._events.sealed(seals)
         if t0:
             self._record("step", t0, hits=hits, misses=misses, oom=ooms)
-        return StepResult(views[0], sealed, views[1], views[2], views[3], num_failed)
+        return StepResult(views[0], seals, views[1], views[2], views[3], seq_ids, num_failed, num_sealed, hits)
 
-    # -- speculative prefetch (issue 6 drives it) -------------------------------------
+    def can_step(self, seq_ids: np.ndarray) -> tuple:
+        """Whether :meth:`step` would grow every one of ``seq_ids`` by one token, without
+        changing anything: ``(Status, index of the first failing entry or -1)``.
+
+        Parameters
+        ----------
+        seq_ids : [B] int32, C-contiguous -- the sequences of a decode step.
+        """
+        check_ids("seq_ids", seq_ids, self.max_seqs)
+        status, index = check_step(self._seqs, self._counters, self.max_seq_len, seq_ids, self.block_size)
+        return Status(status), int(index)
+
+    # -- speculative prefetch: reservations ----------------------------------------------
     def reserve_blocks(self, seq_ids: np.ndarray) -> np.ndarray:
         """Park one free block in each sequence's prefetched slot for its next seal.
 
@@ -218,10 +261,53 @@ class PagedKVCache(CacheAccessors):
         out = np.empty(len(seq_ids), np.int32)
         bad, reserved = core.reserve_blocks(self._blocks, self._seqs, self._counters, seq_ids, out)
         if bad >= 0:
-            self._fail(Status.INVALID_SEQUENCE, "reserve", int(seq_ids[bad]))
+            self._fail(Status.INVALID_SEQUENCE, "reserve", f"seq_ids[{bad}]", int(seq_ids[bad]))
         if t0:
             self._record("reserve_blocks", t0, allocated=reserved)
         return out
+
+    def reserve_predictions(self, predictions, floor: int = 0, max_reserved: int | None = None,
+                            counts: np.ndarray | None = None) -> int:
+        """Park a free block for each sequence predicted to seal next; the number parked.
+
+        Parameters
+        ----------
+        predictions : [n, 2] int64 rows (seq_id, generation), or a LockFreeRingBuffer
+            of record_width 2 carrying such records, drained here (this thread is its
+            consumer; at most ``capacity`` records per call). Generation -1 matches any
+            (see :meth:`generation`). Rows never raise: a row whose sequence is not
+            live, or lives in another generation, is *stale*.
+        floor : int in [0, num_blocks] -- free blocks a reservation never takes.
+        max_reserved : int in [0, max_seqs] or None -- cap on parked blocks (default max_seqs).
+        counts : [4] int64 or None -- if given, incremented by the rows' outcomes in
+            ``PREDICTION_OUTCOMES`` order: reserved, stale, duplicate (the sequence
+            already holds a block), unfilled (``floor`` or ``max_reserved`` reached).
+        """
+        # (inline fast checks: an owner calls this before every step; the full ones raise)
+        t0 = 0 if self._metrics is None else perf_counter_ns()
+        if type(floor) is not int or not 0 <= floor <= self.num_blocks:
+            floor = as_int("floor", floor, 0, self.num_blocks)
+        if max_reserved is None:
+            max_reserved = self.max_seqs
+        elif type(max_reserved) is not int or not 0 <= max_reserved <= self.max_seqs:
+            max_reserved = as_int("max_reserved", max_reserved, 0, self.max_seqs)
+        if counts is None:
+            counts = self._prediction_counts
+        elif (type(counts) is not np.ndarray or counts.dtype is not _I64 or counts.shape != _COUNTS_SHAPE
+              or not counts.flags.writeable):
+            check_counts("counts", counts, len(PREDICTION_OUTCOMES))
+        if isinstance(predictions, LockFreeRingBuffer) and predictions.record_width == 2:
+            reserved = core.reserve_ring_predictions(self._blocks, self._seqs, self._counters, predictions.buffer,
+                                                     self._ring_scratch, floor, max_reserved, counts)
+        else:
+            if (type(predictions) is not np.ndarray or predictions.dtype is not _I64 or predictions.ndim != 2
+                    or predictions.shape[1] != 2):
+                check_predictions("predictions", predictions)
+            reserved = core.reserve_predictions(self._blocks, self._seqs, self._counters, predictions,
+                                                floor, max_reserved, counts)
+        if t0:
+            self._record("reserve_predictions", t0, allocated=reserved)
+        return reserved
 
     def release_reserved(self, seq_ids: np.ndarray) -> int:
         """Return the sequences' reserved blocks to the pool; the number released.
@@ -234,9 +320,17 @@ class PagedKVCache(CacheAccessors):
         check_ids("seq_ids", seq_ids, None)
         bad, released = core.release_reserved(self._blocks, self._seqs, self._counters, seq_ids)
         if bad >= 0:
-            self._fail(Status.INVALID_SEQUENCE, "release", int(seq_ids[bad]))
+            self._fail(Status.INVALID_SEQUENCE, "release", f"seq_ids[{bad}]", int(seq_ids[bad]))
         if t0:
             self._record("release_reserved", t0, freed=released)
+        return released
+
+    def release_all_reserved(self) -> int:
+        """Return every reserved block to the pool (e.g. before retrying an OOM); the number released."""
+        t0 = 0 if self._metrics is None else perf_counter_ns()
+        released = core.release_all_reserved(self._blocks, self._seqs, self._counters)
+        if t0:
+            self._record("release_all_reserved", t0, freed=released)
         return released
 
     # -- block events (hexcore.host.events) ------------------------------------------
@@ -259,12 +353,79 @@ class PagedKVCache(CacheAccessors):
         """Push events staged while the ring was full, waiting up to ``timeout`` s; events left."""
         return 0 if self._events is None else self._events.flush(timeout)
 
+    # -- queries ------------------------------------------------------------------------
+    def block_table(self, seq_id: int) -> np.ndarray:
+        """A copy of ``seq_id``'s sealed block ids, in logical order (int32 [n])."""
+        seq_id = self._live("seq_id", seq_id)
+        return self._tables[seq_id, : self._seqs[core.LEN, seq_id] // self.block_size].copy()
+
+    def seq_len(self, seq_id: int) -> int:
+        """Length of ``seq_id`` in tokens (sealed blocks plus tail)."""
+        return int(self._seqs[core.LEN, self._live("seq_id", seq_id)])
+
+    def generation(self, seq_id: int) -> int:
+        """``seq_id``'s generation: how many times its slot was freed (tags predictions)."""
+        return int(self._seqs[core.GEN, self._live("seq_id", seq_id)])
+
+    def prefetched_block(self, seq_id: int) -> int:
+        """Block reserved for ``seq_id``'s next seal, -1 if none."""
+        return int(self._seqs[core.PREFETCHED, self._live("seq_id", seq_id)])
+
+    def is_live(self, seq_id) -> bool:
+        """True if ``seq_id`` is a live sequence (False for any other value, non-ints included)."""
+        try:
+            seq_id = int_value("seq_id", seq_id)
+        except HexcoreInvalidArgumentError:
+            return False
+        return 0 <= seq_id < self.max_seqs and bool(self._seqs[core.LEN, seq_id] >= 0)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks on the free stack."""
+        return int(self._counters[core.NUM_FREE])
+
+    @property
+    def num_active_blocks(self) -> int:
+        """Blocks referenced by at least one block table."""
+        return int(self._counters[core.NUM_LIVE])
+
+    @property
+    def num_reserved_blocks(self) -> int:
+        """Blocks parked in a sequence's prefetched slot."""
+        return int(self._counters[core.NUM_RESERVED])
+
+    @property
+    def num_sequences(self) -> int:
+        """Live sequences."""
+        return self.max_seqs - int(self._counters[core.NUM_FREE_SEQS])
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the state is inconsistent (for tests; O(state size))."""
+        verify_state(self._blocks, self._seqs, self._tables, self._counters, self.block_size)
+
     # -- internals --------------------------------------------------------------------
+    def _live(self, name: str, seq_id) -> int:
+        # seq_id as the int id of a live sequence, or raise naming argument `name`
+        seq_id = int_value(name, seq_id)
+        if not 0 <= seq_id < self.max_seqs or self._seqs[core.LEN, seq_id] < 0:
+            self._fail(Status.INVALID_SEQUENCE, "use", name, seq_id)
+        return seq_id
+
+    def _slot(self, name: str, seq_id) -> int:
+        # seq_id as an int slot in [0, max_seqs) (live or not), or raise naming `name`
+        seq_id = int_value(name, seq_id)
+        if not 0 <= seq_id < self.max_seqs:
+            raise HexcoreInvalidSequenceError(range_message(name, seq_id, 0, self.max_seqs - 1))
+        return seq_id
+
+    def _fail(self, status, action: str, name: str, seq_id, new_len=None):
+        raise_for_status(status, describe_seq_error(self, int(status), action, name, seq_id, new_len))
+
     def _make_views(self, batch: int) -> tuple:
         rows = self._out_rows
         # block_tables is read-only: its rows are reused, incrementally, by the next step
         views = (rows[OUT_STATUS, :batch], _frozen(self._out_tables[:batch]),
-                 rows[OUT_LEN, :batch], rows[OUT_TAIL, :batch], self._sealed[:0])
+                 rows[OUT_LEN, :batch], rows[OUT_TAIL, :batch], self._seals[:, :0])
         self._views[batch] = views
         return views
 

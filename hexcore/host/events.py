@@ -34,7 +34,7 @@ from ._event_ops import (  # noqa: F401  (re-exported: the event kinds)
     publish_one, publish_records, publish_run, publish_sealed,
 )
 from ._ring_ops import RING_CLOSED
-from ._validation import as_index
+from .._checks import as_int, int_value
 from .ring import LockFreeRingBuffer
 
 __all__ = ["ALLOCATED", "SEALED", "FREED", "FORKED", "EVENT_WIDTH", "BlockTableMirror", "EventPublisher"]
@@ -71,10 +71,10 @@ class EventPublisher:
         self._done(publish_run(self._buf, self._staging, self._state, seq_id, first, block_ids),
                    len(block_ids), publish_run, seq_id, first, block_ids)
 
-    def sealed(self, rows: np.ndarray) -> None:
-        """Publish SEALED events of a step's rows (seq_id, logical, block_id), int32 [n, 3]."""
-        self._done(publish_sealed(self._buf, self._staging, self._state, rows), len(rows),
-                   publish_sealed, rows)
+    def sealed(self, seals: np.ndarray) -> None:
+        """Publish SEALED events of a step's seals: int32 [3, n], rows (seq_ids, logical, block_ids)."""
+        self._done(publish_sealed(self._buf, self._staging, self._state, seals), seals.shape[1],
+                   publish_sealed, seals)
 
     def records(self, records: np.ndarray) -> None:
         """Publish ready-made events, int64 [n, 4]."""
@@ -117,8 +117,6 @@ def replay_records(tables: np.ndarray, lens: np.ndarray, block_size: int) -> np.
     return np.array(rows, np.int64).reshape(-1, EVENT_WIDTH)
 
 
-
-
 class BlockTableMirror:
     """A copy of a PagedKVCache's block tables, rebuilt from its event ring.
 
@@ -133,9 +131,10 @@ class BlockTableMirror:
         if not isinstance(ring, LockFreeRingBuffer) or ring.record_width != EVENT_WIDTH:
             raise HexcoreInvalidArgumentError(
                 f"ring: expected a LockFreeRingBuffer of record_width {EVENT_WIDTH}, got {ring!r}")
-        self.num_blocks = as_index("num_blocks", num_blocks, low=1, high=2**31 - 1)
-        self.max_seqs = as_index("max_seqs", max_seqs, low=1, high=2**31 - 1)
-        max_blocks_per_seq = as_index("max_blocks_per_seq", max_blocks_per_seq, low=1, high=2**31 - 1)
+        self.num_blocks = as_int("num_blocks", num_blocks, low=1, high=2**31 - 1)
+        self.max_seqs = as_int("max_seqs", max_seqs, low=1, high=2**31 - 1)
+        max_blocks_per_seq = as_int("max_blocks_per_seq", max_blocks_per_seq, low=1, high=2**31 - 1)
+        batch = as_int("batch", batch, low=1, high=2**24)
         self.ring, self._buf = ring, ring.buffer
         # tables: [seq_id, logical_block] -> block_id (-1 empty)
         self._tables = np.full((self.max_seqs, max_blocks_per_seq), -1, np.int32)
@@ -143,7 +142,7 @@ class BlockTableMirror:
         self._num_sealed = np.full(self.max_seqs, -1, np.int64)
         # refs: [block_id] -> references from the mirrored tables
         self._refs = np.zeros(self.num_blocks, np.int64)
-        self._out = np.empty((as_index("batch", batch, low=1, high=2**24), EVENT_WIDTH), np.int64)
+        self._out = np.empty((batch, EVENT_WIDTH), np.int64)
         # stats: [field] -> (events applied, bad-event flag, ring closed and drained)
         self._stats = np.zeros(3, np.int64)
 
@@ -187,15 +186,19 @@ class BlockTableMirror:
         """Events applied so far."""
         return int(self._stats[0])
 
-    def is_live(self, seq_id: int) -> bool:
-        """True if ``seq_id`` is live in the mirrored state."""
-        return 0 <= seq_id < self.max_seqs and self._num_sealed[seq_id] >= 0
+    def is_live(self, seq_id) -> bool:
+        """True if ``seq_id`` is live in the mirrored state (False for any other value, non-ints included)."""
+        try:
+            seq_id = int_value("seq_id", seq_id)
+        except HexcoreInvalidArgumentError:
+            return False
+        return 0 <= seq_id < self.max_seqs and bool(self._num_sealed[seq_id] >= 0)
 
     def block_table(self, seq_id: int) -> np.ndarray:
-        """A copy of ``seq_id``'s mirrored block ids, in logical order (int32)."""
-        seq_id = as_index("seq_id", seq_id)
+        """A copy of ``seq_id``'s mirrored block ids, in logical order (int32 [n])."""
+        seq_id = int_value("seq_id", seq_id)
         if not self.is_live(seq_id):
-            raise HexcoreInvalidSequenceError(f"seq_id {seq_id} is not live in the mirror")
+            raise HexcoreInvalidSequenceError(f"seq_id: sequence {seq_id} is not live in the mirror")
         return self._tables[seq_id, : self._num_sealed[seq_id]].copy()
 
     def live_seq_ids(self) -> np.ndarray:

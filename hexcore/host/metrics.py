@@ -1,7 +1,8 @@
 """MetricsCollector: thread-safe block-manager counters, gauges and a latency histogram.
 
-:class:`~hexcore.host.PagedKVCache` feeds one :meth:`MetricsCollector.observe` per
-public call when a collector is attached (and does no timing work when none is).
+:class:`~hexcore.host.PagedKVCache` feeds one :meth:`MetricsCollector.record` per
+public call when a collector is attached (and does no timing work when none is);
+other callers use the checked :meth:`MetricsCollector.observe`.
 Export as a log line (:meth:`to_string`), a dict (:meth:`snapshot`) or, when
 ``prometheus_client`` is installed, a Prometheus collector (:meth:`register`).
 """
@@ -9,7 +10,12 @@ Export as a log line (:meth:`to_string`), a dict (:meth:`snapshot`) or, when
 from __future__ import annotations
 
 import bisect
+import math
+import numbers
 import threading
+
+from .._checks import as_int
+from ..errors import HexcoreInvalidArgumentError
 
 # Upper bounds of the latency buckets, in microseconds; a last bucket catches the rest.
 DEFAULT_BUCKETS_US = (0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
@@ -17,6 +23,22 @@ DEFAULT_BUCKETS_US = (0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000,
 # The order of MetricsCollector.record's tuples.
 COUNTERS = ("blocks_allocated", "blocks_freed", "blocks_sealed", "oom_events", "hits", "misses")
 GAUGES = ("active_blocks", "free_blocks", "reserved_blocks", "sequences", "num_blocks")
+_INCREMENTS = ("allocated", "freed", "sealed", "oom", "hits", "misses")  # observe's names, COUNTERS order
+
+
+def _bucket_bounds(buckets_us) -> tuple[float, ...]:
+    # buckets_us as a tuple of floats: finite, positive, strictly increasing real numbers
+    try:
+        values = list(buckets_us)
+    except TypeError:
+        raise HexcoreInvalidArgumentError(
+            f"buckets_us: expected a sequence of numbers, got {type(buckets_us).__name__}") from None
+    for i, b in enumerate(values):
+        if isinstance(b, bool) or not isinstance(b, numbers.Real) or not math.isfinite(b) or b <= 0:
+            raise HexcoreInvalidArgumentError(f"buckets_us[{i}]: expected a finite number > 0, got {b!r}")
+    if not values or any(a >= b for a, b in zip(values, values[1:])):
+        raise HexcoreInvalidArgumentError(f"buckets_us: expected increasing positive bounds, got {buckets_us!r}")
+    return tuple(float(b) for b in values)
 
 
 class MetricsCollector:
@@ -28,9 +50,7 @@ class MetricsCollector:
     """
 
     def __init__(self, buckets_us: tuple[float, ...] = DEFAULT_BUCKETS_US):
-        if list(buckets_us) != sorted(set(buckets_us)) or not buckets_us or buckets_us[0] <= 0:
-            raise ValueError(f"buckets_us: expected increasing positive bounds, got {buckets_us!r}")
-        self.buckets_us = tuple(float(b) for b in buckets_us)
+        self.buckets_us = _bucket_bounds(buckets_us)
         self._bounds_ns = [b * 1000.0 for b in self.buckets_us]
         self._lock = threading.Lock()
         self.reset()
@@ -48,12 +68,26 @@ class MetricsCollector:
                 sealed: int = 0, hits: int = 0, misses: int = 0, oom: int = 0,
                 active_blocks: int = 0, free_blocks: int = 0, reserved_blocks: int = 0,
                 sequences: int = 0, num_blocks: int = 0) -> None:
-        """Record one call of ``op`` that took ``latency_ns``: counter increments and gauges."""
-        self.record(op, latency_ns, (allocated, freed, sealed, oom, hits, misses),
-                    (active_blocks, free_blocks, reserved_blocks, sequences, num_blocks))
+        """Record one call of ``op`` that took ``latency_ns``: counter increments and gauges.
+
+        Every number is an int >= 0 (numpy integers accepted); anything else raises
+        HexcoreInvalidArgumentError naming it, and nothing is recorded.
+        """
+        if not isinstance(op, str):
+            raise HexcoreInvalidArgumentError(f"op: expected a str, got {type(op).__name__} {op!r}")
+        latency_ns = as_int("latency_ns", latency_ns, low=0)
+        increments = tuple(as_int(name, value, low=0) for name, value in
+                           zip(_INCREMENTS, (allocated, freed, sealed, oom, hits, misses)))
+        gauges = tuple(as_int(name, value, low=0) for name, value in
+                       zip(GAUGES, (active_blocks, free_blocks, reserved_blocks, sequences, num_blocks)))
+        self.record(op, latency_ns, increments, gauges)
 
     def record(self, op: str, latency_ns: int, increments: tuple, gauges: tuple) -> None:
-        """:meth:`observe` with positional tuples in ``COUNTERS`` and ``GAUGES`` order (the fast path)."""
+        """:meth:`observe` with positional tuples in ``COUNTERS`` and ``GAUGES`` order.
+
+        The fast path of PagedKVCache: nothing is checked (``latency_ns`` an int, the
+        tuples ``len(COUNTERS)`` and ``len(GAUGES)`` ints).
+        """
         bucket = bisect.bisect_left(self._bounds_ns, latency_ns)
         with self._lock:
             counts = self._counts
@@ -66,14 +100,16 @@ class MetricsCollector:
 
     def set_gauges(self, *, active_blocks: int, free_blocks: int, reserved_blocks: int,
                    sequences: int, num_blocks: int) -> None:
-        """Set the gauges alone (no call is counted)."""
+        """Set the gauges alone (no call is counted); ints >= 0, as in :meth:`observe`."""
+        gauges = tuple(as_int(name, value, low=0) for name, value in
+                       zip(GAUGES, (active_blocks, free_blocks, reserved_blocks, sequences, num_blocks)))
         with self._lock:
-            self._gauge_values = (active_blocks, free_blocks, reserved_blocks, sequences, num_blocks)
+            self._gauge_values = gauges
 
     def percentile_us(self, q: float) -> float:
         """Latency quantile ``q`` in [0, 1], in microseconds, interpolated within its bucket."""
-        if not 0.0 <= q <= 1.0:
-            raise ValueError(f"q: expected a quantile in [0, 1], got {q}")
+        if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0.0 <= q <= 1.0:
+            raise HexcoreInvalidArgumentError(f"q: expected a quantile in [0, 1], got {q!r}")
         with self._lock:
             counts = list(self._bucket_counts)
         return _quantile(self.buckets_us, counts, q)

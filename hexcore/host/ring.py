@@ -18,6 +18,7 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
+from .._checks import as_int
 from ..errors import HexcoreInvalidArgumentError
 from ._ring_ops import (  # noqa: F401  (re-exported for njit callers)
     CAPACITY, CLOSED, CONSUMER_TAIL_CACHE, HEAD, HEADER_WORDS, MAGIC, PRODUCER_HEAD_CACHE,
@@ -46,25 +47,31 @@ def _attach_untracked(name: str) -> shared_memory.SharedMemory:
             _resource_tracker.register = register
 
 
-def _check_shape(capacity, record_width) -> None:
-    for label, value in (("capacity", capacity), ("record_width", record_width)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-            raise HexcoreInvalidArgumentError(f"{label}: expected a positive int, got {value!r}")
+MAX_CAPACITY, MAX_RECORD_WIDTH = 2**32, 2**12
+
+
+def _check_shape(capacity, record_width) -> tuple[int, int]:
+    # (capacity, record_width) as ints, or raise naming the bad one
+    capacity = as_int("capacity", capacity, low=1, high=MAX_CAPACITY)
+    record_width = as_int("record_width", record_width, low=1, high=MAX_RECORD_WIDTH)
     if capacity & (capacity - 1):
         raise HexcoreInvalidArgumentError(f"capacity: expected a power of two, got {capacity}")
+    return capacity, record_width
 
 
 class LockFreeRingBuffer:
     """SPSC ring of fixed-width int64 records, in process memory or shared memory.
 
-    One thread (or process) pushes, one pops. ``try_*`` methods never wait and return
-    counts (0 when full/empty; ``try_pop*`` return ``RING_CLOSED`` once a closed ring
-    is drained); ``push*``/``pop*`` wait. ``buffer`` is the raw int64 vector that the
-    njit ``ring_*`` functions take, for callers in njit code or nogil threads.
+    ``capacity`` (a power of two in [1, 2**32]) records of ``record_width`` (in [1,
+    4096]) int64 words. One thread (or process) pushes, one pops. ``try_*`` methods
+    never wait and return counts (0 when full/empty; ``try_pop*`` return
+    ``RING_CLOSED`` once a closed ring is drained); ``push*``/``pop*`` wait. ``buffer``
+    is the raw int64 vector that the njit ``ring_*`` functions take, for callers in
+    njit code or nogil threads.
     """
 
     def __init__(self, capacity: int, record_width: int = 4):
-        _check_shape(capacity, record_width)
+        capacity, record_width = _check_shape(capacity, record_width)
         raw = np.zeros(ring_words(capacity, record_width) + 8, dtype=np.int64)
         skip = (-raw.ctypes.data % 64) // 8  # records and lines on 64-byte boundaries
         buf = raw[skip:skip + ring_words(capacity, record_width)]
@@ -74,7 +81,7 @@ class LockFreeRingBuffer:
     @classmethod
     def create_shared(cls, capacity: int, record_width: int = 4, name: str | None = None):
         """A new ring in a shared-memory segment that this handle owns and unlinks."""
-        _check_shape(capacity, record_width)
+        capacity, record_width = _check_shape(capacity, record_width)
         nbytes = ring_words(capacity, record_width) * 8
         try:
             shm = shared_memory.SharedMemory(name=name, create=True, size=nbytes)
@@ -194,8 +201,7 @@ class LockFreeRingBuffer:
 
         Returns an empty [0, W] array once the ring is closed and drained.
         """
-        if isinstance(max_records, bool) or not isinstance(max_records, (int, np.integer)) or max_records <= 0:
-            raise HexcoreInvalidArgumentError(f"max_records: expected a positive int, got {max_records!r}")
+        max_records = as_int("max_records", max_records, low=1, high=MAX_CAPACITY)
         out = np.empty((max_records, self.record_width), dtype=np.int64)
         deadline = None if timeout is None else time.monotonic() + timeout
         while (count := self.try_pop_batch(out)) == 0:

@@ -8,22 +8,24 @@ Who does what, and why:
   decoding, chunked prefill) -- and pushes ``[seq_id, generation]`` records
   (:meth:`SpeculativeAllocator.predict`, :func:`push_predictions`, :func:`next_sealers`).
 - **Owner** (the one thread that drives the cache): before each ``step`` /
-  ``grow_sequence`` / ``free_sequence`` it drains the ring in one njit call and
-  parks a free block in each predicted sequence's prefetched slot. The seal then
+  ``grow_sequence`` / ``free_sequence`` it hands the ring to
+  :meth:`PagedKVCache.reserve_predictions`, which drains it and parks a free block in
+  each predicted sequence's prefetched slot, in one njit call. The seal then
   takes that block (a *hit*) or pops the free stack (a *miss*); a reserved block
   whose sequence is freed or released before sealing is *mispredicted* and goes
   back to the free stack, so ``check_invariants()`` holds throughout.
 
-The free stack is not thread-safe, so only the owner ever touches cache state; the
-ring carries only predictions. The alternative -- a producer owning a pool of
-pre-reserved block ids -- moves the same O(1) pop to another thread but leaves
-blocks outside both the free stack and the tables, where ``check_invariants`` and
-OOM handling cannot see them.
+The free stack is not thread-safe, so only the owner ever touches cache state (and
+only through PagedKVCache's public methods); the ring carries only predictions. The
+alternative -- a producer owning a pool of pre-reserved block ids -- moves the same
+O(1) pop to another thread but leaves blocks outside both the free stack and the
+tables, where ``check_invariants`` and OOM handling cannot see them.
 
 What the concurrency buys, honestly: not a faster seal. A hit and a miss are
 both O(1) and cost about the same on a CPU (see benchmarks/RESULTS.md); the owner
-still pays ~6 ns per applied prediction. It buys (1) decoupling: the predictor
-can run in another thread or process without a lock, and (2) the block a
+still pays ~1.3 us per apply that finds predictions (~0.2 us when the ring is
+empty), plus ~5 ns per prediction. It buys (1) decoupling: the predictor can run
+in another thread or process without a lock, and (2) the block a
 sequence will seal into is fixed one step early (``cache.prefetched_block``), so
 the device side can stage the next step (block tables, a captured graph) before
 the seal happens. Reservations take blocks from the pool early; on an OOM the
@@ -32,24 +34,19 @@ allocator releases them all (counted as mispredicted) so the retry can succeed.
 
 from __future__ import annotations
 
-from time import perf_counter_ns
-
 import numba
 import numpy as np
 
+from .._checks import as_int
 from ..errors import HexcoreInvalidArgumentError, HexcoreOOMError, Status
-from . import _blocks as core
-from ._ring_ops import CAPACITY, RING_CLOSED, ring_try_pop_batch, ring_try_push_batch
-from ._validation import as_index
-from .allocator import PagedKVCache
+from ._ring_ops import HEAD, RING_CLOSED, TAIL, ring_try_push_batch
+from .allocator import PREDICTION_OUTCOMES, PagedKVCache
 from .ring import LockFreeRingBuffer
 
 __all__ = ["SpeculativeAllocator", "PREDICTION_WIDTH", "next_sealers", "push_predictions"]
 
 PREDICTION_WIDTH = 2  # a prediction record: [seq_id, generation] (-1: any generation)
-# stats: [field] -> count (int64)
-RESERVED, STALE, DUPLICATE, UNFILLED = 0, 1, 2, 3
-_STAT_NAMES = ("reserved", "stale", "duplicate", "unfilled")
+_RESERVED = PREDICTION_OUTCOMES.index("reserved")
 _OOM = int(Status.OUT_OF_MEMORY)
 
 
@@ -87,37 +84,6 @@ def next_sealers(seq_ids, seq_lens, new_tokens, block_size, out):
     return count
 
 
-@numba.njit(cache=True)
-def _apply(buf, scratch, blocks, seqs, counters, floor, max_reserved, stats):
-    # Owner side: pop up to one ring's worth of predictions; reserve a block for each
-    # live sequence of the predicted generation that holds none. Returns the number reserved.
-    reserved = 0
-    budget = buf[CAPACITY]  # bounded, so a busy producer cannot keep the owner here
-    while budget > 0:
-        count = ring_try_pop_batch(buf, scratch[:min(budget, scratch.shape[0])])
-        if count <= 0:
-            break
-        budget -= count
-        for i in range(count):
-            seq_id, gen = scratch[i, 0], scratch[i, 1]
-            if not core._is_live(seqs, seq_id) or (gen >= 0 and gen != seqs[core.GEN, seq_id]):
-                stats[STALE] += 1
-            elif seqs[core.PREFETCHED, seq_id] >= 0:
-                stats[DUPLICATE] += 1
-            elif counters[core.NUM_FREE] <= floor or counters[core.NUM_RESERVED] >= max_reserved:
-                stats[UNFILLED] += 1
-            else:
-                top = counters[core.NUM_FREE] - 1
-                counters[core.NUM_FREE] = top
-                block_id = blocks[core.FREE_STACK, top]
-                blocks[core.STATE, block_id] = core.RESERVED
-                seqs[core.PREFETCHED, seq_id] = block_id
-                counters[core.NUM_RESERVED] += 1
-                reserved += 1
-    stats[RESERVED] += reserved
-    return reserved
-
-
 def _int_vector(name: str, values) -> np.ndarray:
     array = np.asarray(values)
     if array.ndim > 1 or (array.size and array.dtype.kind not in "iu"):
@@ -131,10 +97,11 @@ class SpeculativeAllocator:
 
     ``ring``: a :class:`LockFreeRingBuffer` of record_width 2 (default: a new in-process
     one of ``capacity`` records; use ``LockFreeRingBuffer.create_shared`` for a
-    producer process). ``reserve_floor``: free blocks a reservation never takes;
-    ``max_reserved``: cap on parked blocks (default ``max_seqs``). Producer side:
-    :meth:`predict`. Owner side: every other method, from the cache's one thread.
-    Drive the cache through this object, so that hits and mispredictions are counted.
+    producer process). ``reserve_floor`` (in [0, num_blocks]): free blocks a
+    reservation never takes; ``max_reserved`` (in [0, max_seqs]): cap on parked blocks
+    (default ``max_seqs``). Producer side: :meth:`predict`. Owner side: every other
+    method, from the cache's one thread. Drive the cache through this object, so that
+    hits and mispredictions are counted.
     """
 
     def __init__(self, cache: PagedKVCache, ring: LockFreeRingBuffer | None = None, *,
@@ -146,14 +113,13 @@ class SpeculativeAllocator:
         elif not isinstance(ring, LockFreeRingBuffer) or ring.record_width != PREDICTION_WIDTH:
             raise HexcoreInvalidArgumentError(
                 f"ring: expected a LockFreeRingBuffer of record_width {PREDICTION_WIDTH}, got {ring!r}")
-        self.cache, self.ring, self._buf = cache, ring, ring.buffer
-        self.reserve_floor = as_index("reserve_floor", reserve_floor, low=0, high=cache.num_blocks)
+        self.reserve_floor = as_int("reserve_floor", reserve_floor, low=0, high=cache.num_blocks)
         max_reserved = cache.max_seqs if max_reserved is None else max_reserved
-        self.max_reserved = as_index("max_reserved", max_reserved, low=0, high=cache.max_seqs)
-        self._scratch = np.empty((min(ring.capacity, 1024), PREDICTION_WIDTH), np.int64)
-        self._stats = np.zeros(len(_STAT_NAMES), np.int64)  # [RESERVED ... UNFILLED] -> count
+        self.max_reserved = as_int("max_reserved", max_reserved, low=0, high=cache.max_seqs)
+        self.cache, self.ring, self._buf = cache, ring, ring.buffer
+        # counts: [outcome] -> predictions, in PREDICTION_OUTCOMES order
+        self._counts = np.zeros(len(PREDICTION_OUTCOMES), np.int64)
         self._hits = self._misses = self._mispredicted = 0
-        self._counters = cache._counters  # NUM_RESERVED moves only by reserve, hit, release
 
     # -- producer side -------------------------------------------------------------------
     def predict(self, seq_ids, generations=None) -> int:
@@ -177,14 +143,14 @@ class SpeculativeAllocator:
 
     # -- owner side -------------------------------------------------------------------------
     def apply(self) -> int:
-        """Reserve blocks for the predictions in the ring now; the number reserved."""
-        c = self.cache
-        t0 = 0 if c._metrics is None else perf_counter_ns()
-        reserved = _apply(self._buf, self._scratch, c._blocks, c._seqs, self._counters,
-                          self.reserve_floor, self.max_reserved, self._stats)
-        if t0:
-            c._record("speculative_apply", t0, allocated=reserved)
-        return reserved
+        """Reserve blocks for the predictions in the ring now; the number reserved.
+
+        Drains at most one ring's worth, so a busy producer cannot keep the owner here.
+        """
+        buf = self._buf
+        if buf[TAIL] == buf[HEAD]:  # empty (a plain read: a record it misses waits one call)
+            return 0
+        return self.cache.reserve_predictions(self.ring, self.reserve_floor, self.max_reserved, self._counts)
 
     def step(self, seq_ids: np.ndarray, new_lens: np.ndarray | None = None):
         """:meth:`PagedKVCache.step` after :meth:`apply`; counts hits and misses.
@@ -193,27 +159,25 @@ class SpeculativeAllocator:
         reservation is released (mispredicted), so retrying the failed entries can succeed.
         """
         self.apply()
-        before = self._counters[core.NUM_RESERVED]
         result = self.cache.step(seq_ids, new_lens)
-        hits = int(before - self._counters[core.NUM_RESERVED])
-        self._hits += hits
-        self._misses += len(result.sealed) - hits
-        if result.num_failed and self._counters[core.NUM_RESERVED] and (result.statuses == _OOM).any():
+        self._hits += result.num_hits
+        self._misses += result.num_sealed - result.num_hits
+        if result.num_failed and self.cache.num_reserved_blocks and (result.statuses == _OOM).any():
             self.release_all()
         return result
 
     def grow_sequence(self, seq_id: int, new_len: int) -> np.ndarray:
         """:meth:`PagedKVCache.grow_sequence` after :meth:`apply`; releases reservations on OOM."""
         self.apply()
-        before = self._counters[core.NUM_RESERVED]
+        before = self.cache.num_reserved_blocks
         try:
             sealed = self.cache.grow_sequence(seq_id, new_len)
         except HexcoreOOMError:
             if not self.release_all():
                 raise
-            before = self._counters[core.NUM_RESERVED]
+            before = 0
             sealed = self.cache.grow_sequence(seq_id, new_len)
-        hits = int(before - self._counters[core.NUM_RESERVED])
+        hits = before - self.cache.num_reserved_blocks
         self._hits += hits
         self._misses += len(sealed) - hits
         return sealed
@@ -221,9 +185,9 @@ class SpeculativeAllocator:
     def free_sequence(self, seq_id: int) -> None:
         """:meth:`PagedKVCache.free_sequence`; its reserved block, if any, was mispredicted."""
         self.apply()
-        before = self._counters[core.NUM_RESERVED]
+        before = self.cache.num_reserved_blocks
         self.cache.free_sequence(seq_id)
-        self._mispredicted += int(before - self._counters[core.NUM_RESERVED])
+        self._mispredicted += before - self.cache.num_reserved_blocks
 
     def release(self, seq_ids: np.ndarray) -> int:
         """Return the sequences' reserved blocks to the pool (mispredicted); how many.
@@ -238,8 +202,9 @@ class SpeculativeAllocator:
 
     def release_all(self) -> int:
         """Return every reserved block to the pool (mispredicted); how many."""
-        live = np.flatnonzero(self.cache._seqs[core.PREFETCHED] >= 0).astype(np.int32)
-        return self.release(live) if len(live) else 0
+        released = self.cache.release_all_reserved()
+        self._mispredicted += released
+        return released
 
     def add_sequence(self, seq_id: int | None = None) -> int:
         """:meth:`PagedKVCache.add_sequence`."""
@@ -251,7 +216,7 @@ class SpeculativeAllocator:
 
     def generation(self, seq_id: int) -> int:
         """``seq_id``'s generation (bumped at each free): pass it with a prediction."""
-        return int(self.cache._seqs[core.GEN, self.cache._live(seq_id)])
+        return self.cache.generation(seq_id)
 
     # -- counts -------------------------------------------------------------------------------
     def confirmed_hits(self) -> int:
@@ -276,13 +241,13 @@ class SpeculativeAllocator:
         predictions reserved / stale (dead or reused slot) / duplicate / unfilled (pool at floor)."""
         return {"hits": self._hits, "misses": self._misses, "mispredicted": self._mispredicted,
                 "hit_rate": self.hit_rate(), "pending": self.cache.num_reserved_blocks,
-                **dict(zip(_STAT_NAMES, self._stats.tolist()))}
+                **dict(zip(PREDICTION_OUTCOMES, self._counts.tolist()))}
 
     def check_invariants(self) -> None:
         """The cache's invariants, and every reservation accounted for (hit, mispredicted or pending)."""
         self.cache.check_invariants()
         pending = self.cache.num_reserved_blocks
-        made = int(self._stats[RESERVED])
+        made = int(self._counts[_RESERVED])
         assert made == self._hits + self._mispredicted + pending, (
             f"reservations {made} != hits {self._hits} + mispredicted {self._mispredicted} "
             f"+ pending {pending}")
