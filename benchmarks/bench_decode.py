@@ -1,18 +1,30 @@
-"""Paged decode on the GPU: achieved TB/s against the 4.47 TB/s read ceiling, torch SDPA as peer.
+"""Paged decode on the GPU: each shape's time against its byte floor (4.47 TB/s), with
+torch SDPA on contiguous FP16 KV and paged FlexAttention as peers in the same run.
 
-    python -m benchmarks.bench_decode          (or through scripts/gpu-check)
+    python -m benchmarks.bench_decode [--shapes all|quick|gqa] [--dtypes fp16,int4,int2]
+        [--variants] [--flex all|N|none] [--peers|--no-peers] [--name NAME]
+
+``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, joint softmax); ``--name`` names the JSON
+(decode_<name>.json under $OUT). The hexcore rows use only the API older versions share
+(DecodePlan without options when none are given), so the same script measures a
+previous commit's package first on PYTHONPATH.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
 
 from hexcore import KVCacheConfig
 
-B, HQ, D, BS, CTX = 64, 32, 128, 32, 4096
+D, BS = 128, 32
+# (batch, query heads, KV heads, context): issue 12's table
+SHAPES = [(64, 32, 32, 4096), (64, 32, 8, 4096), (128, 32, 8, 2048), (16, 32, 8, 16384), (32, 64, 8, 4096),
+          (1, 32, 8, 32768), (1, 32, 8, 131072)]
+QUICK = [SHAPES[0], SHAPES[1], SHAPES[5]]
 
 
 def kv_bytes(cfg: KVCacheConfig, batch: int, ctx: int) -> int:
@@ -21,8 +33,8 @@ def kv_bytes(cfg: KVCacheConfig, batch: int, ctx: int) -> int:
     return batch * (sealed * cfg.block_bytes_per_layer + tail * 2 * cfg.num_kv_heads * cfg.head_dim * 2)
 
 
-def decode_case(dtype: str, batch: int, num_kv_heads: int, ctx: int, num_q_heads: int = HQ):
-    """(run, bytes) for one shape: a filled store with shuffled block tables."""
+def decode_case(dtype: str, batch: int, num_q_heads: int, num_kv_heads: int, ctx: int, options=None):
+    """(run, bytes, store, kernel info) for one shape: a filled store, shuffled block tables."""
     from numba import cuda
 
     from benchmarks.gpu_common import fill_store
@@ -37,11 +49,29 @@ def decode_case(dtype: str, batch: int, num_kv_heads: int, ctx: int, num_q_heads
     lens = cuda.to_device(np.full(batch, ctx, np.int32))
     slots = cuda.to_device(np.arange(batch, dtype=np.int32))
     q = cuda.to_device(rng.standard_normal((batch, num_q_heads, D)).astype(np.float16))
-    plan = DecodePlan(q, store, tables, lens, slots, max_seq_len=ctx)
-    return (lambda: plan.run(0)), kv_bytes(cfg, batch, ctx), store
+    kwargs = {} if options is None else {"options": options}
+    plan = DecodePlan(q, store, tables, lens, slots, max_seq_len=ctx, **kwargs)
+    plan.run(0)
+    return (lambda: plan.run(0)), kv_bytes(cfg, batch, ctx), store, kernel_info(plan)
 
 
-def sdpa_case(batch: int, num_kv_heads: int, ctx: int, num_q_heads: int = HQ):
+def kernel_info(plan) -> dict:
+    """Registers, local memory and resident CTAs per SM of the plan's kernel (new API only)."""
+    try:
+        launch = plan.launch(0)
+        kernel = launch._dispatcher
+        compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in launch._args))
+        from numba import cuda
+
+        sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+        attrs = compiled._codelibrary.get_cufunc().attrs
+        return dict(regs=attrs.regs, local=attrs.local, smem=attrs.shared, grid=list(launch.grid),
+                    ctas_per_sm=compiled.max_cooperative_grid_blocks(launch.block[0]) // sms)
+    except Exception:  # an older package: no such details
+        return {}
+
+
+def sdpa_case(batch: int, num_q_heads: int, num_kv_heads: int, ctx: int):
     """torch SDPA (default backend) on contiguous FP16 KV of the same shape."""
     import torch
     import torch.nn.functional as F
@@ -50,127 +80,116 @@ def sdpa_case(batch: int, num_kv_heads: int, ctx: int, num_q_heads: int = HQ):
     k = torch.randn(batch, num_kv_heads, ctx, D, device="cuda", dtype=torch.float16)
     v = torch.randn_like(k)
     gqa = num_kv_heads != num_q_heads
-    return lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa), 2 * k.numel() * 2
+    return (lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)), 2 * k.numel() * 2, (q, k, v)
 
 
-def rows_for(shapes, dtypes=("fp16", "int4", "int2"), peer=True):
-    from benchmarks.gpu_common import CEILING_READ_TBS, time_gpu
+def flex_case(batch: int, num_q_heads: int, num_kv_heads: int, ctx: int, page: int = BS):
+    """FlexAttention over torch's PagedAttention (pages of ``page`` tokens, shuffled), compiled."""
+    import torch
+    from torch.nn.attention.experimental._paged_attention import PagedAttention
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    rows = []
-    for batch, kv_heads, ctx in shapes:
-        fp16_time = None
-        for dtype in dtypes:
-            run, nbytes, store = decode_case(dtype, batch, kv_heads, ctx)
+    pages = ctx // page
+    paged = PagedAttention(batch * pages, page, batch, device="cuda")
+    for b in range(batch):
+        paged.reserve(torch.tensor(b, device="cuda"), torch.tensor(ctx, device="cuda"))
+    perm = torch.randperm(batch * pages, device="cuda").view(batch, pages)
+    paged.page_table[:, :pages] = perm
+    paged.physical_to_logical.fill_(-1)
+    paged.physical_to_logical.scatter_(1, perm, torch.arange(pages, device="cuda").expand(batch, pages))
+    k = torch.randn(1, num_kv_heads, batch * ctx, D, device="cuda", dtype=torch.float16)
+    v = torch.randn_like(k)
+    q = torch.randn(batch, num_q_heads, 1, D, device="cuda", dtype=torch.float16)
+    logical = create_block_mask(lambda b, h, q_idx, kv_idx: kv_idx >= 0, batch, None, 1, ctx, device="cuda",
+                                BLOCK_SIZE=(128, page))
+    mask = paged.convert_logical_block_mask(logical)
+    attend = torch.compile(flex_attention)
+    gqa = num_kv_heads != num_q_heads
+    attend(q, k, v, block_mask=mask, enable_gqa=gqa)
+    return (lambda: attend(q, k, v, block_mask=mask, enable_gqa=gqa)), 2 * k.numel() * 2, (q, k, v, mask)
+
+
+def _row(kernel, shape, seconds, nbytes, floor_bytes, sdpa_seconds=None, **extra):
+    from benchmarks.gpu_common import CEILING_READ_TBS
+
+    batch, hq, hkv, ctx = shape
+    floor = floor_bytes / (CEILING_READ_TBS * 1e12)
+    row = dict(kernel=kernel, B=batch, Hq=hq, Hkv=hkv, ctx=ctx, ms=seconds * 1e3, floor_ms=floor * 1e3,
+               of_floor=floor / seconds, TBs=nbytes / seconds / 1e12, vs_sdpa=(sdpa_seconds / seconds)
+               if sdpa_seconds else float("nan"))
+    row.update(extra)
+    return row
+
+
+def rows_for(shape, dtypes=("fp16", "int4", "int2"), variants=None, peers=True, flex=True):
+    """Rows of one shape: hexcore per dtype (and options variant), SDPA, paged FlexAttention."""
+    import gc
+
+    from benchmarks.gpu_common import time_gpu
+
+    rows, sdpa_seconds = [], None
+    if peers:
+        try:
+            run, nbytes, keep = sdpa_case(*shape)
+            sdpa_seconds = time_gpu(run)
+            rows.append(_row("torch SDPA fp16 contiguous", shape, sdpa_seconds, nbytes, nbytes, sdpa_seconds))
+            del keep
+        except Exception as exc:  # torch missing: say so, keep hexcore's rows
+            print(f"SDPA peer skipped: {type(exc).__name__}: {exc}")
+    for dtype in dtypes:
+        for name, options in (variants or {"": None}).items():
+            run, nbytes, store, info = decode_case(dtype, *shape, options=options)
             seconds = time_gpu(run)
+            rows.append(_row(f"hexcore {dtype}{name}", shape, seconds, nbytes, nbytes, sdpa_seconds, **info))
             del store
-            fp16_time = seconds if dtype == "fp16" else fp16_time
-            rows.append(dict(kernel=f"hexcore {dtype}", B=batch, kv_heads=kv_heads, ctx=ctx, ms=seconds * 1e3,
-                             GB=nbytes / 1e9, TBs=nbytes / seconds / 1e12,
-                             ceiling=nbytes / seconds / 1e12 / CEILING_READ_TBS,
-                             vs_fp16=(fp16_time / seconds) if fp16_time else 1.0))
-        if not peer:
-            continue
+            gc.collect()
+    if peers and flex:
         try:
-            run, nbytes = sdpa_case(batch, kv_heads, ctx)
-            seconds = time_gpu(run)
-            rows.append(dict(kernel="torch SDPA fp16 contiguous", B=batch, kv_heads=kv_heads, ctx=ctx,
-                             ms=seconds * 1e3, GB=nbytes / 1e9, TBs=nbytes / seconds / 1e12,
-                             ceiling=nbytes / seconds / 1e12 / CEILING_READ_TBS, vs_fp16=fp16_time / seconds))
-        except Exception as exc:  # torch missing or too old: say so, keep hexcore's rows
-            print(f"torch SDPA peer skipped: {exc}")
-        import gc
-
-        gc.collect()
+            run, nbytes, keep = flex_case(*shape)
+            rows.append(_row(f"FlexAttention paged (page {BS})", shape, time_gpu(run), nbytes, nbytes, sdpa_seconds))
+            del keep
+        except Exception as exc:
+            print(f"FlexAttention peer skipped: {type(exc).__name__}: {exc}")
+    gc.collect()
     return rows
 
 
-def host_overhead_rows():
-    """Host microseconds per call: eager paged_decode, a DecodePlan replay, and bare launches."""
-    from numba import cuda
+def option_variants():
+    """DecodeOptions variants compared by ``--variants`` (the default first)."""
+    from hexcore.cuda import DecodeOptions
 
-    from benchmarks.gpu_common import host_seconds_per_call
-    from hexcore.cuda import paged_decode
-    from hexcore.cuda.launch import PreparedLaunch
+    return {"": DecodeOptions(), " prefetch=none": DecodeOptions(l2_prefetch="none"),
+            " prefetch=all": DecodeOptions(l2_prefetch="all"), " regs<=168": DecodeOptions(max_registers=168),
+            " joint softmax": DecodeOptions(joint_softmax=True)}
 
-    run, _, store = decode_case("int4", 1, 8, 4096)
-    rng = np.random.default_rng(0)
-    q = cuda.to_device(rng.standard_normal((1, HQ, D)).astype(np.float16))
-    tables = cuda.to_device(np.arange(4096 // BS, dtype=np.int32)[None])
-    lens, slots = cuda.to_device(np.full(1, 4096, np.int32)), cuda.to_device(np.zeros(1, np.int32))
-    out = cuda.device_array((1, HQ, D), np.float16)
-    one = cuda.device_array(1, np.float32)
-    cases = {
-        "paged_decode eager (int4, B=1, ctx 4096, numba arrays)":
-            lambda: lambda: paged_decode(q, store, 0, tables, lens, slots, out=out, max_seq_len=4096),
-        "DecodePlan.run (decode + merge)": lambda: run,
-        "numba launch, 1 array argument": lambda: lambda: _touch[1, 1](one),
-        "PreparedLaunch.run, 1 array argument": lambda: PreparedLaunch(_touch, 1, 1, (one,)).run,
-    }
+
+def main(argv) -> None:
+    from benchmarks.gpu_common import save
+
+    def arg(flag, default):
+        return argv[argv.index(flag) + 1] if flag in argv else default
+
+    shapes = {"quick": QUICK, "gqa": [SHAPES[1], SHAPES[5]]}.get(arg("--shapes", "all"), SHAPES)
+    dtypes = tuple(arg("--dtypes", "fp16,int4,int2").split(","))
+    flex = arg("--flex", "all")
+    variants = option_variants() if "--variants" in argv else None
     rows = []
-    for name, make in cases.items():
-        try:
-            rows.append(dict(call=name, host_us=host_seconds_per_call(make()) * 1e6))
-        except Exception as exc:  # keep the other rows; say what failed
-            print(f"{name}: {type(exc).__name__}: {exc}")
-    return rows
-
-
-def _touch_kernel(a):
-    a[0] = 1.0
-
-
-_touch = None
+    for i, shape in enumerate(shapes):
+        use_flex = flex == "all" or (flex.isdigit() and i < int(flex))
+        rows += rows_for(shape, dtypes, variants, peers="--no-peers" not in argv, flex=use_flex)
+    save(f"decode_{arg('--name', 'table')}", rows)
 
 
 @pytest.mark.gpu
 def test_decode_bandwidth():
     from benchmarks.gpu_common import save
 
-    rows = rows_for([(B, 32, CTX), (B, 8, CTX)])
-    rows += rows_for([(1, 8, 32768), (1, 8, 131072)])
+    rows = []
+    for shape in SHAPES:
+        rows += rows_for(shape, flex=False)
     save("decode", rows)
-    host()
     assert all(math.isfinite(r["ms"]) for r in rows)
 
 
-def host() -> None:
-    """Host overhead rows only."""
-    from numba import cuda
-
-    from benchmarks.gpu_common import save
-
-    global _touch
-    _touch = cuda.jit(_touch_kernel)
-    save("decode_host", host_overhead_rows())
-
-
-def quick() -> None:
-    """The MHA shape (all dtypes) and B=1 at 32k only, no peer: one tuning variant in ~20 s."""
-    from benchmarks.gpu_common import save
-
-    rows = rows_for([(B, 32, CTX)], peer=False) + rows_for([(1, 8, 32768)], dtypes=("fp16", "int4"), peer=False)
-    save("decode_quick", rows)
-
-
-def sweep(shapes: list[str]) -> None:
-    """One tuning variant (set by HEXCORE_* variables) over ``BxKVxCTX`` shapes, no peer;
-    dtypes from BENCH_DTYPES (default all), saved as decode_<BENCH_NAME>.json."""
-    import os
-
-    from benchmarks.gpu_common import save
-
-    dtypes = tuple(os.environ.get("BENCH_DTYPES", "fp16,int4,int2").split(","))
-    rows = []
-    for shape in shapes:
-        batch, kv_heads, ctx = (int(x) for x in shape.split("x"))
-        rows += rows_for([(batch, kv_heads, ctx)], dtypes=dtypes, peer=False)
-    save(f"decode_{os.environ.get('BENCH_NAME', 'sweep')}", rows)
-
-
 if __name__ == "__main__":
-    import sys
-
-    if "--sweep" in sys.argv:
-        sweep(sys.argv[sys.argv.index("--sweep") + 1:])
-    else:
-        {"--quick": quick, "--host": host}.get(sys.argv[-1], test_decode_bandwidth)()
+    main(sys.argv[1:])

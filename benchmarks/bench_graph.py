@@ -163,14 +163,14 @@ def breakdown_rows(batches=(1, 8, 64, 1), ctx: int = 1023) -> list[dict]:
 
 
 def _breakdown(case) -> list[dict]:
-    from hexcore.cuda.indices import check_step
+    from hexcore.cuda.steps.indices import check_step
 
     graph = case.graph("driver")
     step = case.step_graph("driver")
     step()  # warm-up and capture
     key = graph.captured[0]
     launches, bucket, replay = graph._steps[key], graph._buckets[key[0]], graph._graphs[key]
-    handle = graph._resolve(None)[1]
+    handle = graph._resolve(None).handle
     args = (case.store, case.per_seq, case.tables, case.lens, case.slots)
     indices = check_step(*args)
     parts = {
@@ -234,8 +234,7 @@ def call_rows() -> list[dict]:
     """Host microseconds of single calls (each on an idle GPU)."""
     from numba import cuda
 
-    from hexcore.cuda import DecodePlan, PreparedLaunch, paged_decode
-    from hexcore.cuda import launch as launch_module
+    from hexcore.cuda import DecodePlan, Launch, paged_decode
 
     case = Case("int4", 1, CALL_CTX)
     q, out = case.q[0], case.out[0]
@@ -243,19 +242,14 @@ def call_rows() -> list[dict]:
     plan = DecodePlan(q, case.store, tables, lens, slots, max_seq_len=case.ctx, out=out)
     one = cuda.device_array(1, np.float32)
     touch = cuda.jit(_touch_kernel)
-    calls = {"paged_decode eager, remembered (int4, B=1, ctx 4k)":
+    calls = {"paged_decode eager, validated every call (int4, B=1, ctx 4k)":
              lambda: paged_decode(q, case.store, 0, tables, lens, slots, out=out, max_seq_len=case.ctx),
-             "DecodePlan.run (decode + merge)": lambda: plan.run(0),
+             "DecodePlan.run (one launch)": lambda: plan.run(0),
              "numba launch, 1 array argument": lambda: touch[1, 1](one)}
     rows = [_row(name, 1, case.ctx, host_us(fn, 200)) for name, fn in calls.items()]
-    rows[0].update(target="host <= 15 us", met=bool(rows[0]["us"] <= 15))
     for path in ("raw", "core"):
-        saved, launch_module.LAUNCH_PATH = launch_module.LAUNCH_PATH, path
-        try:
-            prepared = PreparedLaunch(touch, 1, 1, (one,))
-            rows.append(_row(f"PreparedLaunch.run, 1 array argument ({path})", 1, 0, host_us(prepared.run, 200)))
-        finally:
-            launch_module.LAUNCH_PATH = saved
+        prepared = Launch(touch, 1, 1, (one,)).prepare(path)
+        rows.append(_row(f"PreparedLaunch.run, 1 array argument ({path})", 1, 0, host_us(prepared.run, 200)))
     return rows
 
 

@@ -1,9 +1,10 @@
-"""Compile hexcore's kernels to PTX and SASS on a CPU machine: loads, local memory, registers.
+"""Compile the decode kernel to PTX and SASS on a CPU machine: registers, spills, loads, mma.
 
-    python -m benchmarks.ptx_report [--sass]
+    python -m benchmarks.ptx_report [--sass] [--dump DIR]
 
 Needs numba-cuda's NVVM (``numba-cuda[cu13]``) and, for registers and SASS, ptxas and
-cuobjdump on PATH. No GPU is used: the compute capability is fixed at 9.0 (H100/H200).
+cuobjdump on PATH (Triton's wheel carries cuobjdump). No GPU is used: the compute
+capability is fixed at 9.0 (H100/H200).
 """
 
 from __future__ import annotations
@@ -18,28 +19,30 @@ import types as pytypes
 
 os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
 
-import numba.cuda.dispatcher as _dispatcher
-from numba import cuda, types
+import numba.cuda.dispatcher as _dispatcher  # noqa: E402
+from numba import cuda, types  # noqa: E402
 
 # device functions ask the current device for its compute capability; there is none here
 _dispatcher.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=(9, 0))
 
-from hexcore.cuda.attention import decode_kernel
+from hexcore.cuda.attention.kernel import decode_kernel  # noqa: E402
+from hexcore.cuda.attention.shape import DecodeShape  # noqa: E402
 
-U32, I32, I64, F32 = types.uint32[::1], types.int32[::1], types.int64, types.float32
-DECODE_SIG = (U32, I64, I64, I64, I64, I64, I64, U32, types.int32[:, ::1], I32, I32, types.float32[:, :, ::1],
-              types.float32[:, :, ::1], I64, I64, I64, I64, F32)
+U32, I32, I64, F32 = types.uint32[::1], types.int32[::1], types.int64, types.float32[::1]
+DECODE_SIG = (U32, I64, I64, I64, I64, I64, I64, U32, types.int32[:, ::1], I32, I32, types.float16[::1], F32, F32,
+              I32, I64, I64, I64, I64, I64, types.float32)
+SHAPES = [(16, 128, 32, 1), (16, 128, 32, 4), (16, 128, 16, 8), (16, 64, 32, 1),
+          (4, 128, 32, 1), (4, 128, 32, 4), (4, 128, 16, 8), (4, 64, 32, 3),
+          (2, 128, 32, 4), (2, 128, 64, 8), (2, 64, 16, 1)]
 
 
-def ptx_of(kernel, sig) -> str:
-    from hexcore.cuda.attention import KERNEL_OPTIONS
-
-    ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0), **KERNEL_OPTIONS)
+def ptx_of(shape: DecodeShape) -> str:
+    ptx, _ = cuda.compile_ptx(decode_kernel(shape).py_func, DECODE_SIG, cc=(9, 0))
     return ptx
 
 
-def ptxas(ptx: str, sass: bool = False) -> str:
-    """ptxas -v resource usage (and SASS LDG widths when ``sass``) for one PTX module."""
+def ptxas(ptx: str, sass: bool = False, dump: str | None = None, name: str = "k") -> str:
+    """ptxas -v resource usage (and SASS instruction counts when ``sass``) for one PTX module."""
     if not shutil.which("ptxas"):
         return "ptxas not found"
     with tempfile.TemporaryDirectory() as tmp:
@@ -49,25 +52,30 @@ def ptxas(ptx: str, sass: bool = False) -> str:
         res = subprocess.run(["ptxas", "-arch=sm_90", "-O3", "-v", src, "-o", obj], capture_output=True, text=True)
         info = " ".join(l.split("info    : ")[-1] for l in res.stderr.splitlines() if "Used" in l or "spill" in l)
         if sass and res.returncode == 0 and shutil.which("cuobjdump"):
-            dump = subprocess.run(["cuobjdump", "--dump-sass", obj], capture_output=True, text=True).stdout
-            loads = sorted(set(re.findall(r"LDG\.E[.\w]*", dump)))
-            info += f" | SASS loads: {', '.join(loads)}"
+            dump_text = subprocess.run(["cuobjdump", "--dump-sass", obj], capture_output=True, text=True).stdout
+            ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", dump_text, re.MULTILINE)
+            count = {k: sum(1 for o in ops if o.startswith(k)) for k in ("HMMA", "LDG", "LOP3", "HFMA2", "SHFL",
+                                                                         "LDL", "STL", "BAR")}
+            info += " | SASS " + ", ".join(f"{k} {v}" for k, v in count.items()) + f", total {len(ops)}"
+            if dump:
+                with open(os.path.join(dump, f"{name}.sass"), "w") as f:
+                    f.write(dump_text)
         return info if res.returncode == 0 else res.stderr[-500:]
 
 
-def report(sass: bool = False) -> None:
-    for bits in (16, 4, 2):
-        for head_dim, block_size, group in ((128, 32, 1), (128, 32, 4), (128, 16, 8), (64, 32, 1)):
-            from hexcore.cuda.attention_tc import supported
-
-            ptx = ptx_of(decode_kernel(bits, 8, head_dim, block_size, group, 64), DECODE_SIG)
-            family = "tensor cores" if supported(bits, head_dim, block_size, group) else "CUDA cores"
-            print(f"decode bits={bits:2} D={head_dim} BS={block_size} G={group} ({family}): "
-                  f"mma {ptx.count('mma.sync')}, "
-                  f"v4 loads {ptx.count('ld.global.v4')}, v2 {ptx.count('ld.global.v2')}, "
-                  f"local {ptx.count('.local')}, cvt.s64 {ptx.count('cvt.rn.f32.s64')} | {ptxas(ptx, sass)}",
-                  flush=True)
+def report(sass: bool = False, dump: str | None = None) -> None:
+    for bits, head_dim, block_size, group in SHAPES:
+        shape = DecodeShape(bits, 8, head_dim, block_size, group, 64)
+        ptx = ptx_of(shape)
+        name = f"decode_b{bits}_d{head_dim}_bs{block_size}_g{group}"
+        if dump:
+            os.makedirs(dump, exist_ok=True)
+            with open(os.path.join(dump, f"{name}.ptx"), "w") as f:
+                f.write(ptx)
+        print(f"decode bits={bits:2} D={head_dim} BS={block_size} G={group}: mma {ptx.count('mma.sync')}, "
+              f"v4 loads {ptx.count('ld.global.v4')}, local {ptx.count('.local')}, "
+              f"cvt.s64 {ptx.count('cvt.rn.f32.s64')} | {ptxas(ptx, sass, dump, name)}", flush=True)
 
 
 if __name__ == "__main__":
-    report(sass="--sass" in sys.argv)
+    report(sass="--sass" in sys.argv, dump=sys.argv[sys.argv.index("--dump") + 1] if "--dump" in sys.argv else None)

@@ -1,4 +1,7 @@
-"""A small append + seal + decode run per dtype, for compute-sanitizer (memcheck, racecheck).
+"""Every kernel once on small shapes, for compute-sanitizer (memcheck, racecheck,
+initcheck, synccheck): append, seal, copy (blocks, tails), dequantize, the layout check,
+paged decode (every dtype, MHA and GQA, one split and many, a head group of 9), and a
+DecodeGraph step.
 
     compute-sanitizer --tool racecheck python3 -m benchmarks.sanitize
 """
@@ -9,25 +12,46 @@ import numpy as np
 from numba import cuda
 
 from hexcore import KVCacheConfig
-from hexcore.cuda import DeviceKVStore, append, paged_decode, seal
+from hexcore.cuda import (DecodeGraph, DecodeOptions, DeviceKVStore, append, copy_blocks, copy_tails,
+                          dequantize_blocks, layout_agrees, paged_decode, seal)
+
+SPLIT = DecodeOptions(ctas_per_sm=64, min_split_blocks=1)
+
+
+def run_dtype(dtype: str, rng) -> None:
+    cfg = KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=128, block_size=16, kv_dtype=dtype)
+    store = DeviceKVStore(cfg, num_blocks=8, max_seqs=3)
+    store.pool.copy_to_device(np.zeros(store.pool.shape, np.uint32))  # initcheck: every byte written once
+    k = rng.standard_normal((2, 16, 2, 128)).astype(np.float16)
+    append(store, k, k, np.zeros(16, np.int32), np.arange(16, dtype=np.int32))
+    seal(store, np.array([0], np.int32), np.array([5], np.int32))
+    append(store, k[:, :3], k[:, :3], np.zeros(3, np.int32), np.arange(3, dtype=np.int32))
+    copy_blocks(store, np.array([5], np.int32), np.array([6], np.int32))
+    copy_tails(store, np.array([0], np.int32), np.array([1], np.int32))
+    dequantize_blocks(store, 1, np.array([5, 6], np.int32))
+    tables = np.array([[5, 6, 0], [6, 5, 0]], np.int32)
+    for group, options in ((1, None), (4, None), (4, SPLIT), (9, SPLIT)):
+        q = rng.standard_normal((2, 2 * group, 128)).astype(np.float16)
+        out = paged_decode(q, store, 0, tables, np.array([35, 32], np.int32), np.array([0, 1], np.int32),
+                           options=options)
+        cuda.synchronize()
+        assert not np.isnan(out.copy_to_host()).any(), (dtype, group)
+    graph = DecodeGraph(store, 8, max_blocks_per_seq=3, batch_buckets=(2,), backend="driver")
+    views = graph.buffers(2)
+    for view in views[:3]:
+        for layer in range(cfg.num_layers):
+            view[layer].copy_to_device(rng.standard_normal(view[layer].shape).astype(np.float16))
+    for _ in range(2):  # warm-up (eager), then a captured replay
+        graph.step(np.array([[5, 6, 0], [6, 5, 0]], np.int32), np.array([36, 33], np.int32),
+                   np.array([0, 1], np.int32))
+        cuda.synchronize()
 
 
 def main() -> None:
     rng = np.random.default_rng(0)
     for dtype in ("fp16", "int4", "int2"):
-        for group in (1, 4):
-            cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=128, block_size=16, kv_dtype=dtype)
-            store = DeviceKVStore(cfg, num_blocks=8, max_seqs=3)
-            store.poison()
-            k = rng.standard_normal((16, 2, 128)).astype(np.float16)
-            append(store, k, k, np.zeros(16, np.int32), np.arange(16, dtype=np.int32), layer=0)
-            seal(store, np.array([0], np.int32), np.array([5], np.int32))
-            append(store, k[:3], k[:3], np.zeros(3, np.int32), np.arange(3, dtype=np.int32), layer=0)
-            tables = np.array([[5, 0], [5, 0]], np.int32)
-            out = paged_decode(rng.standard_normal((2, 2 * group, 128)).astype(np.float16), store, 0, tables,
-                               np.array([19, 16], np.int32), np.array([0, 1], np.int32))
-            cuda.synchronize()
-            assert not np.isnan(out.copy_to_host()).any(), dtype
+        run_dtype(dtype, rng)
+        assert layout_agrees(KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=128, block_size=16, kv_dtype=dtype))
     print("sanitize run complete")
 
 

@@ -42,3 +42,66 @@ def value_meta_offset(layer, block, head, token, num_blocks, num_kv_heads, block
 def tail_offset(layer, slot, head, token, max_seqs, num_kv_heads, block_size, head_dim):
     """Byte offset of the FP16 row of (layer, tail slot, head, token) in a tail pool."""
     return (((layer * max_seqs + slot) * num_kv_heads + head) * block_size + token) * head_dim * FP16_BYTES
+
+
+# -- where each code sits inside a sealed block --------------------------------------
+# INT4/INT2 codes are packed into little-endian 32-bit words of E = 32 // bits fields;
+# field f occupies bits [f * bits, (f + 1) * bits). The field order is chosen by the
+# decode kernel's tensor-core fragments (docs/design-notes.md, "Sealed format"), so that
+# one mask puts two codes into the two float16 halves of a register.
+
+def key_code_field(dim, bits):
+    """(word, field) of key channel ``dim`` in its token's code row.
+
+    Within each word, fields ``f`` and ``f + E/2`` hold the adjacent channels ``2f`` and
+    ``2f + 1`` of the word's ``E`` channels (interleaved), so a mask of bits
+    ``f * bits`` and ``16 + f * bits`` extracts a channel pair.
+    """
+    per_word = 32 // bits
+    e = dim % per_word
+    return dim // per_word, e // 2 + (per_word // 2) * (e % 2)
+
+
+def key_code_dim(word, field, bits):
+    """The key channel that :func:`key_code_field` stores in ``(word, field)``."""
+    half = 16 // bits
+    return word * (32 // bits) + 2 * (field % half) + field // half
+
+
+def value_chunk_dims(group_size):
+    """Channels of one value row a decode lane holds contiguously (2, 4 or 8): a tensor-core
+    tile of 16 channels must lie within one quantization group of ``group_size``."""
+    return min(8, group_size // 8)
+
+
+def value_code_field(token, dim, bits, head_dim, chunk):
+    """(word, field) of value (``token``, ``dim``) within its (block, head) run of code words.
+
+    Values are stored in the order the decode kernel's lanes read them (mma A fragments
+    of ``V^T``, 16 tokens per k-step): k-step ``token // 16`` holds 32 lanes' runs of
+    ``head_dim // (4 * R)`` words (``R = 16 // bits`` fragment registers per word), lane
+    ``4 * gid + tig`` holding tokens ``2tig, 2tig+1, 2tig+8, 2tig+9`` of the channels
+    ``chunk * (8c + gid) .. + chunk`` for every c. Field ``j`` of a word and field
+    ``j + R`` hold the same channel for two consecutive tokens. ``chunk`` is
+    :func:`value_chunk_dims`.
+    """
+    per_word = 16 // bits
+    lane_words = head_dim // (4 * per_word)
+    kstep, r = token // 16, token % 16
+    q, rem = dim // chunk, dim % chunk
+    tile = (q // 8) * (chunk // 2) + rem // 2
+    reg = 4 * tile + rem % 2 + 2 * (r // 8)
+    lane = 4 * (q % 8) + (r % 8) // 2
+    return (kstep * 32 + lane) * lane_words + reg // per_word, reg % per_word + per_word * (r % 2)
+
+
+def value_code_token_dim(word, field, bits, head_dim, chunk):
+    """The (token, dim) that :func:`value_code_field` stores in ``(word, field)``."""
+    per_word = 16 // bits
+    lane_words = head_dim // (4 * per_word)
+    kstep, lane = word // (32 * lane_words), (word // lane_words) % 32
+    reg = (word % lane_words) * per_word + field % per_word
+    tile, slot = reg // 4, reg % 4
+    dim = chunk * (8 * (tile // (chunk // 2)) + lane // 4) + 2 * (tile % (chunk // 2)) + slot % 2
+    token = 16 * kstep + 8 * (slot // 2) + 2 * (lane % 4) + field // per_word
+    return token, dim

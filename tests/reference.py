@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hexcore import layout
+
 
 def levels(bits: int) -> int:
     """Largest code of a ``bits``-bit unsigned integer."""
@@ -26,7 +28,8 @@ def quantize(x: np.ndarray, scale: np.ndarray, lo: np.ndarray, bits: int) -> np.
 
 
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Pack codes along the last axis, element i at bit (i * bits) % 8 of byte i*bits//8."""
+    """Pack codes along the last axis in plain order: element i at bit (i * bits) % 8 of
+    byte i*bits//8 (the order of the tails' neighbours in other libraries; used by tests)."""
     per_byte = 8 // bits
     c = codes.reshape(codes.shape[:-1] + (codes.shape[-1] // per_byte, per_byte)).astype(np.uint8)
     shifts = (np.arange(per_byte) * bits).astype(np.uint8)
@@ -41,38 +44,85 @@ def unpack(packed: np.ndarray, bits: int) -> np.ndarray:
     return c.reshape(packed.shape[:-1] + (packed.shape[-1] * per_byte,)).astype(np.uint8)
 
 
+def _words_to_bytes(words: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(words.astype("<u4")).view(np.uint8)
+
+
+def pack_key_rows(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Key code rows ``[..., D]`` packed as sealed blocks hold them (layout.key_code_field)."""
+    D = codes.shape[-1]
+    word, field = layout.key_code_field(np.arange(D), bits)
+    words = np.zeros(codes.shape[:-1] + (D * bits // 32,), np.uint64)
+    for d in range(D):
+        words[..., word[d]] |= codes[..., d].astype(np.uint64) << np.uint64(field[d] * bits)
+    return _words_to_bytes(words).reshape(codes.shape[:-1] + (D * bits // 8,))
+
+
+def unpack_key_rows(packed: np.ndarray, bits: int) -> np.ndarray:
+    """Inverse of :func:`pack_key_rows`: codes ``[..., D]``."""
+    D = packed.shape[-1] * 8 // bits
+    words = np.ascontiguousarray(packed).view("<u4").astype(np.uint64)
+    word, field = layout.key_code_field(np.arange(D), bits)
+    return ((words[..., word] >> (field * bits).astype(np.uint64)) & levels(bits)).astype(np.uint8)
+
+
+def pack_value_block(codes: np.ndarray, bits: int, group_size: int) -> np.ndarray:
+    """One block's value codes ``[H, BS, D]`` in the decode kernel's fragment order
+    (layout.value_code_field); returned as ``[H, BS, D * bits / 8]`` bytes like the store."""
+    H, BS, D = codes.shape
+    t, d = np.meshgrid(np.arange(BS), np.arange(D), indexing="ij")
+    word, field = layout.value_code_field(t, d, bits, D, layout.value_chunk_dims(group_size))
+    words = np.zeros((H, BS * D * bits // 32), np.uint64)
+    shifted = codes.astype(np.uint64) << (field * bits).astype(np.uint64)[None]
+    for h in range(H):
+        np.bitwise_or.at(words[h], word.ravel(), shifted[h].ravel())
+    return _words_to_bytes(words).reshape(H, BS, D * bits // 8)
+
+
+def unpack_value_block(packed: np.ndarray, bits: int, group_size: int) -> np.ndarray:
+    """Inverse of :func:`pack_value_block`: codes ``[H, BS, D]``."""
+    H, BS, row = packed.shape
+    D = row * 8 // bits
+    words = np.ascontiguousarray(packed).reshape(H, -1).view("<u4").astype(np.uint64)
+    t, d = np.meshgrid(np.arange(BS), np.arange(D), indexing="ij")
+    word, field = layout.value_code_field(t, d, bits, D, layout.value_chunk_dims(group_size))
+    return ((words[:, word] >> (field * bits).astype(np.uint64)) & levels(bits)).astype(np.uint8)
+
+
 def quantize_keys(k: np.ndarray, bits: int):
     """Per-channel key quantization of one block: ``k`` [H, BS, D] float16.
 
-    Returns (packed codes [H, BS, D*bits/8] uint8, meta [H, 2, D] float16: scale, min).
+    Returns (packed codes [H, BS, D*bits/8] uint8 (:func:`pack_key_rows`), meta [H, 2, D]
+    float16: scale, min).
     """
     x = k.astype(np.float32)
     scale, lo = quant_params(x.min(axis=1), x.max(axis=1), bits)  # [H, D]
     codes = quantize(x, scale[:, None, :], lo[:, None, :], bits)
-    return pack(codes, bits), np.stack([scale, lo], axis=1)
+    return pack_key_rows(codes, bits), np.stack([scale, lo], axis=1)
 
 
 def quantize_values(v: np.ndarray, bits: int, group_size: int):
     """Per-token value quantization over channel groups: ``v`` [H, BS, D] float16.
 
-    Returns (packed codes [H, BS, D*bits/8] uint8, meta [H, BS, 2, D/group_size] float16).
+    Returns (packed codes [H, BS, D*bits/8] uint8 (:func:`pack_value_block`), meta
+    [H, BS, 2, D/group_size] float16).
     """
     H, BS, D = v.shape
     x = v.astype(np.float32).reshape(H, BS, D // group_size, group_size)
     scale, lo = quant_params(x.min(axis=-1), x.max(axis=-1), bits)  # [H, BS, NG]
     codes = quantize(x, scale[..., None], lo[..., None], bits).reshape(H, BS, D)
-    return pack(codes, bits), np.stack([scale, lo], axis=2)
+    return pack_value_block(codes, bits, group_size), np.stack([scale, lo], axis=2)
 
 
 def dequantize_keys(packed: np.ndarray, meta: np.ndarray, bits: int) -> np.ndarray:
     """float64 keys [H, BS, D] from :func:`quantize_keys` output."""
-    q = unpack(packed, bits).astype(np.float64)
+    q = unpack_key_rows(packed, bits).astype(np.float64)
     return meta[:, 0, None, :].astype(np.float64) * q + meta[:, 1, None, :].astype(np.float64)
 
 
 def dequantize_values(packed: np.ndarray, meta: np.ndarray, bits: int, group_size: int) -> np.ndarray:
     """float64 values [H, BS, D] from :func:`quantize_values` output."""
-    q = unpack(packed, bits).astype(np.float64)
+    q = unpack_value_block(packed, bits, group_size).astype(np.float64)
     scale = np.repeat(meta[:, :, 0, :].astype(np.float64), group_size, axis=-1)
     lo = np.repeat(meta[:, :, 1, :].astype(np.float64), group_size, axis=-1)
     return scale * q + lo
@@ -81,8 +131,10 @@ def dequantize_values(packed: np.ndarray, meta: np.ndarray, bits: int, group_siz
 def quantize_keys_per_token(k: np.ndarray, bits: int, group_size: int) -> np.ndarray:
     """Keys quantized like values (per token over channel groups), dequantized: the
     scheme KIVI rejects for keys, kept to show why."""
-    packed, meta = quantize_values(k, bits, group_size)
-    return dequantize_values(packed, meta, bits, group_size)
+    x = k.astype(np.float32).reshape(k.shape[:-1] + (k.shape[-1] // group_size, group_size))
+    scale, lo = quant_params(x.min(axis=-1), x.max(axis=-1), bits)
+    codes = quantize(x, scale[..., None], lo[..., None], bits).astype(np.float64)
+    return (codes * scale[..., None].astype(np.float64) + lo[..., None].astype(np.float64)).reshape(k.shape)
 
 
 def relative_l2(x: np.ndarray, ref: np.ndarray) -> float:

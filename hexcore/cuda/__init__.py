@@ -2,30 +2,32 @@
 
 Importing this package loads numba.cuda; to run on the simulator, set
 ``NUMBA_ENABLE_CUDASIM=1`` first (``hexcore._runtime.use_simulator_if_no_gpu``).
+
+- ``store``: DeviceKVStore, the cache in device memory; ``write``: append and seal;
+  ``blocks``: copies and dequantization; ``launch``: launch descriptions; ``streams``:
+  which stream a launch uses; ``device``: intrinsics with simulator twins.
+- ``attention/``: paged decode (``paged_decode``, ``DecodePlan``, ``DecodeOptions``).
+- ``steps/``: whole decode steps as CUDA graphs (``DecodeGraph``).
 """
 
 from __future__ import annotations
 
-from .blocks import (
-    copy_blocks,
-    copy_tails,
-    dequantize_blocks,
-    prepare_copy_blocks,
-    prepare_copy_tails,
-)
-from .decode import DecodePlan, paged_decode
-from .graph import DecodeGraph, StepViews
-from .launch import PreparedLaunch
+from .attention import DecodeOptions, DecodePlan, paged_decode
+from .blocks import copy_blocks, copy_tails, dequantize_blocks, prepare_copy_blocks, prepare_copy_tails
+from .launch import Launch, PreparedLaunch
 from .layout_check import device_layout_offsets, host_layout_offsets, layout_agrees
-from .step import DecodeStep, StepBuffers
+from .steps import DecodeGraph, DecodeStep, StepBuffers, StepViews
 from .store import DeviceKVStore
+from .streams import resolve_stream
 from .write import append, prepare_append, prepare_seal, seal
 
 __all__ = [
     "DecodeGraph",
+    "DecodeOptions",
     "DecodePlan",
     "DecodeStep",
     "DeviceKVStore",
+    "Launch",
     "PreparedLaunch",
     "StepBuffers",
     "StepViews",
@@ -41,5 +43,6 @@ __all__ = [
     "prepare_copy_blocks",
     "prepare_copy_tails",
     "prepare_seal",
+    "resolve_stream",
     "seal",
 ]

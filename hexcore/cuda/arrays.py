@@ -89,23 +89,3 @@ def _c_contiguous(shape, strides, itemsize: int) -> bool:
             return False
         expected *= extent
     return True
-
-
-_external_streams: dict = {}
-
-
-def caller_stream(stream, *arrays):
-    """The stream to launch on: ``stream`` when given; else torch's current stream when
-    any argument is a torch tensor (torch exports ``__cuda_array_interface__`` without a
-    stream, so work must follow the caller's stream); else the default stream (0)."""
-    if stream is not None:
-        return stream
-    if any(type(a).__module__.startswith("torch") for a in arrays):
-        import torch
-
-        handle = torch.cuda.current_stream().cuda_stream
-        found = _external_streams.get(handle)
-        if found is None:  # one numba stream object per torch stream, so ids stay stable
-            found = _external_streams[handle] = cuda.external_stream(handle) if handle else 0
-        return found
-    return 0

@@ -8,13 +8,15 @@ import numpy as np
 from numba import cuda
 
 from ..errors import HexcoreInvalidArgumentError
-from ..layout import code_offset, value_meta_offset
-from .arrays import caller_stream, checked_ids, device_only
-from .launch import PreparedLaunch
+from .. import layout
+from .arrays import checked_ids, device_only
+from .device_layout import code_offset, key_meta_offset, value_meta_offset
+from .launch import Launch, PreparedLaunch
 from .store import DeviceKVStore
+from .streams import resolve_stream
 
-_code_offset = cuda.jit(device=True)(code_offset)
-_value_meta_offset = cuda.jit(device=True)(value_meta_offset)
+key_code_field = cuda.jit(device=True)(layout.key_code_field)
+value_code_field = cuda.jit(device=True)(layout.value_code_field)
 THREADS = 256
 
 
@@ -40,8 +42,8 @@ def _copy_runs_kernel(a, b, c, d, run_words, src_ids, dst_ids, units_per_layer):
 _COPIED = {"blocks": ("k_codes", "v_codes", "k_meta", "v_meta"), "tails": ("k_tails", "v_tails", None, None)}
 
 
-def _copy_launch(store, what, src, dst):
-    """Validate a copy's ids; returns (kernel, grid, args)."""
+def _copy_launch(store, what, src, dst) -> Launch:
+    """Validate a copy's ids; the launch that does it."""
     units = store.num_blocks if what == "blocks" else store.max_seqs
     ids = "blocks" if what == "blocks" else "slots"  # the parameter names: src_blocks, src_slots
     src = checked_ids(src, f"src_{ids}", None, units)
@@ -49,7 +51,8 @@ def _copy_launch(store, what, src, dst):
     arrays = _copy_arrays(store, what)
     # grid z: one per copied array (FP16 blocks and tails have no metadata arrays)
     copied = sum(1 for name in _COPIED[what] if name and name in store.words)
-    return _copy_runs_kernel, (src.shape[0], store.config.num_layers, copied), (*arrays, src, dst, units)
+    return Launch(_copy_runs_kernel, (src.shape[0], store.config.num_layers, copied), THREADS, (*arrays, src, dst,
+                                                                                                  units))
 
 
 def _copy_arrays(store, what: str) -> tuple:
@@ -69,10 +72,7 @@ def _copy_arrays(store, what: str) -> tuple:
 
 
 def _copy(store, what, src, dst, stream):
-    stream = caller_stream(stream, src, dst)
-    kernel, grid, args = _copy_launch(store, what, src, dst)
-    if grid[0]:
-        kernel[grid, THREADS, stream](*args)
+    _copy_launch(store, what, src, dst).run(resolve_stream(stream, src, dst))
 
 
 def _check_distinct(dst, what: str) -> None:
@@ -111,22 +111,22 @@ def prepare_copy_tails(store: DeviceKVStore, src_slots, dst_slots) -> PreparedLa
 def _prepared_copy(store, what, src, dst) -> PreparedLaunch:
     ids = "blocks" if what == "blocks" else "slots"
     device_only(**{f"src_{ids}": src, f"dst_{ids}": dst})
-    kernel, grid, args = _copy_launch(store, what, src, dst)
-    if not grid[0]:
+    launch = _copy_launch(store, what, src, dst)
+    if launch.empty:
         raise HexcoreInvalidArgumentError(f"src_{ids}: a prepared copy needs at least one pair, got 0")
-    return PreparedLaunch(kernel, grid, THREADS, args)
+    return launch.prepare()
 
 
 @functools.cache
 def _dequantize_kernel(cfg):
-    H, BS, D, G = cfg.num_kv_heads, cfg.block_size, cfg.head_dim, cfg.group_size
+    H, BS, D, GS = cfg.num_kv_heads, cfg.block_size, cfg.head_dim, cfg.group_size
     bits, row, NG = cfg.kv_dtype.bits, cfg.row_bytes, cfg.num_groups
-    per_byte = 8 // bits
     mask = (1 << bits) - 1
+    chunk = layout.value_chunk_dims(GS)
 
     @cuda.jit
     def kernel(k_codes, v_codes, k_meta, v_meta, block_ids, layer, num_blocks, k_out, v_out):
-        # codes: flat uint8; meta: flat float16; out: [n, H, BS, D] float16
+        # codes: flat uint32 words; meta: flat float16; out: [n, H, BS, D] float16
         i = cuda.grid(1)
         n = block_ids.shape[0]
         if i >= n * H * BS * D:
@@ -138,14 +138,15 @@ def _dequantize_kernel(cfg):
         block = block_ids[j]
         if block < 0 or block >= num_blocks:
             return
-        byte_at = _code_offset(layer, block, h, t, num_blocks, H, BS, row) + d // per_byte
-        shift = (d % per_byte) * bits
-        kmeta = ((layer * num_blocks + block) * H + h) * 2 * D
-        kq = np.float32((k_codes[byte_at] >> shift) & mask)
+        run = code_offset(layer, block, h, 0, num_blocks, H, BS, row) // 4
+        word, field = key_code_field(d, bits)
+        kq = np.float32((k_codes[run + t * (row // 4) + word] >> np.uint32(field * bits)) & mask)
+        kmeta = key_meta_offset(layer, block, h, num_blocks, H, D) // 2
         k_out[j, h, t, d] = np.float32(k_meta[kmeta + d]) * kq + np.float32(k_meta[kmeta + D + d])
-        vmeta = _value_meta_offset(layer, block, h, t, num_blocks, H, BS, NG) // 2
-        vq = np.float32((v_codes[byte_at] >> shift) & mask)
-        v_out[j, h, t, d] = np.float32(v_meta[vmeta + d // G]) * vq + np.float32(v_meta[vmeta + NG + d // G])
+        word, field = value_code_field(t, d, bits, D, chunk)
+        vq = np.float32((v_codes[run + word] >> np.uint32(field * bits)) & mask)
+        vmeta = value_meta_offset(layer, block, h, t, num_blocks, H, BS, NG) // 2
+        v_out[j, h, t, d] = np.float32(v_meta[vmeta + d // GS]) * vq + np.float32(v_meta[vmeta + NG + d // GS])
 
     return kernel
 
@@ -158,7 +159,7 @@ def dequantize_blocks(store: DeviceKVStore, layer: int, block_ids, stream=None):
     cfg = store.config
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < cfg.num_layers:
         raise HexcoreInvalidArgumentError(f"layer: expected an int in [0, {cfg.num_layers}), got {layer!r}")
-    stream = caller_stream(stream, block_ids)
+    stream = resolve_stream(stream, block_ids).numba
     ids = checked_ids(block_ids, "block_ids", None, store.num_blocks)
     if not cfg.kv_dtype.is_quantized:
         host = ids.copy_to_host()
@@ -169,7 +170,7 @@ def dequantize_blocks(store: DeviceKVStore, layer: int, block_ids, stream=None):
     v_out = cuda.device_array(shape, np.float16, stream=stream)
     total = int(np.prod(shape))
     if total:
-        f = store.flat
+        f, w = store.flat, store.words
         _dequantize_kernel(cfg)[(total + THREADS - 1) // THREADS, THREADS, stream](
-            f["k_codes"], f["v_codes"], f["k_meta"], f["v_meta"], ids, layer, store.num_blocks, k_out, v_out)
+            w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"], ids, layer, store.num_blocks, k_out, v_out)
     return k_out, v_out

@@ -4,46 +4,55 @@ numba's CUDA simulator runs one Python thread per CUDA thread: it has no warp sh
 and no ``@intrinsic``. So kernels never call those primitives directly; they call the
 helpers below, and when the simulator is on each helper is replaced by a plain twin
 that computes the same thing. The simulator checks the algorithm; a real GPU checks
-the real code (``pytest -m gpu``).
+the real code (``pytest -m gpu``). Tensor-core and packed-half helpers are in
+``attention/mma.py``, built the same way.
 
 Helpers
 
 - ``load_u32x4(a, i)``: words ``a[i:i+4]`` of a 1-D uint32 array as one 16-byte load
   (``ld.global.v4.u32``, SASS ``LDG.E.128``); ``i`` must be a multiple of 4.
 - ``load_u32x2(a, i)``: the 8-byte version; ``i`` a multiple of 2.
-- ``u32_as_f32(w)``: reinterpret bits. With ``MAGIC = 0x4B000000`` (2**23 as float32),
-  ``u32_as_f32(MAGIC | n) - 2**23 == n`` exactly for ``n < 2**23``: the integer to
-  float conversion in two 32-bit ALU operations, never through int64.
-- ``half2_lo(w)``, ``half2_hi(w)``: the two float16 packed in a 32-bit word, as float32.
-- ``xor_sum_store(out, i, j, value, lane, lo, hi, store)``: ``out[i, j] =`` the sum of
-  ``value`` over the lanes that differ from this one only in the lane-id bits ``lo``
-  to ``hi`` (powers of two; ``lo > hi`` means no other lane). A butterfly of xor
-  shuffles, then the lane with those bits clear stores if ``store``. Every lane of the
-  warp must call it, storing or not. The twin adds with a shared-memory atomic instead, so ``out`` must be
-  zeroed first::
+- ``load_words(a, at, n, out, o)``: ``out[o:o+n] = a[at:at+n]`` for n = 1, 2 or 4, as one load.
+- ``ld(a, i)``: ``a[i]`` of a 1-D array, without numba's negative-index wraparound (a
+  signed index otherwise costs a compare, a select and 64-bit arithmetic per access);
+  ``i`` must be in range.
+- ``load_cg_f32(a, i)``: ``a[i]`` of a 1-D float32 array read from L2 (``ld.global.cg``),
+  never from a stale L1 line: for data another CTA of the same launch wrote.
+- ``shfl_idx(value, src)``: float32 ``value`` of lane ``src`` (every lane must call it).
+- ``shfl_xor(value, mask)``: float32 ``value`` of lane ``lane ^ mask``.
+- ``exp2(x)``: ``2**x`` in float32 (``ex2.approx.ftz``: 2 ulp; the twin uses math.exp2).
+- ``cp_async16(dst, j, src, i)``: start copying words ``src[i:i+4]`` (global) to
+  ``dst[j:j+4]`` (a shared uint32 array), 16 bytes, without registers
+  (``cp.async.cg.shared.global``); ``cp_async_commit()`` closes a group of such copies,
+  ``cp_async_wait_one()`` waits until at most the newest group is in flight,
+  ``cp_async_wait_all()`` for all of them. Other lanes see the words after ``syncwarp()``.
+- ``syncwarp()``: the warp's lanes meet (``bar.warp.sync``); orders their shared memory.
+- ``prefetch_l2(words, i, nbytes)``: ask for ``nbytes`` (a multiple of 16) of the uint32
+  array ``words`` from word ``i`` (16-byte aligned) into L2, without waiting
+  (``cp.async.bulk.prefetch.L2.global``, sm_90). One lane issues it for the whole range.
 
-      lo=1, hi=8:   lanes 0-15 sum into lane 0, lanes 16-31 into lane 16
-      lo=4, hi=16:  lanes 0,4,8,...,28 sum into lane 0; 1,5,...,29 into lane 1; ...
-
-- ``xor_sum_add(out, i, j, value, lane, lo, hi)``: the same, added atomically into
-  ``out[i, j]`` (several warps may add to one element).
-- ``half_at(words, k)``: float16 number ``k`` of a uint32 array, as float32.
-- ``block_max(value, scratch)``, ``block_sum(value, scratch)``: the max / sum of
-  ``value`` over the whole CTA, returned to every thread; ``scratch`` is a shared
-  float32 array of blockDim.x elements. Every thread must call them (they contain
-  ``syncthreads``). GPU: warp shuffles, then one value per warp; twin: all through
-  shared memory.
+The twins of the warp operations exchange values through a per-warp slot table and a
+``threading.Barrier`` of 32 simulated lanes, so a lane that skips a call deadlocks the
+simulated warp, as a divergent shuffle would misbehave on a GPU.
 """
 
 from __future__ import annotations
+
+import math
+import threading
 
 import numpy as np
 from numba import config, cuda, types
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
-MAGIC = 0x4B000000
-MAGIC_F32 = np.float32(8388608.0)  # 2**23, float32 so arithmetic with it stays float32
 FULL_MASK = 0xFFFFFFFF
+
+
+def device_function(fn):
+    """``cuda.jit(device=True)``, always inlined on a GPU (``forceinline``): local arrays
+    passed between device functions then stay in registers."""
+    return cuda.jit(device=True)(fn) if SIMULATOR else cuda.jit(device=True, forceinline=True)(fn)
+
 
 if not SIMULATOR:
     from llvmlite import ir
@@ -76,101 +85,164 @@ if not SIMULATOR:
     load_u32x2 = _vector_load(2)
 
     @intrinsic
-    def _u32_as_f32(typingctx, word):
-        sig = types.float32(types.uint32)
+    def _ld(typingctx, array, index):
+        if not (isinstance(array, types.Array) and array.ndim == 1):
+            return None
+        sig = array.dtype(array, index)
 
         def codegen(context, builder, sig, args):
-            return builder.bitcast(args[0], ir.FloatType())
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            return builder.load(cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]]))
 
         return sig, codegen
 
-    def _half2_part(k):
+    @intrinsic
+    def _load_cg(typingctx, array, index):
+        if not (isinstance(array, types.Array) and array.dtype == types.float32 and array.ndim == 1):
+            return None
+        sig = types.float32(array, index)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]])
+            fnty = ir.FunctionType(ir.FloatType(), [ir.IntType(64)])
+            asm = ir.InlineAsm(fnty, "ld.global.cg.f32 $0, [$1];", "=f,l", side_effect=True)
+            return builder.call(asm, [builder.ptrtoint(ptr, ir.IntType(64))])
+
+        return sig, codegen
+
+    @intrinsic
+    def _ex2(typingctx, x):
+        sig = types.float32(types.float32)
+
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType()])
+            return builder.call(ir.InlineAsm(fnty, "ex2.approx.ftz.f32 $0, $1;", "=f,f"), list(args))
+
+        return sig, codegen
+
+    @intrinsic
+    def _prefetch(typingctx, array, index, nbytes):
+        if not (isinstance(array, types.Array) and array.dtype == types.uint32 and array.ndim == 1):
+            return None
+        sig = types.void(array, index, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]])
+            address = builder.ptrtoint(ptr, ir.IntType(64))
+            fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), ir.IntType(32)])
+            text = "{ .reg .u64 g; cvta.to.global.u64 g, $0; cp.async.bulk.prefetch.L2.global [g], $1; }"
+            builder.call(ir.InlineAsm(fnty, text, "l,r", side_effect=True), [address, args[2]])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def _cp_async(typingctx, dst, dst_index, src, src_index):
+        if not all(isinstance(a, types.Array) and a.dtype == types.uint32 and a.ndim == 1 for a in (dst, src)):
+            return None
+        sig = types.void(dst, dst_index, src, src_index)
+
+        def codegen(context, builder, sig, args):
+            pointers = []
+            for aryty, ary, index in ((sig.args[0], args[0], args[1]), (sig.args[2], args[2], args[3])):
+                array = context.make_array(aryty)(context, builder, value=ary)
+                ptr = cgutils.get_item_pointer(context, builder, aryty, array, [index])
+                pointers.append(builder.ptrtoint(ptr, ir.IntType(64)))
+            fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), ir.IntType(64)])
+            text = ("{ .reg .u64 s, g; cvta.to.shared.u64 s, $0; cvta.to.global.u64 g, $1; "
+                    "cp.async.cg.shared.global [s], [g], 16; }")
+            builder.call(ir.InlineAsm(fnty, text, "l,l", side_effect=True), pointers)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    def _asm_statement(text):
         @intrinsic
-        def part(typingctx, word):
-            sig = types.float32(types.uint32)
-
+        def statement(typingctx):
             def codegen(context, builder, sig, args):
-                pair = builder.bitcast(args[0], ir.VectorType(ir.HalfType(), 2))
-                half = builder.extract_element(pair, ir.Constant(ir.IntType(32), k))
-                return builder.fpext(half, ir.FloatType())
+                fnty = ir.FunctionType(ir.VoidType(), [])
+                builder.call(ir.InlineAsm(fnty, text, "~{memory}", side_effect=True), [])
+                return context.get_dummy_value()
 
-            return sig, codegen
+            return types.void(), codegen
 
-        return part
+        return statement
 
-    _half2_lo = _half2_part(0)
-    _half2_hi = _half2_part(1)
+    _commit = _asm_statement("cp.async.commit_group;")
+    _wait_one = _asm_statement("cp.async.wait_group 1;")
+    _wait_all = _asm_statement("cp.async.wait_all;")
 
-    @cuda.jit(device=True, inline=True)
-    def u32_as_f32(word):
-        return _u32_as_f32(types.uint32(word))
+    @device_function
+    def cp_async16(dst, dst_index, src, src_index):
+        _cp_async(dst, dst_index, src, src_index)
 
-    @cuda.jit(device=True, inline=True)
-    def half2_lo(word):
-        return _half2_lo(types.uint32(word))
+    @device_function
+    def cp_async_commit():
+        _commit()
 
-    @cuda.jit(device=True, inline=True)
-    def half2_hi(word):
-        return _half2_hi(types.uint32(word))
+    @device_function
+    def cp_async_wait_one():
+        _wait_one()
 
-    @cuda.jit(device=True, inline=True)
-    def _xor_sum(value, lo, hi):
-        # butterfly: afterwards every lane of the xor group holds the group's sum
-        offset = lo
-        while offset <= hi:
-            value += cuda.shfl_xor_sync(FULL_MASK, value, offset)
-            offset <<= 1
-        return value
+    @device_function
+    def cp_async_wait_all():
+        _wait_all()
 
-    @cuda.jit(device=True, inline=True)
-    def xor_sum_store(out, i, j, value, lane, lo, hi, store):
-        total = _xor_sum(value, lo, hi)
-        if store and (lane & (2 * hi - lo) == 0 or lo > hi):
-            out[i, j] = total
+    @device_function
+    def syncwarp():
+        cuda.syncwarp(FULL_MASK)
 
-    @cuda.jit(device=True, inline=True)
-    def xor_sum_add(out, i, j, value, lane, lo, hi):
-        total = _xor_sum(value, lo, hi)
-        if lane & (2 * hi - lo) == 0 or lo > hi:
-            cuda.atomic.add(out, (i, j), total)
+    @device_function
+    def ld(array, index):
+        return _ld(array, index)
 
-    @cuda.jit(device=True, inline=True)
-    def half_at(words, k):
-        w = words[k >> 1]
-        return half2_hi(w) if k & 1 else half2_lo(w)
+    @device_function
+    def load_cg_f32(array, index):
+        return _load_cg(array, index)
 
-    @cuda.jit(device=True, inline=True)
-    def block_max(value, scratch):
-        offset = 16
-        while offset > 0:
-            value = max(value, cuda.shfl_xor_sync(FULL_MASK, value, offset))
-            offset >>= 1
-        if cuda.threadIdx.x % 32 == 0:
-            scratch[cuda.threadIdx.x // 32] = value
-        cuda.syncthreads()  # one partial per warp in scratch
-        result = scratch[0]
-        for i in range(1, cuda.blockDim.x // 32):
-            result = max(result, scratch[i])
-        cuda.syncthreads()  # scratch free for the next reduction
-        return result
+    @device_function
+    def prefetch_l2(words, i, nbytes):
+        _prefetch(words, i, types.uint32(nbytes))
 
-    @cuda.jit(device=True, inline=True)
-    def block_sum(value, scratch):
-        offset = 16
-        while offset > 0:
-            value += cuda.shfl_xor_sync(FULL_MASK, value, offset)
-            offset >>= 1
-        if cuda.threadIdx.x % 32 == 0:
-            scratch[cuda.threadIdx.x // 32] = value
-        cuda.syncthreads()  # one partial per warp in scratch
-        result = scratch[0]
-        for i in range(1, cuda.blockDim.x // 32):
-            result += scratch[i]
-        cuda.syncthreads()  # scratch free for the next reduction
-        return result
+    @device_function
+    def shfl_idx(value, src):
+        return cuda.shfl_sync(FULL_MASK, value, src)
+
+    @device_function
+    def shfl_xor(value, mask):
+        return cuda.shfl_xor_sync(FULL_MASK, value, mask)
+
+    @device_function
+    def exp2(x):
+        return _ex2(types.float32(x))
 
 else:
-    # the simulator swaps `cuda` inside device functions for its fake module (atomics)
+    _warps: dict = {}
+    _warps_lock = threading.Lock()
+
+    class _Warp:
+        """What the 32 simulated lanes of one warp exchange in one shuffle."""
+
+        def __init__(self):
+            self.barrier = threading.Barrier(32, timeout=120)
+            self.slots = np.zeros(32, np.float32)
+
+    def _warp():
+        key = (tuple(cuda.blockIdx), cuda.threadIdx.x // 32)
+        with _warps_lock:
+            if key not in _warps:
+                _warps[key] = _Warp()
+            return _warps[key]
+
+    def _exchange(value, src):
+        warp = _warp()
+        warp.slots[cuda.threadIdx.x % 32] = value
+        warp.barrier.wait()  # every lane's value written
+        got = warp.slots[src]
+        warp.barrier.wait()  # every lane has read
+        return np.float32(got)
 
     @cuda.jit(device=True)
     def load_u32x4(array, index):
@@ -181,46 +253,57 @@ else:
         return array[index], array[index + 1]
 
     @cuda.jit(device=True)
-    def u32_as_f32(word):
-        return np.float32(np.array([word], np.uint32).view(np.float32)[0])
+    def ld(array, index):
+        return array[index]
 
     @cuda.jit(device=True)
-    def half2_lo(word):
-        return np.float32(np.array([word], np.uint32).view(np.float16)[0])
+    def load_cg_f32(array, index):
+        return array[index]
 
     @cuda.jit(device=True)
-    def half2_hi(word):
-        return np.float32(np.array([word], np.uint32).view(np.float16)[1])
+    def cp_async16(dst, dst_index, src, src_index):
+        for k in range(4):
+            dst[dst_index + k] = src[src_index + k]
 
     @cuda.jit(device=True)
-    def xor_sum_store(out, i, j, value, lane, lo, hi, store):
-        if store:
-            cuda.atomic.add(out, (i, j), value)
+    def cp_async_commit():
+        pass  # the twin's copies are done when cp_async16 returns
 
     @cuda.jit(device=True)
-    def xor_sum_add(out, i, j, value, lane, lo, hi):
-        cuda.atomic.add(out, (i, j), value)
+    def cp_async_wait_one():
+        pass
 
     @cuda.jit(device=True)
-    def half_at(words, k):
-        return half2_hi(words[k >> 1]) if k & 1 else half2_lo(words[k >> 1])
+    def cp_async_wait_all():
+        pass
 
     @cuda.jit(device=True)
-    def block_max(value, scratch):
-        scratch[cuda.threadIdx.x] = value
-        cuda.syncthreads()  # every thread's value in scratch
-        result = scratch[0]
-        for i in range(1, cuda.blockDim.x):
-            result = max(result, scratch[i])
-        cuda.syncthreads()  # scratch free for the next reduction
-        return result
+    def syncwarp():
+        _warp().barrier.wait()
 
     @cuda.jit(device=True)
-    def block_sum(value, scratch):
-        scratch[cuda.threadIdx.x] = value
-        cuda.syncthreads()  # every thread's value in scratch
-        result = scratch[0]
-        for i in range(1, cuda.blockDim.x):
-            result += scratch[i]
-        cuda.syncthreads()  # scratch free for the next reduction
-        return result
+    def prefetch_l2(words, i, nbytes):
+        pass  # a hint only: nothing to simulate
+
+    @cuda.jit(device=True)
+    def shfl_idx(value, src):
+        return _exchange(value, src)
+
+    @cuda.jit(device=True)
+    def shfl_xor(value, mask):
+        return _exchange(value, (cuda.threadIdx.x % 32) ^ mask)
+
+    @cuda.jit(device=True)
+    def exp2(x):
+        return np.float32(math.exp2(x)) if x > -200 else np.float32(0)
+
+
+@device_function
+def load_words(pool, at, n, out, o):
+    """``out[o:o+n] = pool[at:at+n]`` (n = 1, 2 or 4, a compile-time constant), one load."""
+    if n == 4:
+        out[o], out[o + 1], out[o + 2], out[o + 3] = load_u32x4(pool, at)
+    elif n == 2:
+        out[o], out[o + 1] = load_u32x2(pool, at)
+    else:
+        out[o] = pool[at]

@@ -8,10 +8,7 @@ from numba import cuda
 from .. import layout
 from ..config import KVCacheConfig
 
-_code_offset = cuda.jit(device=True)(layout.code_offset)
-_key_meta_offset = cuda.jit(device=True)(layout.key_meta_offset)
-_value_meta_offset = cuda.jit(device=True)(layout.value_meta_offset)
-_tail_offset = cuda.jit(device=True)(layout.tail_offset)
+from .device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 
 NUM_OFFSETS = 4  # code, key meta, value meta, tail
 
@@ -29,11 +26,11 @@ def _layout_offsets_kernel(out, dims):
     head = (i // block_size) % num_kv_heads
     block = (i // (block_size * num_kv_heads)) % num_blocks
     layer = i // (block_size * num_kv_heads * num_blocks)
-    out[i, 0] = _code_offset(layer, block, head, token, num_blocks, num_kv_heads, block_size, dims[4])
-    out[i, 1] = _key_meta_offset(layer, block, head, num_blocks, num_kv_heads, dims[5])
-    out[i, 2] = _value_meta_offset(layer, block, head, token, num_blocks, num_kv_heads, block_size, dims[6])
+    out[i, 0] = code_offset(layer, block, head, token, num_blocks, num_kv_heads, block_size, dims[4])
+    out[i, 1] = key_meta_offset(layer, block, head, num_blocks, num_kv_heads, dims[5])
+    out[i, 2] = value_meta_offset(layer, block, head, token, num_blocks, num_kv_heads, block_size, dims[6])
     # the block index doubles as the tail slot (num_blocks <= max_seqs in the check)
-    out[i, 3] = _tail_offset(layer, block, head, token, dims[7], num_kv_heads, block_size, dims[5])
+    out[i, 3] = tail_offset(layer, block, head, token, dims[7], num_kv_heads, block_size, dims[5])
 
 
 def _dims(config: KVCacheConfig, num_blocks: int) -> np.ndarray:

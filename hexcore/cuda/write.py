@@ -1,4 +1,4 @@
-"""The write path: append new tokens into tails, seal full tails into blocks, copy blocks.
+"""The write path: append new tokens into tails, seal full tails into blocks.
 
 Quantization (KIVI, asymmetric, ``x = scale * q + min``, unsigned codes, float16
 scale and min), identical to ``tests/reference.py``:
@@ -10,9 +10,10 @@ For a group with float32 extremes ``lo``, ``hi``: ``scale = f16((hi - lo) / leve
 ``min = f16(lo)``, ``q = clamp(floor((x - min) / scale + 0.5), 0, levels)`` in float32
 (``q = 0`` where ``scale == 0``), ``levels = 2**bits - 1``.
 
-Bit order: a code row is little-endian; element ``i`` of a row sits in byte
-``i * bits // 8`` at bit ``(i * bits) % 8``: INT4 puts element 2j in the low nibble of
-byte j, INT2 puts element 4j+k at bits 2k..2k+1 of byte j.
+Code order: codes are packed into little-endian 32-bit words in the order the decode
+kernel's tensor-core fragments read them: key rows with adjacent channels interleaved
+within each word, value blocks in fragment order (``hexcore/layout.py``:
+``key_code_field``, ``value_code_field``; ``docs/design-notes.md``, "Sealed format").
 """
 
 from __future__ import annotations
@@ -24,17 +25,19 @@ import numpy as np
 from numba import cuda
 
 from ..config import KVCacheConfig
+from .._checks import as_int
 from ..errors import HexcoreInvalidArgumentError
-from ..layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
-from .arrays import caller_stream, checked, checked_ids, device_only
+from .. import layout
+from ..layout import value_chunk_dims
+from .arrays import checked, checked_ids, device_only
 from .device import load_u32x4
-from .launch import PreparedLaunch
+from .device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
+from .launch import Launch, PreparedLaunch
+from .streams import resolve_stream
 from .store import DeviceKVStore, flat_words
 
-_code_offset = cuda.jit(device=True)(code_offset)
-_key_meta_offset = cuda.jit(device=True)(key_meta_offset)
-_value_meta_offset = cuda.jit(device=True)(value_meta_offset)
-_tail_offset = cuda.jit(device=True)(tail_offset)
+key_code_dim = cuda.jit(device=True)(layout.key_code_dim)
+value_code_token_dim = cuda.jit(device=True)(layout.value_code_token_dim)
 
 THREADS = 128
 
@@ -65,8 +68,9 @@ def _append_kernel(num_kv_heads: int, block_size: int, head_dim: int):
     row_words = head_dim // 2
 
     @cuda.jit
-    def kernel(k_tails, v_tails, k_new, v_new, slots, positions, num_tokens, first_layer, max_seqs):
-        # k_new, v_new: [layers_in, num_tokens, H, D] f16 as words; slots, positions: [num_tokens]
+    def kernel(k_tails, v_tails, k_new, v_new, slots, positions, num_tokens, first_layer, max_seqs, row0, rows_in):
+        # k_new, v_new: [layers_in, rows_in, H, D] f16 as words, tokens are rows row0 .. row0 +
+        # num_tokens; slots, positions: [num_tokens]
         i = cuda.grid(1)
         layer_in = cuda.blockIdx.y
         if i >= num_tokens * num_kv_heads * chunks:
@@ -78,8 +82,8 @@ def _append_kernel(num_kv_heads: int, block_size: int, head_dim: int):
         pos = positions[t]
         if slot < 0 or slot >= max_seqs or pos < 0 or pos >= block_size:
             return  # host arrays were checked; a bad device id writes nothing
-        src = ((layer_in * num_tokens + t) * num_kv_heads + h) * row_words + c * 4
-        dst = _tail_offset(first_layer + layer_in, slot, h, pos, max_seqs, num_kv_heads, block_size, head_dim) // 4
+        src = ((layer_in * rows_in + row0 + t) * num_kv_heads + h) * row_words + c * 4
+        dst = tail_offset(first_layer + layer_in, slot, h, pos, max_seqs, num_kv_heads, block_size, head_dim) // 4
         dst += c * 4
         a0, a1, a2, a3 = load_u32x4(k_new, src)
         k_tails[dst], k_tails[dst + 1], k_tails[dst + 2], k_tails[dst + 3] = a0, a1, a2, a3
@@ -89,7 +93,8 @@ def _append_kernel(num_kv_heads: int, block_size: int, head_dim: int):
     return kernel, chunks
 
 
-def append(store: DeviceKVStore, k, v, slots, positions, layer: int | None = None, stream=None) -> None:
+def append(store: DeviceKVStore, k, v, slots, positions, layer: int | None = None, stream=None,
+           rows: tuple[int, int] | None = None) -> None:
     """Write new K/V tokens into their sequences' tails, one launch.
 
     Parameters
@@ -99,11 +104,10 @@ def append(store: DeviceKVStore, k, v, slots, positions, layer: int | None = Non
     slots : int32 ``[num_tokens]``: the tail slot of each token's sequence.
     positions : int32 ``[num_tokens]``: each token's place in its tail, ``seq_len % block_size``
         before it was appended.
+    rows : ``(first, count)``: append rows ``first .. first + count`` of ``k`` and ``v`` (of
+        any row count) instead of all of them (a prompt, a tail's worth at a time).
     """
-    stream = caller_stream(stream, k, v, slots, positions)
-    kernel, grid, args = _append_launch(store, k, v, slots, positions, layer)
-    if grid[0]:
-        kernel[grid, THREADS, stream](*args)
+    append_launch(store, k, v, slots, positions, layer, rows).run(resolve_stream(stream, k, v, slots, positions))
 
 
 def prepare_append(store: DeviceKVStore, k, v, slots, positions, layer: int | None = None) -> PreparedLaunch:
@@ -113,97 +117,111 @@ def prepare_append(store: DeviceKVStore, k, v, slots, positions, layer: int | No
     padding: the kernel skips them. Capture-safe.
     """
     device_only(k=k, v=v, slots=slots, positions=positions)
-    kernel, grid, args = _append_launch(store, k, v, slots, positions, layer)
-    if not grid[0]:
+    launch = append_launch(store, k, v, slots, positions, layer)
+    if launch.empty:
         raise HexcoreInvalidArgumentError("slots: a prepared append needs at least one row, got 0")
-    return PreparedLaunch(kernel, grid, THREADS, args)
+    return launch.prepare()
 
 
-def _append_launch(store, k, v, slots, positions, layer):
-    """Validate append's arguments; returns (kernel, grid, args)."""
+def append_launch(store, k, v, slots, positions, layer=None, rows=None) -> Launch:
+    """Validate :func:`append`'s arguments; the launch that does it."""
     cfg = store.config
     first, count = _layer_range(layer, cfg.num_layers)
     lead = () if layer is not None else (cfg.num_layers,)
     k = checked(k, "k", np.float16, lead + (None, cfg.num_kv_heads, cfg.head_dim))
-    num_tokens = tuple(k.shape)[-3]
-    v = checked(v, "v", np.float16, lead + (num_tokens, cfg.num_kv_heads, cfg.head_dim))
+    rows_in = tuple(k.shape)[-3]
+    v = checked(v, "v", np.float16, lead + (rows_in, cfg.num_kv_heads, cfg.head_dim))
+    row0, num_tokens = _row_range(rows, rows_in)
     slots = checked_ids(slots, "slots", num_tokens, store.max_seqs)
     positions = checked_ids(positions, "positions", num_tokens, cfg.block_size)
     kernel, chunks = _append_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim)
     blocks = (num_tokens * cfg.num_kv_heads * chunks + THREADS - 1) // THREADS
-    return kernel, (blocks, count), (store.words["k_tails"], store.words["v_tails"], flat_words(k), flat_words(v),
-                                     slots, positions, num_tokens, first, store.max_seqs)
+    return Launch(kernel, (blocks, count), THREADS, (store.words["k_tails"], store.words["v_tails"], flat_words(k),
+                                                    flat_words(v), slots, positions, num_tokens, first,
+                                                    store.max_seqs, row0, rows_in))
+
+
+def _row_range(rows, rows_in: int) -> tuple[int, int]:
+    """(first row, count) of ``rows`` = None (all ``rows_in``) or (first, count) within them."""
+    if rows is None:
+        return 0, rows_in
+    if not isinstance(rows, tuple) or len(rows) != 2:
+        raise HexcoreInvalidArgumentError(f"rows: expected (first, count) or None, got {rows!r}")
+    first = as_int("rows[0]", rows[0], 0, rows_in)
+    return first, as_int("rows[1]", rows[1], 0, rows_in - first)
 
 
 # -- seal -----------------------------------------------------------------------------
 @functools.cache
 def _seal_quantized_kernel(cfg: KVCacheConfig):
-    H, BS, D, G = cfg.num_kv_heads, cfg.block_size, cfg.head_dim, cfg.group_size
+    H, BS, D, GS = cfg.num_kv_heads, cfg.block_size, cfg.head_dim, cfg.group_size
     bits, row, NG = cfg.kv_dtype.bits, cfg.row_bytes, cfg.num_groups
-    per_byte = 8 // bits
     levels = (1 << bits) - 1
-    packs = D // per_byte
+    fields = 32 // bits  # codes per 32-bit word
+    row_words = row // 4
+    run_words = BS * row_words  # one (block, head) of codes, in words
+    chunk = value_chunk_dims(GS)
 
     @cuda.jit
-    def kernel(k_tails, v_tails, k_codes, v_codes, k_meta, v_meta, slots, block_ids, num_seals,
-               first_layer, num_blocks, max_seqs):
-        # tails, meta: flat float16; codes: flat uint8; one CTA per (seal, layer)
+    def kernel(k_tails, v_tails, k_codes, v_codes, k_meta, v_meta, slots, block_ids, first_layer, num_blocks,
+               max_seqs):
+        # tails, meta: flat float16; codes: flat uint32 words; one CTA per (seal, layer)
         s = cuda.blockIdx.x
         layer = first_layer + cuda.blockIdx.y
         slot = slots[s]
         block = block_ids[s]
         if slot < 0 or slot >= max_seqs or block < 0 or block >= num_blocks:
             return
-        # keys: one thread per (head, byte column); per-channel groups over the tokens
-        for work in range(cuda.threadIdx.x, H * packs, cuda.blockDim.x):
-            h = work // packs
-            p = work % packs
-            tail = _tail_offset(layer, slot, h, 0, max_seqs, H, BS, D) // 2
-            meta = _key_meta_offset(layer, block, h, num_blocks, H, D) // 2
-            for e in range(per_byte):
-                d = p * per_byte + e
-                lo = np.float32(k_tails[tail + d])
-                hi = lo
-                for t in range(1, BS):
-                    x = np.float32(k_tails[tail + t * D + d])
-                    lo = min(lo, x)
-                    hi = max(hi, x)
-                k_meta[meta + d] = (hi - lo) / np.float32(levels)
-                k_meta[meta + D + d] = lo
-            for t in range(BS):
-                byte = 0
-                for e in range(per_byte):
-                    d = p * per_byte + e
-                    x = np.float32(k_tails[tail + t * D + d])
-                    q = _quantize(x, np.float32(k_meta[meta + d]), np.float32(k_meta[meta + D + d]), levels)
-                    byte |= q << (e * bits)
-                k_codes[_code_offset(layer, block, h, t, num_blocks, H, BS, row) + p] = byte
-        # values: one thread per (head, token, group); per-token groups over channels
+        # scales and mins: keys per (head, channel) over the tokens, values per (head, token, group)
+        for work in range(cuda.threadIdx.x, H * D, cuda.blockDim.x):
+            h, d = work // D, work % D
+            src = tail_offset(layer, slot, h, 0, max_seqs, H, BS, D) // 2 + d
+            meta = key_meta_offset(layer, block, h, num_blocks, H, D) // 2 + d
+            _write_params(k_tails, src, D, BS, k_meta, meta, D, levels)
         for work in range(cuda.threadIdx.x, H * BS * NG, cuda.blockDim.x):
-            g = work % NG
-            t = (work // NG) % BS
-            h = work // (NG * BS)
-            src = _tail_offset(layer, slot, h, t, max_seqs, H, BS, D) // 2 + g * G
-            meta = _value_meta_offset(layer, block, h, t, num_blocks, H, BS, NG) // 2
-            lo = np.float32(v_tails[src])
-            hi = lo
-            for d in range(1, G):
-                x = np.float32(v_tails[src + d])
-                lo = min(lo, x)
-                hi = max(hi, x)
-            v_meta[meta + g] = (hi - lo) / np.float32(levels)
-            v_meta[meta + NG + g] = lo
-            scale = np.float32(v_meta[meta + g])
-            low = np.float32(v_meta[meta + NG + g])
-            dst = _code_offset(layer, block, h, t, num_blocks, H, BS, row) + g * G // per_byte
-            for b in range(G // per_byte):
-                byte = 0
-                for e in range(per_byte):
-                    q = _quantize(np.float32(v_tails[src + b * per_byte + e]), scale, low, levels)
-                    byte |= q << (e * bits)
-                v_codes[dst + b] = byte
+            h, t, g = work // (BS * NG), (work // NG) % BS, work % NG
+            src = tail_offset(layer, slot, h, t, max_seqs, H, BS, D) // 2 + g * GS
+            meta = value_meta_offset(layer, block, h, t, num_blocks, H, BS, NG) // 2 + g
+            _write_params(v_tails, src, 1, GS, v_meta, meta, NG, levels)
+        cuda.syncthreads()  # every scale and min written (global, read back below)
+        # codes, one 32-bit word per thread and step, fields in the sealed order (layout.py)
+        for work in range(cuda.threadIdx.x, H * run_words, cuda.blockDim.x):
+            h, w = work // run_words, work % run_words
+            tail = tail_offset(layer, slot, h, 0, max_seqs, H, BS, D) // 2
+            at = code_offset(layer, block, h, 0, num_blocks, H, BS, row) // 4 + w
+            kmeta = key_meta_offset(layer, block, h, num_blocks, H, D) // 2
+            vmeta = value_meta_offset(layer, block, h, 0, num_blocks, H, BS, NG) // 2
+            t, kword = w // row_words, w % row_words
+            kbits = np.uint32(0)
+            vbits = np.uint32(0)
+            for f in range(fields):
+                d = key_code_dim(kword, f, bits)
+                q = _quantize(np.float32(k_tails[tail + t * D + d]), np.float32(k_meta[kmeta + d]),
+                              np.float32(k_meta[kmeta + D + d]), levels)
+                kbits |= np.uint32(q) << np.uint32(f * bits)
+                vt, vd = value_code_token_dim(w, f, bits, D, chunk)
+                m = vmeta + vt * 2 * NG + vd // GS
+                q = _quantize(np.float32(v_tails[tail + vt * D + vd]), np.float32(v_meta[m]),
+                              np.float32(v_meta[m + NG]), levels)
+                vbits |= np.uint32(q) << np.uint32(f * bits)
+            k_codes[at] = kbits
+            v_codes[at] = vbits
 
     return kernel
+
+
+@cuda.jit(device=True)
+def _write_params(x, start, stride, count, meta, at, min_offset, levels):
+    """Scale and min of ``count`` float16 values ``x[start + i * stride]``: ``meta[at]`` =
+    f16((hi - lo) / levels), ``meta[at + min_offset]`` = f16(lo)."""
+    lo = np.float32(x[start])
+    hi = lo
+    for i in range(1, count):
+        v = np.float32(x[start + i * stride])
+        lo = min(lo, v)
+        hi = max(hi, v)
+    meta[at] = (hi - lo) / np.float32(levels)
+    meta[at + min_offset] = lo
 
 
 @functools.cache
@@ -238,10 +256,7 @@ def seal(store: DeviceKVStore, slots, block_ids, layer: int | None = None, strea
     block_ids : int32 ``[num_seals]``: the distinct destination block of each.
     layer : one layer, or None for all layers (the default).
     """
-    stream = caller_stream(stream, slots, block_ids)
-    kernel, grid, args = _seal_launch(store, slots, block_ids, layer)
-    if grid[0]:
-        kernel[grid, THREADS, stream](*args)
+    seal_launch(store, slots, block_ids, layer).run(resolve_stream(stream, slots, block_ids))
 
 
 def prepare_seal(store: DeviceKVStore, slots, block_ids, layer: int | None = None) -> PreparedLaunch:
@@ -251,14 +266,14 @@ def prepare_seal(store: DeviceKVStore, slots, block_ids, layer: int | None = Non
     is padding (the kernel skips it). Capture-safe.
     """
     device_only(slots=slots, block_ids=block_ids)
-    kernel, grid, args = _seal_launch(store, slots, block_ids, layer)
-    if not grid[0]:
+    launch = seal_launch(store, slots, block_ids, layer)
+    if launch.empty:
         raise HexcoreInvalidArgumentError("slots: a prepared seal needs at least one row, got 0")
-    return PreparedLaunch(kernel, grid, THREADS, args)
+    return launch.prepare()
 
 
-def _seal_launch(store, slots, block_ids, layer):
-    """Validate seal's arguments; returns (kernel, grid, args)."""
+def seal_launch(store, slots, block_ids, layer=None) -> Launch:
+    """Validate :func:`seal`'s arguments; the launch that does it."""
     cfg = store.config
     first, count = _layer_range(layer, cfg.num_layers)
     slots = checked_ids(slots, "slots", None, store.max_seqs)
@@ -267,11 +282,11 @@ def _seal_launch(store, slots, block_ids, layer):
         raise HexcoreInvalidArgumentError(f"block_ids: expected distinct ids, got {block_ids.tolist()}")
     block_ids = checked_ids(block_ids, "block_ids", num, store.num_blocks)
     if cfg.kv_dtype.is_quantized:
-        f = store.flat
-        return _seal_quantized_kernel(cfg), (num, count), (
-            f["k_tails"], f["v_tails"], f["k_codes"], f["v_codes"], f["k_meta"], f["v_meta"], slots, block_ids, num,
-            first, store.num_blocks, store.max_seqs)
+        f, w = store.flat, store.words
+        return Launch(_seal_quantized_kernel(cfg), (num, count), THREADS, (
+            f["k_tails"], f["v_tails"], w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"], slots, block_ids, first,
+            store.num_blocks, store.max_seqs))
     w = store.words
-    return _seal_fp16_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim), (num, count), (
+    return Launch(_seal_fp16_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim), (num, count), THREADS, (
         w["k_tails"], w["v_tails"], w["k_codes"], w["v_codes"], slots, block_ids, first, store.num_blocks,
-        store.max_seqs)
+        store.max_seqs))

@@ -9,8 +9,8 @@ from numba import cuda
 
 from hexcore import HexcoreCudaError, HexcoreInvalidArgumentError
 from hexcore.cuda import PreparedLaunch
-from hexcore.cuda import launch as launch_module
-from hexcore.cuda.launch import kernel_params, stream_handle
+from hexcore.cuda.launch import Launch, kernel_params
+from hexcore.cuda.streams import stream_handle
 
 
 def test_kernel_params_store_each_value_at_cuda_cores_width():
@@ -70,8 +70,7 @@ def _mixed_args(rng):
     return a, b, np.int32(-3), 2**40 + 5, np.float32(0.25), 1.0 / 3, np.uint8(200)
 
 
-def test_prepared_launch_on_the_simulator_follows_new_contents():
-    rng = np.random.default_rng(0)
+def test_prepared_launch_on_the_simulator_follows_new_contents(rng):
     args = _mixed_args(rng)
     expect, got = cuda.device_array(40), cuda.device_array(40)
     prepared = PreparedLaunch(_mixed, 2, 32, (got, *args))
@@ -85,14 +84,12 @@ def test_prepared_launch_on_the_simulator_follows_new_contents():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", ["raw", "core"])
-def test_prepared_launch_equals_plain_launch_gpu(path, monkeypatch):
+def test_prepared_launch_equals_plain_launch_gpu(path, rng):
     """Bit-equal to numba's launch: on the default stream, a numba stream, an external
     stream, after the inputs change in place, and (raw path) replayed from a CUDA graph."""
-    monkeypatch.setattr(launch_module, "LAUNCH_PATH", path)
-    rng = np.random.default_rng()
     args = _mixed_args(rng)
     expect, got = cuda.device_array(300), cuda.device_array(300)
-    prepared = PreparedLaunch(_mixed, 3, 128, (got, *args))
+    prepared = Launch(_mixed, 3, 128, (got, *args)).prepare(path)
     stream = cuda.stream()
     external = cuda.external_stream(int(stream.handle))
     for run_on in (0, stream, external, 0):
@@ -103,7 +100,7 @@ def test_prepared_launch_equals_plain_launch_gpu(path, monkeypatch):
         assert np.array_equal(got.copy_to_host(), expect.copy_to_host()), f"stream {run_on}"
         args[1].copy_to_device(rng.standard_normal(11).astype(np.float32))  # same address, new contents
     if path == "raw":
-        from hexcore.cuda.capture import DriverGraph
+        from hexcore.cuda.steps.capture import DriverGraph
 
         graph = DriverGraph(prepared.run, cuda.stream())  # capture-safe: no sync, allocation or read
         got.copy_to_device(np.full(300, np.nan))
@@ -114,9 +111,19 @@ def test_prepared_launch_equals_plain_launch_gpu(path, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_launch_failure_names_the_cuda_error_gpu(monkeypatch):
-    monkeypatch.setattr(launch_module, "LAUNCH_PATH", "raw")
-    rng = np.random.default_rng()
+def test_launch_failure_names_the_cuda_error_gpu(rng):
     prepared = PreparedLaunch(_mixed, 1, 2048, (cuda.device_array(4), *_mixed_args(rng)))  # > 1024 threads
     with pytest.raises(HexcoreCudaError, match="CUDA_ERROR_INVALID_VALUE"):
         prepared.run()
+
+
+def test_launch_description_runs_prepares_and_checks_its_path(rng):
+    args = _mixed_args(rng)
+    expect, got = cuda.device_array(40), cuda.device_array(40)
+    launch = Launch(_mixed, 2, 32, (got, *args))
+    assert not launch.empty and Launch(_mixed, (0, 1), 32, ()).empty
+    launch.run()
+    _mixed[2, 32](expect, *args)
+    np.testing.assert_array_equal(got.copy_to_host(), expect.copy_to_host())
+    with pytest.raises(HexcoreInvalidArgumentError, match="path"):
+        launch.prepare("fast")

@@ -7,7 +7,7 @@ from hexcore import KVCacheConfig, KVDtype
 from hexcore.cuda import device_layout_offsets, host_layout_offsets
 
 CONFIGS = [
-    KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=64, block_size=8, kv_dtype=d, group_size=32)
+    KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype=d, group_size=32)
     for d in KVDtype
 ]
 GPU_CONFIGS = [

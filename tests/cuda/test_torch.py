@@ -14,11 +14,10 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "int4"])
-def test_torch_tensors_on_a_side_stream(dtype):
+def test_torch_tensors_on_a_side_stream(dtype, rng):
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=128, block_size=16, kv_dtype=dtype)
     store = DeviceKVStore(cfg, num_blocks=4, max_seqs=2)
     store.poison()
-    rng = np.random.default_rng()
     k = rng.standard_normal((19, 2, 128)).astype(np.float16)  # 16 tokens seal, 3 stay in the tail
     v = rng.standard_normal((19, 2, 128)).astype(np.float16)
     side = torch.cuda.Stream()
@@ -49,7 +48,7 @@ def test_torch_tensors_on_a_side_stream(dtype):
 
 
 def test_as_torch_is_zero_copy():
-    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=8, kv_dtype="int2")
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="int2")
     store = DeviceKVStore(cfg, num_blocks=2, max_seqs=1)
     views = store.as_torch()
     assert set(views) == set(store.arrays)

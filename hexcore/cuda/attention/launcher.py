@@ -1,25 +1,23 @@
-"""``paged_decode``: the launcher of the split-K decode kernel and its merge."""
+"""``paged_decode`` and ``DecodePlan``: validation, split sizing and the workspace of the
+decode kernel (``kernel.py``)."""
 
 from __future__ import annotations
 
 import functools
 import math
-import os
 
 import numpy as np
 from numba import cuda
 
-from ..errors import HexcoreInvalidArgumentError
-from .arrays import caller_stream, checked, checked_ids
-from .attention import SPLIT_TOKENS, THREADS, decode_kernel, merge_kernel
-from .device import SIMULATOR
-from .launch import PreparedLaunch
-from .store import DeviceKVStore, flat_words
-
-# splits are shortened until a launch has about this many CTAs per SM (tuning knob).
-# 1 measured fastest on the H200 for small grids (B=1 at 4k: 0.033 ms against 0.067 ms
-# with 4, which made 1-block splits whose fixed costs dominate); large grids never shorten.
-CTAS_PER_SM = int(os.environ.get("HEXCORE_CTAS_PER_SM", "1"))
+from ...errors import HexcoreInvalidArgumentError
+from ..arrays import checked, checked_ids, device_only
+from ..device import SIMULATOR
+from ..launch import Launch
+from ..store import DeviceKVStore, flat_words
+from ..streams import resolve_stream
+from .kernel import decode_kernel
+from .options import DEFAULT_OPTIONS, DecodeOptions
+from .shape import THREADS, DecodeShape, unsupported_reason
 
 
 @functools.cache
@@ -27,40 +25,51 @@ def _num_sms() -> int:
     return 1 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-def choose_split_blocks(batch: int, num_kv_heads: int, max_blocks: int, block_size: int) -> int:
-    """Blocks per split: as long as the shared buffer allows, shorter while the grid is
-    too small to fill the GPU (B=1 at long context still gets many CTAs)."""
-    split = max(1, SPLIT_TOKENS // block_size)
-    target = CTAS_PER_SM * _num_sms()
-    while split > 1 and batch * num_kv_heads * -(-max_blocks // split) < target:
-        split //= 2
-    return split
-
-
 class Workspace:
-    """Split partials, allocated once per shape and reused (no allocation per call).
+    """Split partials and merge counters, allocated once per shape and reused.
 
-    Launches that share a workspace must run one after another (one stream); the
-    module's default one serves ``paged_decode`` and ``DecodePlan``.
+    Launches that share a workspace must run one after another (one stream): the
+    counters let the last CTA of each sequence merge its splits, and return to zero
+    after every launch. The module's default one serves ``paged_decode`` and ``DecodePlan``.
     """
 
     def __init__(self):
         self._arrays = {}
 
-    def get(self, rows: int, splits: int, head_dim: int):
-        """(part_out float32 ``[rows, splits, head_dim]``, part_ml float32 ``[rows, splits, 2]``)."""
-        key = (rows, splits, head_dim)
+    def get(self, rows: int, splits: int, head_dim: int, items: int):
+        """(part_o float32 ``[rows * splits * head_dim]``, part_ml float32 ``[rows * splits * 2]``,
+        counters int32 ``[items]``, zeroed)."""
+        key = (rows, splits, head_dim, items)
         if key not in self._arrays:
-            self._arrays[key] = (cuda.device_array((rows, splits, head_dim), np.float32),
-                                 cuda.device_array((rows, splits, 2), np.float32))
+            self._arrays[key] = (cuda.device_array(rows * splits * head_dim, np.float32),
+                                 cuda.device_array(rows * splits * 2, np.float32),
+                                 cuda.to_device(np.zeros(items, np.int32)))
         return self._arrays[key]
 
 
 _workspace = Workspace()
 
 
+def split_blocks_for(items: int, max_virtual: int, ctas_per_sm: int, options: DecodeOptions) -> int:
+    """Blocks per split for ``items`` (sequence, KV head, head group) CTAs of up to
+    ``max_virtual`` blocks each: the split count whose waves of resident CTAs finish first,
+    ``waves * (blocks per split + options.split_overhead)``, no split shorter than
+    ``options.min_split_blocks`` (the fewest splits among equals)."""
+    slots = max(1, ctas_per_sm * _num_sms())
+    best, best_cost = max_virtual, None
+    for splits in range(1, min(max_virtual, -(-4 * slots // items)) + 1):  # more than 4 waves never pay
+        blocks = -(-max_virtual // splits)
+        if blocks < options.min_split_blocks and splits > 1:
+            break
+        cost = -(-items * splits // slots) * (blocks + options.split_overhead)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = blocks, cost
+    return best
+
+
 def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, tail_slots, out=None,
-                 scale: float | None = None, max_seq_len: int | None = None, stream=None):
+                 scale: float | None = None, max_seq_len: int | None = None, stream=None,
+                 options: DecodeOptions | None = None):
     """Decode attention of one new query token per sequence over its paged KV cache.
 
     Each sequence ``b`` attends over its ``seq_lens[b] // block_size`` sealed blocks
@@ -75,131 +84,83 @@ def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, ta
     seq_lens : int32 ``[B]``: tokens per sequence (0 gives a zero output).
     tail_slots : int32 ``[B]``: each sequence's tail slot.
     out : optional float16 ``[B, num_q_heads, head_dim]`` to write; allocated if None.
-    stream : numba stream to launch on; by default torch's current stream when any
-        argument is a torch tensor, else the default stream.
-    scale : softmax scale, ``1/sqrt(head_dim)`` by default.
-    max_seq_len : the longest ``seq_lens`` entry when they live on the device (sizes
-        the grid without reading them back); taken from host arrays directly.
+    scale : softmax scale, ``1/sqrt(head_dim)`` by default (a positive finite number).
+    max_seq_len : the longest ``seq_lens`` entry when they live on the device (sizes the
+        grid without reading them back); taken from host arrays directly.
+    stream : the stream to launch on (``streams.resolve_stream``: by default torch's
+        current stream when any argument is a torch tensor, else the default stream).
+    options : DecodeOptions (split policy, register cap).
 
-    Returns ``out``. Host (numpy) index arrays are range-checked before the launch;
-    device arrays are trusted (checking them would synchronise). A call whose arrays
-    are all on the device, with ``out`` and ``max_seq_len`` given, is remembered: the
-    same buffers again skip validation and launch two prepared kernels (capture-safe
-    from the second call on). :class:`DecodePlan` does the same explicitly.
+    Returns ``out``. Host (numpy) index arrays are range-checked before the launch; device
+    arrays are trusted (checking them would synchronise): kernels never read outside the
+    store, but a wrong id gives a wrong output. Each call validates and marshals its
+    arguments (tens of us of host time); :class:`DecodePlan` does that once.
     """
-    try:  # the same buffers as a remembered call: no validation, no marshalling
-        entry = _eager_plans.get((id(q), id(block_tables), id(seq_lens), id(tail_slots), id(out), id(store), layer,
-                                  type(layer), scale, max_seq_len, id(stream)))
-    except TypeError:  # an unhashable argument: validation below names it
-        entry = None
-    if entry is not None and (not entry.movable or entry.unmoved()):
-        if stream is None:
-            stream = caller_stream(None, entry.torch) if entry.torch is not None else 0
-        for launch in entry.launches:
-            launch.run(stream)
-        return entry.out
-    resolved = caller_stream(stream, q, block_tables, seq_lens, tail_slots, out)
-    launches, checked_out = _prepare(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len,
-                                     resolved)
-    args = (q, block_tables, seq_lens, tail_slots, out)
-    if max_seq_len is None or out is None or any(isinstance(a, np.ndarray) for a in args):
-        for dispatcher, grid, launch_args in launches:
-            dispatcher[grid, THREADS, resolved](*launch_args)
-        return checked_out
-    entry = _EagerEntry([PreparedLaunch(d, g, THREADS, a) for d, g, a in launches], checked_out, args, store, stream)
-    if len(_eager_plans) >= EAGER_PLANS:
-        _eager_plans.pop(next(iter(_eager_plans)))
-    _eager_plans[(*(id(a) for a in args[:5]), id(store), layer, type(layer), scale, max_seq_len, id(stream))] = entry
-    for launch in entry.launches:
-        launch.run(resolved)
-    return checked_out
-
-
-EAGER_PLANS = 64  # eager calls remembered: the same buffers again launch without re-marshalling
-_eager_plans: dict = {}
-
-
-class _EagerEntry:
-    """A remembered eager call: its prepared launches and the arguments they are bound to.
-
-    The entry holds every argument, so their ids stay unique while it lives. numba
-    device arrays never move; other CUDA arrays (torch tensors) are ``movable``: a hit
-    re-checks their data pointer and shape.
-    """
-
-    __slots__ = ("keep", "launches", "movable", "out", "torch")
-
-    def __init__(self, launches, out, args, store, stream):
-        self.launches, self.out, self.keep = launches, out, (args, store, stream)
-        self.movable = tuple((a, _pointer(a), tuple(a.shape)) for a in args if not hasattr(a, "copy_to_host"))
-        self.torch = next((a for a in args if type(a).__module__.startswith("torch")), None)
-
-    def unmoved(self) -> bool:
-        """True while every movable argument keeps its device address and shape."""
-        return all(_pointer(a) == ptr and tuple(a.shape) == shape for a, ptr, shape in self.movable)
-
-
-def _pointer(x) -> int:
-    data_ptr = getattr(x, "data_ptr", None)
-    return data_ptr() if data_ptr is not None else x.__cuda_array_interface__["data"][0]
+    launch, out = decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len,
+                                options or DEFAULT_OPTIONS, _workspace)
+    launch.run(resolve_stream(stream, q, block_tables, seq_lens, tail_slots, out))
+    return out
 
 
 class DecodePlan:
-    """``paged_decode`` for buffers that keep their addresses between steps.
+    """``paged_decode`` for device buffers that keep their addresses between steps.
 
     Arguments are validated and marshalled once per layer; ``run(layer)`` only enqueues
-    the decode and merge kernels (capture-safe). Change the contents of ``q``,
-    ``block_tables``, ``seq_lens`` and ``tail_slots`` between runs, never the arrays;
-    every ``seq_lens`` entry must stay at most ``max_seq_len``. ``workspace`` holds the
+    the kernel (capture-safe). Change the contents of ``q``, ``block_tables``, ``seq_lens``
+    and ``tail_slots`` between runs, never the arrays; every ``seq_lens`` entry must stay
+    at most ``max_seq_len``. All arrays must be device arrays or CUDA tensors (a host
+    array would be copied once and later changes to it ignored). ``workspace`` holds the
     split partials (default: the module's, shared with ``paged_decode``).
     """
 
     def __init__(self, q, store: DeviceKVStore, block_tables, seq_lens, tail_slots, max_seq_len: int, out=None,
-                 scale: float | None = None, workspace: Workspace | None = None):
-        self.store = store
+                 scale: float | None = None, workspace: Workspace | None = None,
+                 options: DecodeOptions | None = None):
+        device_only(q=q, block_tables=block_tables, seq_lens=seq_lens, tail_slots=tail_slots, out=out)
+        self.store, self.options = store, options or DEFAULT_OPTIONS
         self._inputs = (q, block_tables, seq_lens, tail_slots)
         self._scale, self._max_seq_len, self._workspace = scale, max_seq_len, workspace or _workspace
-        _, self.out = _prepare(q, store, 0, block_tables, seq_lens, tail_slots, out, scale, max_seq_len, 0,
-                               self._workspace)
+        _, self.out = decode_launch(q, store, 0, block_tables, seq_lens, tail_slots, out, scale, max_seq_len,
+                                    self.options, self._workspace)
         self._torch = next((a for a in (*self._inputs, out) if type(a).__module__.startswith("torch")), None)
         self._layers: dict = {}
 
-    def launches(self, layer: int) -> list:
-        """The layer's two prepared launches (decode, merge), made on first use."""
+    def launch(self, layer: int):
+        """The layer's prepared launch, made on first use."""
         prepared = self._layers.get(layer)
         if prepared is None:
-            launches, _ = _prepare(self._inputs[0], self.store, layer, *self._inputs[1:], self.out, self._scale,
-                                   self._max_seq_len, 0, self._workspace)
-            prepared = self._layers[layer] = [PreparedLaunch(d, g, THREADS, a) for d, g, a in launches]
+            launch, _ = decode_launch(self._inputs[0], self.store, layer, *self._inputs[1:], self.out, self._scale,
+                                      self._max_seq_len, self.options, self._workspace)
+            prepared = self._layers[layer] = launch.prepare(self.options.launch_path)
         return prepared
 
     def run(self, layer: int, stream=None):
         """Enqueue attention for ``layer`` into ``self.out``; returns ``self.out``.
 
-        ``stream``: a numba stream; by default torch's current stream when the plan was
-        built from torch tensors, else the default stream."""
-        if stream is None:
-            stream = caller_stream(None, self._torch) if self._torch is not None else 0
-        prepared = self._layers.get(layer) or self.launches(layer)
-        for launch in prepared:
-            launch.run(stream)
+        ``stream``: see ``streams.resolve_stream`` (torch's current stream by default when
+        the plan was built from torch tensors)."""
+        (self._layers.get(layer) or self.launch(layer)).run(resolve_stream(stream, self._torch))
         return self.out
 
 
-def _prepare(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len, stream,
-             workspace: Workspace | None = None):
-    """Validate paged_decode's arguments; returns ([(kernel, grid, args), ...], out)."""
+def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len,
+                  options: DecodeOptions, workspace: Workspace) -> tuple[Launch, object]:
+    """Validate paged_decode's arguments; returns (the launch, out)."""
+    if not isinstance(store, DeviceKVStore):
+        raise HexcoreInvalidArgumentError(f"store: expected a DeviceKVStore, got {type(store).__name__}")
     cfg = store.config
+    if not isinstance(options, DecodeOptions):
+        raise HexcoreInvalidArgumentError(f"options: expected DecodeOptions, got {type(options).__name__}")
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < cfg.num_layers:
         raise HexcoreInvalidArgumentError(f"layer: expected an int in [0, {cfg.num_layers}), got {layer!r}")
-    if cfg.head_dim > 2 * THREADS:
-        raise HexcoreInvalidArgumentError(f"head_dim: paged_decode supports up to {2 * THREADS}, got {cfg.head_dim}")
+    reason = unsupported_reason(cfg.kv_dtype.bits, cfg.head_dim, cfg.block_size, cfg.group_size)
+    if reason:
+        raise HexcoreInvalidArgumentError(f"paged_decode does not support {reason}")
     q = checked(q, "q", np.float16, (None, None, cfg.head_dim))
     batch, num_q_heads = q.shape[0], q.shape[1]
     if num_q_heads % cfg.num_kv_heads or num_q_heads == 0:
         raise HexcoreInvalidArgumentError(
             f"q: num_q_heads {num_q_heads} is not a positive multiple of num_kv_heads {cfg.num_kv_heads}")
-    group = num_q_heads // cfg.num_kv_heads
     max_blocks = _max_blocks(block_tables, batch)
     capacity = (max_blocks + 1) * cfg.block_size - 1
     host_lens = seq_lens if isinstance(seq_lens, np.ndarray) else None
@@ -208,26 +169,58 @@ def _prepare(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, ma
     if isinstance(block_tables, np.ndarray) and host_lens is not None:
         _check_tables(block_tables, host_lens, cfg.block_size, store.num_blocks)
     block_tables = checked(block_tables, "block_tables", np.int32, (batch, max_blocks), align=4)
+    longest = int(host_lens.max(initial=0)) if host_lens is not None else None
+    max_seq_len = _checked_max_seq_len(max_seq_len, longest, capacity)
+    scale = _checked_scale(scale, cfg.head_dim)
     if out is None:
-        out = cuda.device_array((batch, num_q_heads, cfg.head_dim), np.float16, stream=stream)
+        out = cuda.device_array((batch, num_q_heads, cfg.head_dim), np.float16)
     out = checked(out, "out", np.float16, (batch, num_q_heads, cfg.head_dim))
-    if max_seq_len is None:
-        max_seq_len = int(host_lens.max(initial=0)) if host_lens is not None else capacity
-    scale = 1.0 / math.sqrt(cfg.head_dim) if scale is None else float(scale)
 
+    shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
+                        num_q_heads // cfg.num_kv_heads, cfg.group_size)
+    kernel = decode_kernel(shape, options.max_registers, options.l2_prefetch, options.joint_softmax)
+    items = batch * cfg.num_kv_heads * shape.head_groups
     max_virtual = max(1, -(-max_seq_len // cfg.block_size))
-    split_blocks = choose_split_blocks(batch, cfg.num_kv_heads, max_virtual, cfg.block_size)
+    part_o, part_ml, counters = workspace.get(1, 1, 1, 1)  # placeholders to size the kernel's occupancy
+    args = [store.pool, *(store.word_offsets.get(n, 0) for n in ("k_codes", "v_codes", "k_meta", "v_meta",
+                                                                   "k_tails", "v_tails")),
+            flat_words(q), block_tables, seq_lens, tail_slots, out.reshape(out.size), part_o, part_ml, counters,
+            int(layer), store.num_blocks, store.max_seqs, 1, 1, np.float32(scale)]
+    ctas_per_sm = options.ctas_per_sm or _ctas_per_sm(kernel, args)
+    split_blocks = split_blocks_for(items, max_virtual, ctas_per_sm, options)
     splits = -(-max_virtual // split_blocks)
-    part_out, part_ml = (workspace or _workspace).get(batch * num_q_heads, splits, cfg.head_dim)
-    kernel = decode_kernel(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size, group,
-                           cfg.group_size)
-    w = store.word_offsets
-    decode_args = (store.pool, w["k_codes"], w["v_codes"], w.get("k_meta", 0), w.get("v_meta", 0), w["k_tails"],
-                   w["v_tails"], flat_words(q), block_tables, seq_lens, tail_slots, part_out, part_ml, layer,
-                   store.num_blocks, store.max_seqs, split_blocks, np.float32(scale))
-    merge_args = (part_out, part_ml, seq_lens, out, split_blocks * cfg.block_size)
-    return [(kernel, (splits, cfg.num_kv_heads, batch), decode_args),
-            (merge_kernel, (num_q_heads, batch), merge_args)], out
+    args[12:15] = workspace.get(batch * num_q_heads, splits, cfg.head_dim, items)
+    args[18], args[19] = split_blocks, splits
+    return Launch(kernel, (splits, cfg.num_kv_heads * shape.head_groups, batch), THREADS, tuple(args)), out
+
+
+def _ctas_per_sm(kernel, args) -> int:
+    """Resident CTAs per SM of the compiled kernel (registers and shared memory)."""
+    if SIMULATOR:
+        return 1
+    compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+    return max(1, compiled.max_cooperative_grid_blocks(THREADS) // _num_sms())
+
+
+def _checked_scale(scale, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)) \
+            or not math.isfinite(float(scale)) or float(scale) <= 0:
+        raise HexcoreInvalidArgumentError(f"scale: expected a positive finite number or None, got {scale!r}")
+    return float(scale)
+
+
+def _checked_max_seq_len(max_seq_len, longest: int | None, capacity: int) -> int:
+    if max_seq_len is None:
+        return longest if longest is not None else capacity
+    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, (int, np.integer)) \
+            or not 0 <= max_seq_len <= capacity:
+        raise HexcoreInvalidArgumentError(
+            f"max_seq_len: expected an int in [0, {capacity}] (what block_tables can describe), got {max_seq_len!r}")
+    if longest is not None and longest > max_seq_len:
+        raise HexcoreInvalidArgumentError(f"max_seq_len: {max_seq_len} is below the longest seq_lens entry {longest}")
+    return int(max_seq_len)
 
 
 def _max_blocks(block_tables, batch: int) -> int:

@@ -14,16 +14,14 @@
 - ``prmt(a, b, selector)``: PTX ``prmt.b32``: byte ``i`` of the result is byte
   ``(selector >> 4i) & 7`` of the 8-byte value ``b:a``. ``0x5410`` = low halves of
   ``a`` and ``b``; ``0x7632`` = their high halves.
-- ``dequant_f16x2(word, shift, mask, scale, low)``: two codes of a packed word as
-  ``scale * code + low`` in float16, in 32-bit instructions only: ``raw = ((word >> shift)
-  & mask) | 0x64006400`` (``lop3``) puts the codes at bits 0.. and 16.. of two float16
-  1024.0, ``raw - 1024`` (``sub.f16x2``) is the two codes exactly, and ``fma.rn.f16x2``
-  rounds ``scale * code + low`` once. (numba would do the bit operations in 64 bits.)
+- ``code_pair(word, mask)``: ``(word & mask) | 0x64006400`` in one ``lop3``: two codes of
+  a packed word, sitting at bits 0.. and 16.. (times 2**position), become two float16
+  ``1024 + code * 2**position``, exactly.
+- ``hfma2(a, b, c)``, ``hmul2(a, b)``: ``a * b + c`` and ``a * b`` on two float16 at once
+  (``fma.rn.f16x2``, ``mul.rn.f16x2``: one rounding each).
 - ``pack_f16x2(lo, hi)``: two float32 rounded to float16 in one word, ``lo`` in the low
   half (``cvt.rn.f16x2.f32``).
-- ``prefetch_l2(words, i, nbytes)``: ask for ``nbytes`` (a multiple of 16) of the uint32
-  array ``words`` from word ``i`` (16-byte aligned) into L2, without waiting
-  (``cp.async.bulk.prefetch.L2.global``, sm_90). One lane issues it for the whole range.
+- ``half2_lo(w)``, ``half2_hi(w)``: the two float16 of a word, as float32.
 
 The twins run on numba's simulator, which runs one Python thread per CUDA thread: the
 mma twin gathers the warp's fragments through a per-warp barrier.
@@ -36,13 +34,13 @@ import threading
 import numpy as np
 from numba import cuda, types
 
-from .device import SIMULATOR
+from ..device import SIMULATOR, device_function
 
 F16X2_1024 = 0x64006400  # two float16 1024.0
+F16X2_ONES = 0x3C003C00  # two float16 1.0
 
 if not SIMULATOR:
     from llvmlite import ir
-    from numba.cuda import cgutils
     from numba.cuda.extending import intrinsic
 
     _I32 = ir.IntType(32)
@@ -51,6 +49,31 @@ if not SIMULATOR:
     def _asm(builder, ret, operands, text, constraints):
         fnty = ir.FunctionType(ret, [op.type for op in operands])
         return builder.call(ir.InlineAsm(fnty, text, constraints), operands)
+
+    def _u32_op(arity, text):
+        """An intrinsic of two or three uint32 operands returning one uint32 (inline PTX)."""
+        constraints = ",".join(["=r"] + ["r"] * arity)
+
+        def codegen(context, builder, sig, args):
+            return _asm(builder, _I32, list(args), text, constraints)
+
+        if arity == 2:
+            @intrinsic
+            def op2(typingctx, a, b):
+                return types.uint32(types.uint32, types.uint32), codegen
+
+            return op2
+
+        @intrinsic
+        def op3(typingctx, a, b, c):
+            return types.uint32(types.uint32, types.uint32, types.uint32), codegen
+
+        return op3
+
+    _prmt = _u32_op(3, "prmt.b32 $0, $1, $2, $3;")
+    _lop3 = _u32_op(3, "lop3.b32 $0, $1, $2, $3, 0xEA;")  # (a & b) | c
+    _hfma2 = _u32_op(3, "fma.rn.f16x2 $0, $1, $2, $3;")
+    _hmul2 = _u32_op(2, "mul.rn.f16x2 $0, $1, $2;")
 
     @intrinsic
     def _mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
@@ -67,29 +90,6 @@ if not SIMULATOR:
         return sig, codegen
 
     @intrinsic
-    def _prmt(typingctx, a, b, selector):
-        sig = types.uint32(types.uint32, types.uint32, types.uint32)
-
-        def codegen(context, builder, sig, args):
-            return _asm(builder, _I32, list(args), "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r")
-
-        return sig, codegen
-
-    @intrinsic
-    def _dequant(typingctx, word, shift, mask, scale, low):
-        sig = types.uint32(*([types.uint32] * 5))
-
-        def codegen(context, builder, sig, args):
-            word, shift, mask, scale, low = args
-            magic = ir.Constant(_I32, F16X2_1024)
-            shifted = _asm(builder, _I32, [word, shift], "shr.b32 $0, $1, $2;", "=r,r,r")
-            raw = _asm(builder, _I32, [shifted, mask, magic], "lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r")
-            codes = _asm(builder, _I32, [raw, magic], "sub.f16x2 $0, $1, $2;", "=r,r,r")
-            return _asm(builder, _I32, [codes, scale, low], "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r")
-
-        return sig, codegen
-
-    @intrinsic
     def _pack(typingctx, lo, hi):
         sig = types.uint32(types.float32, types.float32)
 
@@ -99,49 +99,63 @@ if not SIMULATOR:
 
         return sig, codegen
 
-    @intrinsic
-    def _prefetch(typingctx, array, index, nbytes):
-        if not (isinstance(array, types.Array) and array.dtype == types.uint32 and array.ndim == 1):
-            return None
-        sig = types.void(array, index, types.uint32)
+    def _half2_part(k):
+        @intrinsic
+        def part(typingctx, word):
+            sig = types.float32(types.uint32)
 
-        def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
-            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]])
-            address = builder.ptrtoint(ptr, ir.IntType(64))
-            fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), _I32])
-            text = "{ .reg .u64 g; cvta.to.global.u64 g, $0; cp.async.bulk.prefetch.L2.global [g], $1; }"
-            builder.call(ir.InlineAsm(fnty, text, "l,r", side_effect=True), [address, args[2]])
-            return context.get_dummy_value()
+            def codegen(context, builder, sig, args):
+                pair = builder.bitcast(args[0], ir.VectorType(ir.HalfType(), 2))
+                half = builder.extract_element(pair, ir.Constant(_I32, k))
+                return builder.fpext(half, _F32)
 
-        return sig, codegen
+            return sig, codegen
 
-    @cuda.jit(device=True, inline=True)
-    def prefetch_l2(words, i, nbytes):
-        """Ask L2 for ``nbytes`` of ``words`` from word ``i`` (see the module docstring)."""
-        _prefetch(words, i, types.uint32(nbytes))
+        return part
 
-    @cuda.jit(device=True, inline=True)
+    _half2_lo = _half2_part(0)
+    _half2_hi = _half2_part(1)
+
+    @device_function
     def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         """One warp-wide m16n8k16 f16 mma with f32 accumulators (see the module docstring)."""
         return _mma(types.uint32(a0), types.uint32(a1), types.uint32(a2), types.uint32(a3), types.uint32(b0),
                     types.uint32(b1), types.float32(c0), types.float32(c1), types.float32(c2), types.float32(c3))
 
-    @cuda.jit(device=True, inline=True)
+    @device_function
     def prmt(a, b, selector):
         """PTX ``prmt.b32``: bytes of ``b:a`` picked by ``selector``."""
         return _prmt(types.uint32(a), types.uint32(b), types.uint32(selector))
 
-    @cuda.jit(device=True, inline=True)
-    def dequant_f16x2(word, shift, mask, scale, low):
-        """Two codes of ``word`` as ``scale * code + low``, float16 pair (see the module docstring)."""
-        return _dequant(types.uint32(word), types.uint32(shift), types.uint32(mask), types.uint32(scale),
-                        types.uint32(low))
+    @device_function
+    def code_pair(word, mask):
+        """``(word & mask) | 0x64006400``: two codes as float16 ``1024 + code * 2**position``."""
+        return _lop3(types.uint32(word), types.uint32(mask), types.uint32(F16X2_1024))
 
-    @cuda.jit(device=True, inline=True)
+    @device_function
+    def hfma2(a, b, c):
+        """``a * b + c`` on float16 pairs, one rounding."""
+        return _hfma2(types.uint32(a), types.uint32(b), types.uint32(c))
+
+    @device_function
+    def hmul2(a, b):
+        """``a * b`` on float16 pairs."""
+        return _hmul2(types.uint32(a), types.uint32(b))
+
+    @device_function
     def pack_f16x2(lo, hi):
         """Two float32 rounded into one float16 pair, ``lo`` in the low half."""
         return _pack(types.float32(lo), types.float32(hi))
+
+    @device_function
+    def half2_lo(word):
+        """The low float16 of ``word``, as float32."""
+        return _half2_lo(types.uint32(word))
+
+    @device_function
+    def half2_hi(word):
+        """The high float16 of ``word``, as float32."""
+        return _half2_hi(types.uint32(word))
 
 else:
     _warps: dict = {}
@@ -157,6 +171,9 @@ else:
 
     def _halves(words):
         return np.asarray(words, np.uint32).view(np.float16).astype(np.float32)
+
+    def _pair(lo, hi):
+        return np.uint32(np.array([lo, hi], np.float16).view(np.uint32)[0])
 
     def _warp():
         key = (tuple(cuda.blockIdx), cuda.threadIdx.x // 32)
@@ -189,11 +206,6 @@ else:
                 np.float32(c2 + C[g + 8, 2 * t]), np.float32(c3 + C[g + 8, 2 * t + 1]))
 
     @cuda.jit(device=True)
-    def prefetch_l2(words, i, nbytes):
-        """Ask L2 for ``nbytes`` of ``words`` from word ``i`` (see the module docstring)."""
-        # a hint only: nothing to simulate
-
-    @cuda.jit(device=True)
     def prmt(a, b, selector):
         """PTX ``prmt.b32``: bytes of ``b:a`` picked by ``selector``."""
         data = np.array([a, b], np.uint32).view(np.uint8)
@@ -201,15 +213,34 @@ else:
         return np.uint32(out.view(np.uint32)[0])
 
     @cuda.jit(device=True)
-    def dequant_f16x2(word, shift, mask, scale, low):
-        """Two codes of ``word`` as ``scale * code + low``, float16 pair (see the module docstring)."""
-        raw = ((int(word) >> int(shift)) & int(mask)) | F16X2_1024
-        r = _halves([raw]).astype(np.float64) - 1024.0
-        s = _halves([scale]).astype(np.float64)
-        m = _halves([low]).astype(np.float64)
-        return np.uint32((r * s + m).astype(np.float16).view(np.uint32)[0])
+    def code_pair(word, mask):
+        """``(word & mask) | 0x64006400``: two codes as float16 ``1024 + code * 2**position``."""
+        return np.uint32((int(word) & int(mask)) | F16X2_1024)
+
+    @cuda.jit(device=True)
+    def hfma2(a, b, c):
+        """``a * b + c`` on float16 pairs, one rounding."""
+        x, y, z = (_halves([w]).astype(np.float64) for w in (a, b, c))
+        r = x * y + z
+        return _pair(r[0], r[1])
+
+    @cuda.jit(device=True)
+    def hmul2(a, b):
+        """``a * b`` on float16 pairs."""
+        r = _halves([a]).astype(np.float64) * _halves([b]).astype(np.float64)
+        return _pair(r[0], r[1])
 
     @cuda.jit(device=True)
     def pack_f16x2(lo, hi):
         """Two float32 rounded into one float16 pair, ``lo`` in the low half."""
-        return np.uint32(np.array([lo, hi], np.float32).astype(np.float16).view(np.uint32)[0])
+        return _pair(lo, hi)
+
+    @cuda.jit(device=True)
+    def half2_lo(word):
+        """The low float16 of ``word``, as float32."""
+        return np.float32(np.array([word], np.uint32).view(np.float16)[0])
+
+    @cuda.jit(device=True)
+    def half2_hi(word):
+        """The high float16 of ``word``, as float32."""
+        return np.float32(np.array([word], np.uint32).view(np.float16)[1])

@@ -11,9 +11,9 @@ from __future__ import annotations
 import warnings
 import weakref
 
-from ..errors import HexcoreCudaError, HexcoreInvalidArgumentError
-from .device import SIMULATOR
-from .launch import stream_handle
+from ...errors import HexcoreCudaError, HexcoreInvalidArgumentError
+from ..device import SIMULATOR
+from ..streams import stream_handle
 
 BACKENDS = ("auto", "torch", "driver", "eager")
 _warned: list = []

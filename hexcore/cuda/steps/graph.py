@@ -11,7 +11,7 @@ them, and one graph launch::
     result = cache.step(seq_ids); result.raise_for_status()
     q, k, v, _ = graph.buffers(len(seq_ids))     # [L, B, heads, D] views: fill them
     out = graph.step(result.block_tables, result.seq_lens, result.tail_slots,
-                     seal_slots=result.sealed[:, 0], seal_blocks=result.sealed[:, 2])
+                     seal_slots=result.seal_slots, seal_blocks=result.seal_blocks)
 
 The context bucket (next power of two >= the longest sequence, at least one block)
 sizes the decode grid, so B=1 at 4k does not launch the splits of 128k. A bucket
@@ -27,15 +27,15 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda
 
-from ..errors import HexcoreInvalidArgumentError
-from .blocks import copy_tails
+from ...errors import HexcoreInvalidArgumentError
+from ..attention.launcher import Workspace, paged_decode
+from ..attention.options import DEFAULT_OPTIONS, DecodeOptions
+from ..blocks import copy_tails
+from ..streams import resolve_stream, torch_current_stream
+from ..write import append, seal
 from .capture import DriverGraph, TorchGraph, choose_backend
-from .decode import Workspace, paged_decode
-from .device import SIMULATOR
 from .indices import NO_IDS, Staging, StepIndices, check_step
-from .launch import stream_handle
 from .step import DecodeStep, StepBuffers
-from .write import append, seal
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -63,7 +63,7 @@ class DecodeGraph:
     """
 
     def __init__(self, store, num_q_heads: int, max_blocks_per_seq: int, batch_buckets=DEFAULT_BUCKETS,
-                 scale: float | None = None, backend: str = "auto"):
+                 scale: float | None = None, backend: str = "auto", options: DecodeOptions | None = None):
         cfg = store.config
         _positive("num_q_heads", num_q_heads)
         if num_q_heads % cfg.num_kv_heads:
@@ -78,16 +78,17 @@ class DecodeGraph:
         if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating))
                                   or not np.isfinite(scale) or scale <= 0):
             raise HexcoreInvalidArgumentError(f"scale: expected a positive finite number or None, got {scale!r}")
+        if options is not None and not isinstance(options, DecodeOptions):
+            raise HexcoreInvalidArgumentError(f"options: expected DecodeOptions, got {type(options).__name__}")
         self.store, self.num_q_heads, self.max_blocks_per_seq, self.scale = store, num_q_heads, max_blocks_per_seq, scale
+        self.options = options or DEFAULT_OPTIONS
         self.batch_buckets = tuple(sorted({min(int(b), store.max_seqs) for b in batch_buckets}))
         self.capacity = (max_blocks_per_seq + 1) * cfg.block_size - 1  # longest sequence a table can describe
         self.backend, self._torch = choose_backend(backend)
         self._buckets: dict = {}  # bucket size -> _Bucket
         self._steps: dict = {}  # (bucket, context) -> DecodeStep
         self._graphs: dict = {}  # (bucket, context) -> DriverGraph | TorchGraph
-        self._streams: dict = {}  # raw handle -> (numba stream, CUstream)
         self._workspace, self._capture_stream, self._overflow = Workspace(), None, None
-        self._torch_device = None
 
     @property
     def captured(self) -> tuple:
@@ -124,7 +125,7 @@ class DecodeGraph:
             the step (>= 1); tail_slots : ``[B]`` distinct tail slots; positions : ``[B]``
             optional, checked to equal ``(seq_lens - 1) % block_size``.
         seal_slots, seal_blocks : ``[S]`` tails that filled and their distinct blocks
-            (``result.sealed[:, 0]`` and ``[:, 2]``).
+            (``result.seal_slots`` and ``result.seal_blocks``).
         fork_src, fork_dst : ``[F]`` tails to copy before the append (forks made before
             this step).
         stream : numba or torch stream; default torch's current stream under torch,
@@ -136,21 +137,21 @@ class DecodeGraph:
         indices = check_step(self.store, self.max_blocks_per_seq, block_tables, seq_lens, tail_slots, positions,
                              seal_slots, seal_blocks, fork_src, fork_dst)
         batch = indices.seq_lens.shape[0]
-        numba_stream, handle = self._resolve(stream)
+        resolved = self._resolve(stream)
         if batch > self.batch_buckets[-1]:
-            return self._eager_step(indices, numba_stream)
-        launches = self._load(indices, numba_stream, handle)
+            return self._eager_step(indices, resolved)
+        launches = self._load(indices, resolved)
         graph = self._graphs.get(launches.key)
         if graph is None:  # eager, and the warm-up of a capture (which must launch everything)
-            launches.enqueue_all(numba_stream, indices.seal_slots.shape[0] if self.backend == "eager" else None)
+            launches.enqueue_all(resolved.numba, indices.seal_slots.shape[0] if self.backend == "eager" else None)
             if self.backend != "eager":
                 self._graphs[launches.key] = self._capture(launches)
         elif self.backend == "driver":
-            graph.replay(handle)
+            graph.replay(resolved.handle)
         elif stream is None:
             graph.replay()
         else:
-            with self._torch.cuda.stream(self._torch.cuda.ExternalStream(int(handle))):
+            with self._torch.cuda.stream(self._torch.cuda.ExternalStream(int(resolved.handle))):
                 graph.replay()
         return self._buckets[launches.key[0]].views(batch).out
 
@@ -166,7 +167,7 @@ class DecodeGraph:
         if batch > self.batch_buckets[-1]:
             raise HexcoreInvalidArgumentError(f"seq_lens: batch {batch} exceeds the largest bucket "
                                               f"{self.batch_buckets[-1]} (step() runs such batches eagerly)")
-        return self._load(indices, *self._resolve(stream))
+        return self._load(indices, self._resolve(stream))
 
     def warmup(self, batch: int, max_seq_len: int, stream=None) -> tuple:
         """Prepare and capture the step for ``batch`` sequences of up to ``max_seq_len``
@@ -176,11 +177,11 @@ class DecodeGraph:
         if batch > self.batch_buckets[-1] or not 1 <= max_seq_len <= self.capacity:
             raise HexcoreInvalidArgumentError(f"warmup: expected batch <= {self.batch_buckets[-1]} and max_seq_len "
                                               f"in [1, {self.capacity}], got {batch}, {max_seq_len}")
-        numba_stream, handle = self._resolve(stream)
+        resolved = self._resolve(stream)
         padding = StepIndices(np.zeros((0, 1), np.int32), *(NO_IDS,) * 6, max_seq_len)
-        launches = self._load(padding, numba_stream, handle, self._bucket(batch))
+        launches = self._load(padding, resolved, self._bucket(batch))
         if launches.key not in self._graphs:
-            launches.enqueue_all(numba_stream)
+            launches.enqueue_all(resolved.numba)
             if self.backend != "eager":
                 self._graphs[launches.key] = self._capture(launches)
         return launches.key
@@ -193,7 +194,7 @@ class DecodeGraph:
             bucket = self._buckets[size] = _Bucket(self, size)
         return bucket
 
-    def _load(self, indices: StepIndices, numba_stream, handle, bucket=None) -> DecodeStep:
+    def _load(self, indices: StepIndices, resolved, bucket=None) -> DecodeStep:
         # copy a checked step into its bucket's index buffer, run its forks; its launches
         bucket = bucket or self._bucket(indices.seq_lens.shape[0])
         for name, ids in (("seal_slots", indices.seal_slots), ("fork_src", indices.fork_src)):
@@ -204,10 +205,10 @@ class DecodeGraph:
         launches = self._steps.get(key)
         if launches is None:
             launches = self._steps[key] = DecodeStep(self.store, bucket.buffers, key[1], self.scale,
-                                                     self._workspace)
-        bucket.staging.upload(indices, bucket.size, launches.width, handle)
+                                                     self._workspace, self.options)
+        bucket.staging.upload(indices, bucket.size, launches.width, resolved.handle)
         if indices.fork_src.shape[0]:
-            bucket.buffers.fork(indices.fork_src.shape[0]).run(numba_stream)
+            bucket.buffers.fork(indices.fork_src.shape[0]).run(resolved.numba)
         return launches
 
     def _capture(self, launches):
@@ -220,28 +221,11 @@ class DecodeGraph:
             self._capture_stream = (side, cuda.external_stream(side.cuda_stream))
         return TorchGraph(launches.enqueue_all, *self._capture_stream)
 
-    def _resolve(self, stream) -> tuple:
-        # (numba stream to launch on, its CUstream): stable objects per raw handle
-        if SIMULATOR:
-            return (0 if stream is None else stream), None
-        if stream is not None:
-            raw = int(stream_handle(stream))
-        else:
-            raw = self._current_torch_stream() if self._torch is not None else 0
-        entry = self._streams.get(raw)
-        if entry is None:
-            entry = self._streams[raw] = (cuda.external_stream(raw) if raw else 0, stream_handle(raw))
-        return entry
-
-    def _current_torch_stream(self) -> int:
-        # torch's current stream as a raw handle; torch.cuda.current_stream() builds a
-        # Stream object per call (several us), the C accessor does not
-        raw_stream = getattr(self._torch._C, "_cuda_getCurrentRawStream", None)
-        if raw_stream is None:
-            return self._torch.cuda.current_stream().cuda_stream
-        if self._torch_device is None:
-            self._torch_device = self._torch.cuda.current_device()
-        return raw_stream(self._torch_device)
+    def _resolve(self, stream):
+        # the step's stream; with torch driving the graphs, torch's current stream by default
+        if stream is None and self._torch is not None:
+            return resolve_stream(torch_current_stream())
+        return resolve_stream(stream)
 
     def _overflow_buffers(self, batch: int) -> tuple:
         if self._overflow is None or self._overflow[0].q.shape[1] != batch:
@@ -252,19 +236,19 @@ class DecodeGraph:
             self._overflow = (arrays, _as_views(self, arrays))
         return self._overflow
 
-    def _eager_step(self, indices: StepIndices, numba_stream):
+    def _eager_step(self, indices: StepIndices, resolved):
         # a batch above the largest bucket: the eager launchers, on exact-size buffers
         tables, seq_lens, tail_slots, seal_slots, seal_blocks, fork_src, fork_dst, _ = indices
         (q, k, v, out), views = self._overflow_buffers(seq_lens.shape[0])
         store, block_size = self.store, self.store.config.block_size
         if fork_src.shape[0]:
-            copy_tails(store, fork_src, fork_dst, stream=numba_stream)
-        append(store, k, v, tail_slots, ((seq_lens - 1) % block_size).astype(np.int32), stream=numba_stream)
+            copy_tails(store, fork_src, fork_dst, stream=resolved)
+        append(store, k, v, tail_slots, ((seq_lens - 1) % block_size).astype(np.int32), stream=resolved)
         if seal_slots.shape[0]:
-            seal(store, seal_slots, seal_blocks, stream=numba_stream)
+            seal(store, seal_slots, seal_blocks, stream=resolved)
         for layer in range(store.config.num_layers):
             paged_decode(q[layer], store, layer, tables, seq_lens, tail_slots, out=out[layer], scale=self.scale,
-                         stream=numba_stream)
+                         stream=resolved, options=self.options)
         return views.out
 
 

@@ -15,13 +15,13 @@ import numba
 import numpy as np
 from numba import cuda
 
-from ..errors import HexcoreInvalidArgumentError
+from ...errors import HexcoreInvalidArgumentError
+from ..device import SIMULATOR
 from .capture import check
-from .device import SIMULATOR
-from .step import ROWS
+from .step import (FORK_DST, FORK_SRC, POSITIONS, ROWS, SEAL_BLOCKS, SEAL_SLOTS, SEQ_LENS, TABLES_ROW, TAIL_SLOTS)
 
 RANGE, REPEATED, POSITION = 1, 2, 3  # kinds of bad entry `validate` reports
-ARRAYS = ("block_tables", *ROWS)  # the array numbers `validate` reports
+TABLES = -2  # `validate`'s number for block_tables; other arrays by their row in ROWS (-1: all good)
 NO_IDS = np.empty(0, np.int32)
 
 
@@ -60,11 +60,11 @@ def check_step(store, max_blocks_per_seq: int, block_tables, seq_lens, tail_slot
             raise HexcoreInvalidArgumentError(f"{name}: expected shape ({other.shape[0]},), got {ids.shape}")
     block_size = store.config.block_size
     max_len = (min(tables.shape[1], max_blocks_per_seq) + 1) * block_size - 1
-    arrays = (tables, seq_lens, tail_slots, positions, seal_slots, seal_blocks, fork_src, fork_dst)
-    which, i, j, kind, longest = validate(*arrays[:4], positions is not NO_IDS, *arrays[4:], block_size,
+    rows = (seq_lens, tail_slots, positions, seal_slots, seal_blocks, fork_src, fork_dst)  # in ROWS order
+    which, i, j, kind, longest = validate(tables, *rows[:3], positions is not NO_IDS, *rows[3:], block_size,
                                           store.num_blocks, store.max_seqs, max_len)
-    if which >= 0:
-        raise _bad_entry(store, which, i, j, kind, arrays, max_len)
+    if which != -1:
+        raise _bad_entry(store, which, i, j, kind, tables, rows, max_len)
     return StepIndices(tables, seq_lens, tail_slots, seal_slots, seal_blocks, fork_src, fork_dst, int(longest))
 
 
@@ -80,7 +80,7 @@ class Staging:
         if not SIMULATOR:
             from cuda.bindings import driver
 
-            from .arrays import device_pointer
+            from ..arrays import device_pointer
 
             self._events = [cuda.event(timing=False) for _ in range(2)]
             self._device = driver.CUdeviceptr(device_pointer(index))
@@ -112,18 +112,19 @@ def _ids(name: str, x, count: int | None) -> np.ndarray:
     return x
 
 
-def _bad_entry(store, which, i, j, kind, arrays, max_len) -> HexcoreInvalidArgumentError:
-    block_size, seq_lens = store.config.block_size, arrays[1]
-    if which == 0:
-        return HexcoreInvalidArgumentError(f"block_tables[{i}, {j}] = {arrays[0][i, j]} is outside "
+def _bad_entry(store, which, i, j, kind, tables, rows, max_len) -> HexcoreInvalidArgumentError:
+    block_size, seq_lens = store.config.block_size, rows[SEQ_LENS]
+    if which == TABLES:
+        return HexcoreInvalidArgumentError(f"block_tables[{i}, {j}] = {tables[i, j]} is outside "
                                            f"[0, {store.num_blocks}) for seq_len {seq_lens[i]}")
-    name, value = ARRAYS[which], arrays[which][i]
+    name, value = ROWS[which], rows[which][i]
     if kind == POSITION:
         return HexcoreInvalidArgumentError(f"positions[{i}] = {value}: expected (seq_lens[{i}] - 1) % block_size "
                                            f"= {(seq_lens[i] - 1) % block_size}")
     if kind == REPEATED:
         return HexcoreInvalidArgumentError(f"{name}[{i}] = {value} repeats an earlier entry: expected distinct ids")
-    low, high = {1: (1, max_len + 1), 3: (0, block_size), 5: (0, store.num_blocks)}.get(which, (0, store.max_seqs))
+    low, high = {SEQ_LENS: (1, max_len + 1), POSITIONS: (0, block_size),
+                 SEAL_BLOCKS: (0, store.num_blocks)}.get(which, (0, store.max_seqs))
     return HexcoreInvalidArgumentError(f"{name}[{i}] = {value} is outside [{low}, {high})")
 
 
@@ -131,27 +132,28 @@ def _bad_entry(store, which, i, j, kind, arrays, max_len) -> HexcoreInvalidArgum
 def validate(tables, seq_lens, tail_slots, positions, has_positions, seal_slots, seal_blocks, fork_src, fork_dst,
              block_size, num_blocks, max_seqs, max_len):
     """First bad entry of a step's index arrays as (array, row, column, kind, longest):
-    array a number into ARRAYS (-1: all good), kind RANGE, REPEATED or POSITION,
-    longest the largest seq_len. Array lengths are checked by the caller."""
+    array TABLES or a row number of ROWS (-1: all good), kind RANGE, REPEATED or
+    POSITION, longest the largest seq_len. Array lengths are checked by the caller."""
     longest = 0
     for b in range(seq_lens.shape[0]):
         n = seq_lens[b]
         if n < 1 or n > max_len:
-            return 1, b, 0, RANGE, 0
+            return SEQ_LENS, b, 0, RANGE, 0
         longest = max(longest, n)
         if tail_slots[b] < 0 or tail_slots[b] >= max_seqs:
-            return 2, b, 0, RANGE, 0
+            return TAIL_SLOTS, b, 0, RANGE, 0
         if has_positions and positions[b] != (n - 1) % block_size:
-            return 3, b, 0, RANGE if positions[b] < 0 or positions[b] >= block_size else POSITION, 0
+            return POSITIONS, b, 0, RANGE if positions[b] < 0 or positions[b] >= block_size else POSITION, 0
         for j in range(n // block_size):
             if tables[b, j] < 0 or tables[b, j] >= num_blocks:
-                return 0, b, j, RANGE, 0
-    for k, i in ((4, _first_outside(seal_slots, max_seqs)), (5, _first_outside(seal_blocks, num_blocks)),
-                 (6, _first_outside(fork_src, max_seqs)), (7, _first_outside(fork_dst, max_seqs))):
+                return TABLES, b, j, RANGE, 0
+    for k, i in ((SEAL_SLOTS, _first_outside(seal_slots, max_seqs)),
+                 (SEAL_BLOCKS, _first_outside(seal_blocks, num_blocks)),
+                 (FORK_SRC, _first_outside(fork_src, max_seqs)), (FORK_DST, _first_outside(fork_dst, max_seqs))):
         if i >= 0:
             return k, i, 0, RANGE, 0
-    for k, i in ((2, _first_repeat(tail_slots)), (4, _first_repeat(seal_slots)), (5, _first_repeat(seal_blocks)),
-                 (7, _first_repeat(fork_dst))):
+    for k, i in ((TAIL_SLOTS, _first_repeat(tail_slots)), (SEAL_SLOTS, _first_repeat(seal_slots)),
+                 (SEAL_BLOCKS, _first_repeat(seal_blocks)), (FORK_DST, _first_repeat(fork_dst))):
         if i >= 0:
             return k, i, 0, REPEATED, 0
     return -1, 0, 0, 0, longest
@@ -186,14 +188,14 @@ def pack(staging, bucket, width, tables, seq_lens, tail_slots, seal_slots, seal_
     batch = seq_lens.shape[0]
     for b in range(bucket):
         real = b < batch
-        staging[b] = seq_lens[b] if real else 0
-        staging[bucket + b] = tail_slots[b] if real else -1
-        staging[2 * bucket + b] = (seq_lens[b] - 1) % block_size if real else -1
-    _pack_ids(staging, 3 * bucket, bucket, seal_slots)
-    _pack_ids(staging, 4 * bucket, bucket, seal_blocks)
-    _pack_ids(staging, 5 * bucket, bucket, fork_src)
-    _pack_ids(staging, 6 * bucket, bucket, fork_dst)
-    base = 7 * bucket
+        staging[SEQ_LENS * bucket + b] = seq_lens[b] if real else 0
+        staging[TAIL_SLOTS * bucket + b] = tail_slots[b] if real else -1
+        staging[POSITIONS * bucket + b] = (seq_lens[b] - 1) % block_size if real else -1
+    _pack_ids(staging, SEAL_SLOTS * bucket, bucket, seal_slots)
+    _pack_ids(staging, SEAL_BLOCKS * bucket, bucket, seal_blocks)
+    _pack_ids(staging, FORK_SRC * bucket, bucket, fork_src)
+    _pack_ids(staging, FORK_DST * bucket, bucket, fork_dst)
+    base = TABLES_ROW * bucket
     for b in range(batch):
         for j in range(seq_lens[b] // block_size):
             staging[base + b * width + j] = tables[b, j]

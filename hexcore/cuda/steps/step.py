@@ -18,13 +18,18 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from ..errors import HexcoreInvalidArgumentError
-from .blocks import prepare_copy_tails
-from .decode import THREADS, Workspace, _prepare
-from .launch import PreparedLaunch
-from .write import prepare_append, prepare_seal
+from ...errors import HexcoreInvalidArgumentError
+from ..attention.launcher import Workspace, decode_launch
+from ..attention.options import DEFAULT_OPTIONS, DecodeOptions
+from ..blocks import prepare_copy_tails
+from ..launch import PreparedLaunch
+from ..write import prepare_append, prepare_seal
 
+# The index buffer, described once: row k of ROWS is entries [k * Bb, (k + 1) * Bb), its
+# padding value PADDING[k]; the block tables follow at TABLES_ROW * Bb.
 ROWS = ("seq_lens", "tail_slots", "positions", "seal_slots", "seal_blocks", "fork_src", "fork_dst")
+SEQ_LENS, TAIL_SLOTS, POSITIONS, SEAL_SLOTS, SEAL_BLOCKS, FORK_SRC, FORK_DST = range(len(ROWS))
+TABLES_ROW = len(ROWS)
 PADDING = (0, -1, -1, -1, -1, -1, -1)  # the value of a padding row in each of ROWS
 
 
@@ -43,7 +48,7 @@ class StepBuffers:
         self.out = cuda.to_device(np.zeros((L, bucket, num_q_heads, D), np.float16))
         self.k = cuda.to_device(np.zeros((L, bucket, H, D), np.float16))
         self.v = cuda.to_device(np.zeros((L, bucket, H, D), np.float16))
-        host = np.full(len(ROWS) * bucket + bucket * max_blocks_per_seq, -1, np.int32)
+        host = np.full(TABLES_ROW * bucket + bucket * max_blocks_per_seq, -1, np.int32)
         for i, value in enumerate(PADDING):
             host[i * bucket:(i + 1) * bucket] = value
         self.index = cuda.to_device(host)  # all padding until the first step is loaded
@@ -52,7 +57,7 @@ class StepBuffers:
 
     def tables(self, width: int):
         """The ``[Bb, width]`` block-table view of the index buffer."""
-        base = len(ROWS) * self.bucket
+        base = TABLES_ROW * self.bucket
         return self.index[base:base + self.bucket * width].reshape(self.bucket, width)
 
     def fork(self, count: int) -> PreparedLaunch:
@@ -82,7 +87,8 @@ class DecodeStep:
     ``(bucket, max_seq_len)``. Its buffers are ``self.buffers`` (a :class:`StepBuffers`).
     """
 
-    def __init__(self, store, buffers: StepBuffers, max_seq_len: int, scale: float | None, workspace: Workspace):
+    def __init__(self, store, buffers: StepBuffers, max_seq_len: int, scale: float | None, workspace: Workspace,
+                 options: DecodeOptions = DEFAULT_OPTIONS):
         cfg = store.config
         self.store, self.buffers, self.max_seq_len = store, buffers, max_seq_len
         self.key = (buffers.bucket, max_seq_len)
@@ -93,23 +99,22 @@ class DecodeStep:
         self._seal = buffers.seal(buffers.bucket)
         self._decode = []
         for layer in range(cfg.num_layers):
-            launches, _ = _prepare(buffers.q[layer], store, layer, self.block_tables, rows["seq_lens"],
-                                   rows["tail_slots"], buffers.out[layer], scale, max_seq_len, 0, workspace)
-            self._decode.append([PreparedLaunch(d, g, THREADS, a) for d, g, a in launches])
+            launch, _ = decode_launch(buffers.q[layer], store, layer, self.block_tables, rows["seq_lens"],
+                                      rows["tail_slots"], buffers.out[layer], scale, max_seq_len, options, workspace)
+            self._decode.append(launch.prepare(options.launch_path))
         self._layers: dict = {}
 
     def enqueue_all(self, stream=0, num_seals: int | None = None) -> None:
         """Enqueue the whole step on ``stream``: append and seal for every layer (one
-        launch each), then decode and merge per layer. Capture-safe. ``num_seals`` (an
+        launch each), then one decode launch per layer. Capture-safe. ``num_seals`` (an
         eager step) seals only that many rows, none when 0; None seals the bucket's."""
         self._append.run(stream)
         if num_seals is None:
             self._seal.run(stream)
         elif num_seals:
             self.buffers.seal(num_seals).run(stream)
-        for launches in self._decode:
-            for launch in launches:
-                launch.run(stream)
+        for launch in self._decode:
+            launch.run(stream)
 
     def enqueue(self, layer: int, stream=0) -> None:
         """Enqueue one layer's part of the step: append its new K/V, seal, decode.
@@ -127,6 +132,6 @@ class DecodeStep:
             rows, b = self.buffers.rows, self.buffers
             launches = self._layers[layer] = [
                 prepare_append(self.store, b.k[layer], b.v[layer], rows["tail_slots"], rows["positions"], layer),
-                b.seal(b.bucket, layer), *self._decode[layer]]
+                b.seal(b.bucket, layer), self._decode[layer]]
         for launch in launches:
             launch.run(stream)

@@ -1,4 +1,5 @@
-"""The tensor-core helpers (hexcore/cuda/mma.py) against numpy, through small kernels.
+"""The tensor-core and packed-half helpers (attention/mma.py, fragments.code_reg_function)
+against numpy, through small kernels.
 
 On the simulator these check the twins (and so the fragment layout the decode kernel
 relies on); with ``-m gpu`` the same kernels check the inline PTX on the hardware.
@@ -8,7 +9,10 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from hexcore.cuda.mma import dequant_f16x2, mma_f16, pack_f16x2, prmt
+from hexcore.cuda.attention.fragments import code_reg_function
+from hexcore.cuda.attention.mma import half2_hi, half2_lo, hfma2, hmul2, mma_f16, pack_f16x2, prmt
+
+code_reg4, code_reg2 = code_reg_function(4), code_reg_function(2)
 
 
 @cuda.jit
@@ -24,15 +28,21 @@ def _mma_kernel(a_words, b_words, c, out):
 
 
 @cuda.jit
-def _bits_kernel(words, scales, lows, sel_out, deq_out, packed):
+def _bits_kernel(words, halves, sel_out, code4, code2, arith, packed, unpacked):
     i = cuda.grid(1)
     if i < words.shape[0]:
         sel_out[i, 0] = prmt(words[i], words[i - 1], 0x5410)
         sel_out[i, 1] = prmt(words[i], words[i - 1], 0x7632)
         sel_out[i, 2] = prmt(words[i], words[i - 1], 0x3210)
-        for j in range(4):  # INT4 pairs: elements j and j + 4 of the word
-            deq_out[i, j] = dequant_f16x2(words[i], 4 * j, 0x000F000F, scales[i], lows[i])
+        for j in range(4):
+            code4[i, j] = code_reg4(words[i], j)
+        for j in range(8):
+            code2[i, j] = code_reg2(words[i], j)
+        arith[i, 0] = hmul2(halves[i, 0], halves[i, 1])
+        arith[i, 1] = hfma2(halves[i, 0], halves[i, 1], halves[i, 2])
         packed[i] = pack_f16x2(np.float32(i) * np.float32(0.1), np.float32(-i))
+        unpacked[i, 0] = half2_lo(halves[i, 0])
+        unpacked[i, 1] = half2_hi(halves[i, 0])
 
 
 def check_mma(rng):
@@ -45,37 +55,47 @@ def check_mma(rng):
     np.testing.assert_allclose(out.copy_to_host(), expect, rtol=1e-5, atol=1e-5)
 
 
+def _fields(words, bits, j):
+    mask = (1 << bits) - 1
+    half = 16 // bits
+    return np.stack([(words >> (bits * j)) & mask, (words >> (bits * (j + half))) & mask], axis=1)
+
+
 def check_bits(rng):
     n = 64
     words = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
-    scales = rng.uniform(0.01, 1, (n, 2)).astype(np.float16)
-    lows = rng.uniform(-2, 2, (n, 2)).astype(np.float16)
-    sel, deq, packed = (cuda.to_device(np.zeros(s, np.uint32)) for s in ((n, 3), (n, 4), (n,)))
-    _bits_kernel[1, n](words, scales.view(np.uint32).ravel(), lows.view(np.uint32).ravel(), sel, deq, packed)
+    halves = rng.uniform(-4, 4, (n, 3, 2)).astype(np.float16)
+    sel, code4, code2, arith, packed = (cuda.to_device(np.zeros(s, np.uint32))
+                                        for s in ((n, 3), (n, 4), (n, 8), (n, 2), (n,)))
+    unpacked = cuda.to_device(np.zeros((n, 2), np.float32))
+    _bits_kernel[1, n](words, halves.view(np.uint32).reshape(n, 3), sel, code4, code2, arith, packed, unpacked)
     prev = np.roll(words, 1)
     lo16, hi16 = words & 0xFFFF, words >> 16
     expect_sel = np.stack([lo16 | ((prev & 0xFFFF) << 16), hi16 | (prev & 0xFFFF0000), words], axis=1)
     np.testing.assert_array_equal(sel.copy_to_host(), expect_sel.astype(np.uint32))
-    got = deq.copy_to_host().view(np.float16).reshape(n, 4, 2).astype(np.float64)
-    for j in range(4):
-        codes = np.stack([(words >> (4 * j)) & 15, (words >> (4 * j + 16)) & 15], axis=1).astype(np.float64)
-        expect = (codes * scales + lows.astype(np.float64)).astype(np.float16)  # one rounding, like fma.rn
-        np.testing.assert_array_equal(got[:, j], expect.astype(np.float64))
+    for bits, got, count in ((4, code4, 4), (2, code2, 8)):
+        got = got.copy_to_host().view(np.float16).reshape(n, count, 2)
+        for j in range(count):  # codes j and j + 16/bits, exactly
+            np.testing.assert_array_equal(got[:, j].astype(np.float64), _fields(words, bits, j).astype(np.float64))
+    h = halves.astype(np.float64)
+    got = arith.copy_to_host().view(np.float16).reshape(n, 2, 2)
+    np.testing.assert_array_equal(got[:, 0], (h[:, 0] * h[:, 1]).astype(np.float16))
+    np.testing.assert_array_equal(got[:, 1], (h[:, 0] * h[:, 1] + h[:, 2]).astype(np.float16))  # one rounding
     expect_pack = np.stack([np.arange(n) * np.float32(0.1), -np.arange(n)], axis=1).astype(np.float32)
     np.testing.assert_array_equal(packed.copy_to_host().view(np.float16).reshape(n, 2),
                                   expect_pack.astype(np.float16))
+    np.testing.assert_array_equal(unpacked.copy_to_host(), halves[:, 0].astype(np.float32))
 
 
-def test_mma_matches_numpy():
-    check_mma(np.random.default_rng())
+def test_mma_matches_numpy(rng):
+    check_mma(rng)
 
 
-def test_bit_helpers_match_numpy():
-    check_bits(np.random.default_rng())
+def test_bit_helpers_match_numpy(rng):
+    check_bits(rng)
 
 
 @pytest.mark.gpu
-def test_mma_and_bit_helpers_on_gpu():
-    rng = np.random.default_rng()
+def test_mma_and_bit_helpers_on_gpu(rng):
     check_mma(rng)
     check_bits(rng)

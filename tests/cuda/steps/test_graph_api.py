@@ -8,13 +8,12 @@ import pytest
 
 from hexcore import HexcoreInvalidArgumentError, KVCacheConfig
 from hexcore.cuda import DecodeGraph, DeviceKVStore
-from hexcore.cuda import capture as capture_module
-from hexcore.cuda import decode as decode_module
+from hexcore.cuda.steps import capture as capture_module
 from hexcore.cuda.device import SIMULATOR
 from hexcore.host import PagedKVCache
-from tests.test_graph import fill, prefill, to_host
+from tests.cuda.steps.test_graph import fill, prefill, to_host
 
-CFG = KVCacheConfig(num_layers=2, num_kv_heads=1, head_dim=64, block_size=8, kv_dtype="int4", group_size=32)
+CFG = KVCacheConfig(num_layers=2, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
 
 
 def make_graph(cfg=CFG, buckets=(2, 4), num_q_heads=2, num_blocks=16, max_seqs=4, **kwargs):
@@ -38,15 +37,15 @@ def good_step():
 BAD = {  # case -> (changes to good_step(), text the error must contain)
     "lens dtype": ({"seq_lens": np.array([17, 4], np.int64)}, "int64"),
     "lens zero": ({"seq_lens": np.array([17, 0], np.int32)}, "seq_lens[1] = 0"),
-    "lens past table": ({"seq_lens": np.array([40, 4], np.int32)}, "seq_lens[0] = 40"),
+    "lens past table": ({"seq_lens": np.array([80, 4], np.int32)}, "seq_lens[0] = 80"),
     "lens list": ({"seq_lens": [17, 4]}, "list"),
     "no sequences": ({"seq_lens": np.zeros(0, np.int32)}, "got 0"),
     "slot range": ({"tail_slots": np.array([2, 4], np.int32)}, "tail_slots[1] = 4"),
     "slot repeated": ({"tail_slots": np.array([2, 2], np.int32)}, "tail_slots[1] = 2"),
     "slots shape": ({"tail_slots": np.array([2], np.int32)}, "tail_slots"),
     "position": ({"positions": np.array([0, 2], np.int32)}, "positions[1] = 2"),
-    "position range": ({"positions": np.array([8, 3], np.int32)}, "positions[0] = 8"),
-    "table entry": ({"block_tables": np.array([[3, 16, -1, -1], [0, 0, 0, 0]], np.int32)}, "block_tables[0, 1] = 16"),
+    "position range": ({"positions": np.array([16, 3], np.int32)}, "positions[0] = 16"),
+    "table entry": ({"block_tables": np.array([[16, 5, -1, -1], [0, 0, 0, 0]], np.int32)}, "block_tables[0, 0] = 16"),
     "table rows": ({"block_tables": np.zeros((3, 4), np.int32)}, "block_tables"),
     "seal block": ({"seal_blocks": np.array([-1], np.int32)}, "seal_blocks[0] = -1"),
     "seal repeated": ({"seal_slots": np.array([2, 0], np.int32), "seal_blocks": np.array([5, 5], np.int32)},
@@ -77,7 +76,7 @@ def test_bad_step_raises_naming_the_value_and_changes_nothing(case):
 
 
 def test_constructor_rejects_bad_arguments():
-    store = DeviceKVStore(KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=8), 4, 2)
+    store = DeviceKVStore(KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16), 4, 2)
     for kwargs, text in (({"num_q_heads": 3}, "num_q_heads"), ({"max_blocks_per_seq": 0}, "max_blocks_per_seq"),
                          ({"batch_buckets": ()}, "batch_buckets"), ({"batch_buckets": (0, 2)}, "batch_buckets"),
                          ({"batch_buckets": 4}, "batch_buckets"), ({"scale": "x"}, "scale"), ({"scale": -1.0}, "scale"),
@@ -89,8 +88,8 @@ def test_constructor_rejects_bad_arguments():
 def test_buckets_and_buffers():
     graph = make_graph(buckets=(64, 2, 1))  # capped at max_seqs 4, sorted
     assert graph.batch_buckets == (1, 2, 4)
-    assert [graph.context_bucket(n) for n in (1, 8, 9, 37, 64, 65, 200)] == [8, 8, 16, 64, 64, 71, 71]
-    assert graph.capacity == 71  # 8 sealed blocks + 7 tail tokens
+    assert [graph.context_bucket(n) for n in (1, 16, 17, 37, 64, 65, 200)] == [16, 16, 32, 64, 64, 128, 143]
+    assert graph.capacity == 143  # 8 sealed blocks + 15 tail tokens
     q, k, v, out = graph.buffers(3)
     assert q.shape == out.shape == (2, 3, 2, 64) and k.shape == v.shape == (2, 3, 1, 64)
     assert graph.buffers(3).q is q  # views are made once
@@ -99,38 +98,36 @@ def test_buckets_and_buffers():
         graph.buffers(0)
 
 
-def test_warmup_prepares_a_bucket_pair_and_leaves_the_store_alone(monkeypatch):
-    monkeypatch.setattr(decode_module, "CTAS_PER_SM", 1)
+def test_warmup_prepares_a_bucket_pair_and_leaves_the_store_alone():
     graph = make_graph(buckets=(1,), num_q_heads=1)
     before = graph.store.pool.copy_to_host()
     assert graph.warmup(1, 20) == (1, 32)
     assert graph.prepared == ((1, 32),)
     assert np.array_equal(graph.store.pool.copy_to_host(), before)  # every row was padding
     assert not to_host(graph.buffers(1).out).any()  # padding rows attend to nothing: zeros
-    for batch, length in ((2, 20), (1, 72), (1, 0)):
+    for batch, length in ((2, 20), (1, 200), (1, 0)):
         with pytest.raises(HexcoreInvalidArgumentError, match="warmup"):
             graph.warmup(batch, length)
 
 
-def test_load_and_per_layer_enqueue_equal_step(monkeypatch):
+def test_load_and_per_layer_enqueue_equal_step():
     """The engine path (load, then enqueue per layer) does what step does."""
-    monkeypatch.setattr(decode_module, "CTAS_PER_SM", 1)  # pinned, whatever the default
     results = []
     for engine in (False, True):
         graph = make_graph(buckets=(1,), num_q_heads=1)
         cache = PagedKVCache(CFG, num_blocks=16, max_seqs=4)
         rng = np.random.default_rng(7)
         seq = cache.add_sequence()
-        prefill(cache, graph.store, seq, 7, rng)
+        prefill(cache, graph.store, seq, 15, rng)
         result = cache.step(np.array([seq], np.int32))  # the tail fills: a seal
         q, k, v, out = graph.buffers(1)
         for view in (q, k, v):
             fill(view, rng.standard_normal(view.shape).astype(np.float16))
         args = (result.block_tables, result.seq_lens, result.tail_slots)
-        seals = {"seal_slots": result.sealed[:, 0], "seal_blocks": result.sealed[:, 2]}
+        seals = {"seal_slots": result.seal_slots, "seal_blocks": result.seal_blocks}
         if engine:
             step = graph.load(*args, **seals)
-            assert step.key == (1, 8) and step.block_tables.shape == (1, 1)
+            assert step.key == (1, 16) and step.block_tables.shape == (1, 1)
             for layer in range(CFG.num_layers):
                 step.enqueue(layer)
             for bad in (2, True, 1.0):  # also after layer 1 ran: its launches are cached
@@ -165,13 +162,13 @@ def test_simulator_runs_eagerly_and_says_so_once(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["fp16", "int4"])
-def test_engine_graph_holds_the_per_layer_enqueue_gpu(dtype):
+def test_engine_graph_holds_the_per_layer_enqueue_gpu(dtype, seed):
     """An engine captures hexcore's per-layer launches inside its own torch graph (one per
     key); load() copies the indices and runs forks outside it. Equal to eager steps."""
     torch = pytest.importorskip("torch")
     from numba import cuda
 
-    from tests.test_graph import SCRIPT, assert_same, eager_runner, run_workload
+    from tests.cuda.steps.test_graph import SCRIPT, assert_same, eager_runner, run_workload
 
     def engine_runner(store, cache, num_q_heads):
         graph = DecodeGraph(store, num_q_heads, cache.max_blocks_per_seq, batch_buckets=(4,), backend="torch")
@@ -182,7 +179,7 @@ def test_engine_graph_holds_the_per_layer_enqueue_gpu(dtype):
             for view, host in zip(views[:3], (q, k, v)):
                 fill(view, host)
             launches = graph.load(result.block_tables, result.seq_lens, result.tail_slots,
-                                  seal_slots=result.sealed[:, 0], seal_blocks=result.sealed[:, 2],
+                                  seal_slots=result.seal_slots, seal_blocks=result.seal_blocks,
                                   fork_src=forks[:, 0].copy() if len(forks) else None,
                                   fork_dst=forks[:, 1].copy() if len(forks) else None)
             if launches.key in captured:
@@ -204,5 +201,4 @@ def test_engine_graph_holds_the_per_layer_enqueue_gpu(dtype):
     cfg = KVCacheConfig(num_layers=3, num_kv_heads=8, head_dim=128, block_size=16, kv_dtype=dtype)
     kwargs = {"prompts": {"A": 40, "B": 15}, "script": SCRIPT + [{"batch": "AD"}] * 3, "max_seqs": 8,
               "num_blocks": 32}
-    seed = int(np.random.SeedSequence().entropy % (1 << 32))
     assert_same(run_workload(cfg, 32, eager_runner, seed, **kwargs), run_workload(cfg, 32, engine_runner, seed, **kwargs))

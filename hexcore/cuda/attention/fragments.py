@@ -1,0 +1,280 @@
+"""A warp's tensor-core work on one 16-token k-step: loads, scores, softmax, output.
+
+Built per :class:`DecodeShape` by :func:`warp_functions` (closures over its sizes,
+inlined into the kernel). The fragment layouts are in ``shape.py`` and mma.py; the
+sealed code order they read is ``layout.key_code_field`` / ``value_code_field``.
+
+Numerics, for a sealed INT block (keys per channel ``k = s_c * code + m_c``; values per
+token and group ``v = s_t * code + m_t``):
+
+- scores: ``q . k = sum_c (q_c s_c) code + sum_c q_c m_c``: ``q' = q * s`` is made once per
+  block (``hmul2``), the codes enter the mma as exact float16 integers (one ``lop3`` and
+  one ``hfma2`` per register), and ``sum_c q_c m_c`` is one more mma per block with the
+  mins as the "key" of every column: it seeds the score accumulators.
+- outputs: ``sum_t p_t v_t = sum_t (p_t s_t) code + sum_t p_t m_t``: the probabilities,
+  scaled per group by the tokens' scales, are the B operand against exact codes; the
+  mins term is one "stats" mma per k-step whose A rows are the group mins (rows 0..NG-1)
+  and ones (row 8, giving ``l = sum_t p_t``).
+
+q carries ``scale * log2(e)``, so scores are in log2 units and the softmax uses ``exp2``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import cuda, float32
+
+from ..device import cp_async16, device_function, exp2, ld, load_words, shfl_idx, shfl_xor
+from .mma import F16X2_ONES, code_pair, half2_hi, half2_lo, hfma2, hmul2, mma_f16, pack_f16x2, prmt
+from .shape import DecodeShape
+
+LO, HI = 0x5410, 0x7632  # prmt selectors: the low (high) halves of two words
+NEG_INF = np.float32(-np.inf)
+
+
+class WarpFunctions(NamedTuple):
+    """The device functions of one shape (see the module docstring)."""
+
+    load_q: object
+    issue_chunk: object
+    fold_keys: object
+    chunk_codes: object
+    kstep_rows: object
+    finish: object
+
+
+def code_reg_function(bits: int):
+    """``code_reg(word, j)``: codes ``j`` and ``j + 16/bits`` of a packed word as an exact
+    float16 pair. Fields in bits 0-9 of each half are masked in place (``1024 + code * 2**e``,
+    exact), the others after ``word >> 8``; ``hfma2`` with ``2**-e`` and ``-1024 * 2**-e``
+    then leaves the codes themselves."""
+    mask = (1 << bits) - 1
+
+    @device_function
+    def code_reg(word, j):
+        pos = j * bits
+        shift = 8 if pos + bits > 10 else 0
+        e = pos - shift
+        x = code_pair(word >> np.uint32(shift), (mask << e) * 0x10001)
+        return hfma2(x, ((15 - e) << 10) * 0x10001, (0x8000 | ((25 - e) << 10)) * 0x10001)
+
+    return code_reg
+
+
+def warp_functions(shape: DecodeShape, joint_softmax: bool = False) -> WarpFunctions:
+    """The k-step functions of ``shape`` (see the module docstring); ``joint_softmax``: one
+    softmax update per 32-token chunk of a sealed INT block instead of one per k-step."""
+    s = shape
+    D, NG, GS = s.D, s.num_groups, s.GS
+    KREGS, KW, KL = s.key_regs, s.key_words, s.key_load
+    ROW_KW = D // 8  # FP16 key words per lane and row
+    RPW, VW, MT, CW, NCH = s.regs_per_word, s.value_words, s.m_tiles, s.chunk, s.chunks
+    META, META_LOAD = s.meta_words, min(4, s.meta_words)
+    CK, RW = s.chunk_ksteps, s.D * s.bits // 32
+    SOFTMAX_KSTEPS = CK if joint_softmax else 1
+    RING_K, RING_V, RING_VM = s.ring_regions
+    QUANTIZED = s.quantized
+    code_reg = code_reg_function(s.bits if s.quantized else 4)  # (FP16 shapes never call it)
+
+    @device_function
+    def load_q(q, row, lane, valid, qh, factor):
+        # qh[r]: q of head row `row` (channels tig*D/4 + 2r, +1) times factor; zero if not valid
+        tig = lane % 4
+        for i in range(KREGS // 4):
+            load_words(q, row * (D // 2) + tig * KREGS + 4 * i, 4, qh, 4 * i)
+        for r in range(KREGS):
+            w = qh[r]
+            qh[r] = pack_f16x2(half2_lo(w) * factor, half2_hi(w) * factor) if valid else np.uint32(0)
+
+    @device_function
+    def issue_chunk(pool, ring, stage, krun, vrun, kmeta, vmeta, k0, lane):
+        # start copying chunk k0 (CK k-steps) of a sealed INT block into the ring stage at
+        # word `stage` (layout: ring_layout); no registers hold the data in flight
+        for p in range(lane, RING_K // 4, 32):  # key rows of the chunk's tokens
+            cp_async16(ring, stage + 4 * p, pool, krun + 16 * k0 * RW + 4 * p)
+        for p in range(lane, RING_V // 4, 32):  # value codes of its k-steps (fragment order)
+            cp_async16(ring, stage + RING_K + 4 * p, pool, vrun + 32 * k0 * VW + 4 * p)
+        for p in range(lane, D // 4, 32):  # the block's key scales and mins
+            cp_async16(ring, stage + RING_K + RING_V + 4 * p, pool, kmeta + 4 * p)
+        for p in range(lane, RING_VM // 4, 32):  # value scales and mins of the chunk's tokens
+            cp_async16(ring, stage + RING_K + RING_V + D + 4 * p, pool, vmeta + 16 * k0 * NG + 4 * p)
+
+    @device_function
+    def fold_keys(ring, meta, lane, qh, qs):
+        # qs = qh * key scales of the staged block (ring[meta:], [2, D] halves); returns
+        # sum_c q_c min_c of head row gid
+        tig = lane % 4
+        c0 = c1 = c2 = c3 = float32(0)
+        e0 = e1 = e2 = e3 = float32(0)  # a second chain in flight
+        at = meta + D // 2 + tig * KREGS
+        for ks in range(KREGS // 2):
+            if ks % 2 == 0:
+                c0, c1, c2, c3 = mma_f16(qh[2 * ks], 0, qh[2 * ks + 1], 0, ld(ring, at + 2 * ks),
+                                         ld(ring, at + 2 * ks + 1), c0, c1, c2, c3)
+            else:
+                e0, e1, e2, e3 = mma_f16(qh[2 * ks], 0, qh[2 * ks + 1], 0, ld(ring, at + 2 * ks),
+                                         ld(ring, at + 2 * ks + 1), e0, e1, e2, e3)
+        for r in range(KREGS):
+            qs[r] = hmul2(qh[r], ld(ring, meta + tig * KREGS + r))
+        return c0 + e0
+
+    @device_function
+    def key_reg(kw, at, r, codes):
+        # fragment register r of the key row whose words start at kw[at]
+        return code_reg(ld(kw, at + r // RPW), r % RPW) if codes else kw[at + r]
+
+    @device_function
+    def scores(kw, at0, at1, qa, codes):
+        # S of one k-step for tokens gid (n-tile 0, this lane's key words at kw[at0:]) and
+        # gid+8 (n-tile 1, at kw[at1:]) of head row gid, columns 2tig, 2tig+1:
+        # (s[2tig], s[2tig+1], s[8+2tig], s[9+2tig]); four mma chains in flight (even and
+        # odd channel steps of each n-tile)
+        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = float32(0)
+        c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = float32(0)
+        for ks in range(KREGS // 2):
+            x0, x1 = key_reg(kw, at0, 2 * ks, codes), key_reg(kw, at0, 2 * ks + 1, codes)
+            y0, y1 = key_reg(kw, at1, 2 * ks, codes), key_reg(kw, at1, 2 * ks + 1, codes)
+            if ks % 2 == 0:
+                a0, a1, a2, a3 = mma_f16(qa[2 * ks], 0, qa[2 * ks + 1], 0, x0, x1, a0, a1, a2, a3)
+                c0, c1, c2, c3 = mma_f16(qa[2 * ks], 0, qa[2 * ks + 1], 0, y0, y1, c0, c1, c2, c3)
+            else:
+                b0, b1, b2, b3 = mma_f16(qa[2 * ks], 0, qa[2 * ks + 1], 0, x0, x1, b0, b1, b2, b3)
+                d0, d1, d2, d3 = mma_f16(qa[2 * ks], 0, qa[2 * ks + 1], 0, y0, y1, d0, d1, d2, d3)
+        return a0 + b0, a1 + b1, c0 + d0, c1 + d1
+
+    @device_function
+    def softmax(s, n, state, lane):
+        # online softmax over the n scores s[:n] of head gid (this lane's share of a chunk);
+        # s becomes exp2(s - m); state: [m, alpha of head 2tig, alpha of head 2tig+1]
+        m_old = state[0]
+        m = s[0]
+        for i in range(1, n):
+            m = max(m, s[i])
+        m = max(m, shfl_xor(m, 1))
+        m = max(max(m, shfl_xor(m, 2)), m_old)
+        alpha = exp2(m_old - m)
+        state[0] = m
+        state[1] = shfl_idx(alpha, 8 * (lane % 4))
+        state[2] = shfl_idx(alpha, 8 * (lane % 4) + 4)
+        for i in range(n):
+            s[i] = exp2(s[i] - m)
+
+    @device_function
+    def rescale(o, stats, state):
+        lo, hi = state[1], state[2]
+        for i in range(MT):
+            o[4 * i] *= lo
+            o[4 * i + 1] *= hi
+            o[4 * i + 2] *= lo
+            o[4 * i + 3] *= hi
+        stats[0] *= lo
+        stats[1] *= hi
+        stats[2] *= lo
+        stats[3] *= hi
+
+    @device_function
+    def step_stats(stats, a0, a2, ones, b0, b1):
+        stats[0], stats[1], stats[2], stats[3] = mma_f16(a0, ones, a2, ones, b0, b1, stats[0], stats[1], stats[2],
+                                                          stats[3])
+
+    @device_function
+    def chunk_codes(ring, stage, qs, corr, s, o, stats, state, lane):
+        # CK k-steps of a sealed INT block, staged in the ring: scores, softmax (one update
+        # for the chunk, or one per k-step when SOFTMAX_KSTEPS is 1), outputs
+        for c0 in range(0, CK, SOFTMAX_KSTEPS):
+            for c in range(c0, c0 + SOFTMAX_KSTEPS):
+                row = stage + (16 * c + lane // 4) * RW + (lane % 4) * KW
+                i = 4 * (c - c0)
+                s[i], s[i + 1], s[i + 2], s[i + 3] = scores(ring, row, row + 8 * RW, qs, True)
+            for i in range(4 * SOFTMAX_KSTEPS):
+                s[i] += corr
+            softmax(s, 4 * SOFTMAX_KSTEPS, state, lane)
+            rescale(o, stats, state)
+            for c in range(c0, c0 + SOFTMAX_KSTEPS):
+                kstep_values(ring, stage, c, s, 4 * (c - c0), o, stats, lane)
+
+    @device_function
+    def kstep_values(ring, stage, c, s, i, o, stats, lane):
+        # the output product of staged k-step c, probabilities s[i:i+4]
+        gid, tig = lane // 4, lane % 4
+        b0, b1 = pack_f16x2(s[i], s[i + 1]), pack_f16x2(s[i + 2], s[i + 3])
+        meta0 = stage + RING_K + RING_V + D + (16 * c + 2 * tig) * NG  # tokens 2tig, 2tig+1
+        meta1 = meta0 + 8 * NG  # tokens 2tig+8, 2tig+9
+        # stats rows: the mins of group gid (lanes gid < NG), ones in row 8
+        a0 = _meta_pair(ring, meta0, NG + gid % NG) if gid < NG else np.uint32(0)
+        a2 = _meta_pair(ring, meta1, NG + gid % NG) if gid < NG else np.uint32(0)
+        step_stats(stats, a0, a2, F16X2_ONES if gid == 0 else 0, b0, b1)
+        vw = stage + RING_K + (c * 32 + lane) * VW
+        for t in range(MT):
+            g = (8 * (t // (CW // 2)) * CW) // GS
+            bs0 = hmul2(b0, _meta_pair(ring, meta0, g))
+            bs1 = hmul2(b1, _meta_pair(ring, meta1, g))
+            q0 = 4 * t
+            o[q0], o[q0 + 1], o[q0 + 2], o[q0 + 3] = mma_f16(
+                code_reg(ld(ring, vw + q0 // RPW), q0 % RPW), code_reg(ld(ring, vw + (q0 + 1) // RPW), (q0 + 1) % RPW),
+                code_reg(ld(ring, vw + (q0 + 2) // RPW), (q0 + 2) % RPW),
+                code_reg(ld(ring, vw + (q0 + 3) // RPW), (q0 + 3) % RPW),
+                bs0, bs1, o[q0], o[q0 + 1], o[q0 + 2], o[q0 + 3])
+
+    @device_function
+    def _meta_pair(vm, base, half):
+        # float16 pair (token 0, token 1) of half `half` of a token's metadata (s_0..s_NG-1,
+        # m_0..m_NG-1), the two tokens' words at vm[base:base+NG] and vm[base+NG:...]
+        if NG == 1:
+            return prmt(ld(vm, base), ld(vm, base + 1), HI if half else LO)
+        return prmt(ld(vm, base + half // 2), ld(vm, base + NG + half // 2), HI if half % 2 else LO)
+
+    @device_function
+    def kstep_rows(pool, kbase, vbase, kstep, ntok, lane, qh, kw, vw, s, o, stats, state):
+        # one k-step of FP16 rows (a tail, or an FP16 block): rows at word kbase / vbase +
+        # token * D/2, tokens >= ntok masked (they read row 0, always written)
+        gid, tig = lane // 4, lane % 4
+        for n in range(2):
+            t = 16 * kstep + 8 * n + gid
+            at = kbase + (t if t < ntok else 0) * (D // 2) + tig * ROW_KW
+            for i in range(ROW_KW // 4):
+                load_words(pool, at + 4 * i, 4, kw, n * ROW_KW + 4 * i)
+        for u in range(4):
+            t = 16 * kstep + 8 * (u // 2) + 2 * tig + u % 2
+            at = vbase + (t if t < ntok else 0) * (D // 2)
+            for c in range(NCH):
+                load_words(pool, at + CW * (8 * c + gid) // 2, CW // 2, vw, (u * NCH + c) * (CW // 2))
+        s[0], s[1], s[2], s[3] = scores(kw, 0, ROW_KW, qh, False)
+        t0 = 16 * kstep + 2 * tig
+        for i in range(4):
+            if t0 + 8 * (i // 2) + i % 2 >= ntok:
+                s[i] = NEG_INF
+        softmax(s, 4, state, lane)
+        rescale(o, stats, state)
+        b0, b1 = pack_f16x2(s[0], s[1]), pack_f16x2(s[2], s[3])
+        step_stats(stats, 0, 0, F16X2_ONES if gid == 0 else 0, b0, b1)
+        for t in range(MT):
+            c, i = t // (CW // 2), t % (CW // 2)
+            w0 = vw[(0 * NCH + c) * (CW // 2) + i]
+            w1 = vw[(1 * NCH + c) * (CW // 2) + i]
+            w2 = vw[(2 * NCH + c) * (CW // 2) + i]
+            w3 = vw[(3 * NCH + c) * (CW // 2) + i]
+            o[4 * t], o[4 * t + 1], o[4 * t + 2], o[4 * t + 3] = mma_f16(
+                prmt(w0, w1, LO), prmt(w0, w1, HI), prmt(w2, w3, LO), prmt(w2, w3, HI), b0, b1, o[4 * t],
+                o[4 * t + 1], o[4 * t + 2], o[4 * t + 3])
+
+    @device_function
+    def finish(o, stats, state, lane):
+        # the warp's partial for heads 2tig and 2tig+1: adds each value group's mins term
+        # (stats row g, held by lanes 4g + tig) to o; returns (m, l) of both heads (log2 units)
+        tig = lane % 4
+        for t in range(MT):
+            if QUANTIZED:
+                g = (8 * (t // (CW // 2)) * CW) // GS
+                lo = shfl_idx(stats[0], 4 * g + tig)
+                hi = shfl_idx(stats[1], 4 * g + tig)
+                o[4 * t] += lo
+                o[4 * t + 1] += hi
+                o[4 * t + 2] += lo
+                o[4 * t + 3] += hi
+        return (shfl_idx(state[0], 8 * tig), shfl_idx(stats[2], tig), shfl_idx(state[0], 8 * tig + 4),
+                shfl_idx(stats[3], tig))
+
+    return WarpFunctions(load_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish)

@@ -1,0 +1,288 @@
+"""The paged decode kernel: split-K over a sequence's blocks, tensor cores, one launch.
+
+Grid ``(splits, num_kv_heads * head_groups, batch)``; a CTA of four warps takes one
+split (a run of ``split_blocks`` virtual blocks of one sequence) for one KV head and up to
+8 of its query heads, so every K/V byte of the split is read once for all of them.
+
+1. Each warp takes the split's virtual blocks ``w, w+4, ...`` (a virtual block is a
+   sealed block, or the tail when it is the sequence's last) and runs an online softmax
+   over them in registers, 16 tokens at a time (``fragments.py``).
+2. The CTA combines its four warps through shared memory.
+3. A sequence with one split writes ``out`` directly. Otherwise each CTA writes its
+   partial (unnormalised output, max, sum) to the workspace and counts itself done in
+   ``counters``; the last CTA of the (sequence, KV head, head group) merges every split
+   into ``out`` and resets the counter for the next launch (Flash-Decoding, without a
+   second launch).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32, int32, uint32
+
+from ..device import (cp_async_commit, cp_async_wait_all, cp_async_wait_one, exp2, load_cg_f32, prefetch_l2,
+                      shfl_xor, syncwarp)
+from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
+from .fragments import NEG_INF, warp_functions
+from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape
+
+LOG2E = 1.4426950408889634
+MERGE_CHUNK = 64  # splits whose weights are staged in shared memory per merge round
+
+
+@functools.cache
+def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
+                  joint_softmax: bool = False):
+    """The decode kernel of ``shape``, compiled on first launch (cached); the other
+    arguments are DecodeOptions fields of the same names."""
+    load_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish = warp_functions(shape, joint_softmax)
+    H, D, BS, G = shape.H, shape.D, shape.BS, shape.G
+    HG, NG, MT = shape.head_groups, shape.num_groups, shape.m_tiles
+    QUANTIZED, RW = shape.quantized, shape.D * shape.bits // 32
+    KREGS, KSB = shape.key_regs, shape.ksteps_per_block
+    CK, CPB = shape.chunk_ksteps, shape.ksteps_per_block // shape.chunk_ksteps  # chunks per block
+    STAGE, KMETA = shape.stage_words, sum(shape.ring_regions[:2])  # ring stage; its key metadata
+    RING_WORDS = max(WARPS * 2 * STAGE if QUANTIZED else 0, WARPS * HEADS_PER_CTA * D)
+    KWORDS, VWORDS = 2 * shape.key_regs, shape.row_value_words  # FP16 rows (tails, FP16 blocks)
+    HPC, CW = HEADS_PER_CTA, shape.chunk
+    SCORES, O_REGS = 4 * CK, 4 * shape.m_tiles  # local array sizes
+    merge_splits = merge_function(D)
+    PREFETCH = l2_prefetch == "all" or (l2_prefetch == "quantized" and QUANTIZED)
+    RUN_BYTES, META_BYTES = BS * RW * 4, (4 * D, 4 * BS * NG)  # a block's code run; key, value metadata
+    options = {} if max_registers is None else {"max_registers": max_registers}
+
+    @cuda.jit(device=True)
+    def prefetch_block(pool, offsets, block, h, layer, num_blocks, lane):
+        # lane 0..3 asks L2 for the block's key codes, value codes, key meta, value meta
+        if lane < 2:
+            run = code_offset(layer, block, h, 0, num_blocks, H, BS, RW * 4) // 4
+            prefetch_l2(pool, offsets[lane] + run, RUN_BYTES)
+        elif lane == 2 and QUANTIZED:
+            prefetch_l2(pool, offsets[2] + key_meta_offset(layer, block, h, num_blocks, H, D) // 4, META_BYTES[0])
+        elif lane == 3 and QUANTIZED:
+            at = offsets[3] + value_meta_offset(layer, block, h, 0, num_blocks, H, BS, NG) // 4
+            prefetch_l2(pool, at, META_BYTES[1])
+
+    @cuda.jit(device=True)
+    def issue(pool, ring, stage, j, first, last, h, b, layer, num_blocks, block_tables, k_codes, v_codes, k_meta,
+              v_meta, lane):
+        # start the copies of the warp's chunk j (block first + 4 * (j // CPB)) into the ring;
+        # with PREFETCH, a block's first chunk also asks L2 for the warp's block after it
+        vb = first + WARPS * (j // CPB)
+        block = block_tables[b, vb]
+        if PREFETCH and j % CPB == 0 and vb + WARPS < last:
+            prefetch_block(pool, (k_codes, v_codes, k_meta, v_meta), block_tables[b, vb + WARPS], h, layer,
+                           num_blocks, lane)
+        run = code_offset(layer, block, h, 0, num_blocks, H, BS, RW * 4) // 4
+        issue_chunk(pool, ring, stage, k_codes + run, v_codes + run,
+                    k_meta + key_meta_offset(layer, block, h, num_blocks, H, D) // 4,
+                    v_meta + value_meta_offset(layer, block, h, 0, num_blocks, H, BS, NG) // 4, (j % CPB) * CK, lane)
+
+    @cuda.jit(**options)
+    def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots, out,
+               part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale):
+        # pool: every store array as uint32 words; k_codes..v_tails: their word offsets.
+        # q: [B, Hq, D] f16 as words; out: [B, Hq, D] f16 flat; part_o: [B*Hq, max_splits, D]
+        # f32 flat; part_ml: [B*Hq, max_splits, 2] f32 flat; counters: [B * H * HG] int32
+        split, hg, b = cuda.blockIdx.x, cuda.blockIdx.y % HG, cuda.blockIdx.z
+        h = cuda.blockIdx.y // HG
+        tid = cuda.threadIdx.x
+        warp, lane = tid // 32, tid % 32
+        seq_len = seq_lens[b]
+        n_sealed = seq_len // BS
+        n_virtual = (seq_len + BS - 1) // BS
+        n_splits = (n_virtual + split_blocks - 1) // split_blocks
+        head0 = h * G + hg * HPC  # first query head of the CTA
+        if split >= n_splits:
+            if split == 0:  # an empty sequence: zeros
+                for i in range(tid, HPC * D, THREADS):
+                    if hg * HPC + i // D < G:
+                        out[(b * H * G + head0 + i // D) * D + i % D] = 0
+            return
+        vb0 = split * split_blocks
+        vb1 = min(vb0 + split_blocks, n_virtual)
+
+        qh = cuda.local.array(KREGS, np.uint32)
+        qs = cuda.local.array(KREGS, np.uint32)
+        kw = cuda.local.array(KWORDS, np.uint32)
+        vw = cuda.local.array(VWORDS, np.uint32)
+        sc = cuda.local.array(SCORES, float32)
+        o = cuda.local.array(O_REGS, float32)
+        stats = cuda.local.array(4, float32)
+        state = cuda.local.array(3, float32)
+        for i in range(O_REGS):
+            o[i] = 0
+        for i in range(4):
+            stats[i] = 0
+        state[0] = NEG_INF
+        gid = lane // 4
+        q_valid = hg * HPC + gid < G  # rows past the group's heads stay zero
+        load_q(q, b * H * G + head0 + (gid if q_valid else 0), lane, q_valid, qh, float32(scale * LOG2E))
+
+        ring = cuda.shared.array(RING_WORDS, uint32)  # per warp: two stages of sealed INT chunks
+        if QUANTIZED:
+            # sealed blocks: a two-stage cp.async pipeline per warp (the next chunk's copies
+            # fly while this one is computed)
+            base = warp * 2 * STAGE
+            first = vb0 + warp
+            last = min(vb1, n_sealed)
+            n_chunks = max(0, (last - first + WARPS - 1) // WARPS) * CPB
+            if n_chunks > 0:
+                issue(pool, ring, base, 0, first, last, h, b, layer, num_blocks, block_tables, k_codes, v_codes,
+                      k_meta, v_meta, lane)
+            cp_async_commit()
+            corr = float32(0)
+            for j in range(n_chunks):
+                if j + 1 < n_chunks:
+                    issue(pool, ring, base + ((j + 1) % 2) * STAGE, j + 1, first, last, h, b, layer, num_blocks,
+                          block_tables, k_codes, v_codes, k_meta, v_meta, lane)
+                cp_async_commit()
+                cp_async_wait_one()
+                syncwarp()  # chunk j is in the ring, every lane's copies
+                stage = base + (j % 2) * STAGE
+                if j % CPB == 0:
+                    corr = fold_keys(ring, stage + KMETA, lane, qh, qs)
+                chunk_codes(ring, stage, qs, corr, sc, o, stats, state, lane)
+                syncwarp()  # every lane has read the stage before it is refilled
+            cp_async_wait_all()
+        else:
+            for vb in range(vb0 + warp, min(vb1, n_sealed), WARPS):
+                if PREFETCH and vb + WARPS < min(vb1, n_sealed):  # the warp's next block, one block ahead
+                    prefetch_block(pool, (k_codes, v_codes, k_meta, v_meta), block_tables[b, vb + WARPS], h, layer,
+                                   num_blocks, lane)
+                rows = code_offset(layer, block_tables[b, vb], h, 0, num_blocks, H, BS, RW * 4) // 4
+                for k in range(KSB):
+                    kstep_rows(pool, k_codes + rows, v_codes + rows, k, BS, lane, qh, kw, vw, sc, o, stats, state)
+        tail = n_virtual - 1  # the tail, when there is one, is the sequence's last virtual block
+        if tail >= n_sealed and vb0 <= tail < vb1 and (tail - vb0) % WARPS == warp:
+            ntail = seq_len - n_sealed * BS
+            rows = tail_offset(layer, tail_slots[b], h, 0, max_seqs, H, BS, D) // 4
+            for k in range((ntail + 15) // 16):
+                kstep_rows(pool, k_tails + rows, v_tails + rows, k, ntail, lane, qh, kw, vw, sc, o, stats, state)
+        m_lo, l_lo, m_hi, l_hi = finish(o, stats, state, lane)
+
+        # ---- the CTA's four warps -> one partial per head --------------------------------
+        s_o = ring.view(np.float32)  # [WARPS, HPC, D], once every warp is done with the ring
+        s_ml = cuda.shared.array((WARPS, HPC, 2), float32)
+        s_flag = cuda.shared.array(1, int32)
+        tig = lane % 4
+        cuda.syncthreads()  # every warp is done with the ring
+        for t in range(MT):
+            for k in range(4):
+                c, i = t // (CW // 2), t % (CW // 2)  # shape.dim_of(t, k // 2, gid)
+                s_o[(warp * HPC + 2 * tig + k % 2) * D + CW * (8 * c + gid) + 2 * i + k // 2] = o[4 * t + k]
+        if gid == 0:
+            s_ml[warp, 2 * tig, 0], s_ml[warp, 2 * tig, 1] = m_lo, l_lo
+            s_ml[warp, 2 * tig + 1, 0], s_ml[warp, 2 * tig + 1, 1] = m_hi, l_hi
+        cuda.syncthreads()  # every warp's partial in shared memory
+        if tid < HPC:  # per head: the warps' weights 2**(m_w - m), then (m, sum of l) in s_ml[0]
+            m = max(max(s_ml[0, tid, 0], s_ml[1, tid, 0]), max(s_ml[2, tid, 0], s_ml[3, tid, 0]))
+            total = float32(0)
+            for w in range(WARPS):
+                weight = exp2(s_ml[w, tid, 0] - m) if s_ml[w, tid, 0] > NEG_INF else float32(0)
+                total += weight * s_ml[w, tid, 1]
+                s_ml[w, tid, 1] = weight
+            s_ml[0, tid, 0] = m
+            s_ml[1, tid, 0] = total
+        cuda.syncthreads()  # weights ready
+        row0 = b * H * G + head0  # row of the CTA's first head in out / part_*
+        for i in range(tid, HPC * D, THREADS):
+            j, d = i // D, i % D
+            if hg * HPC + j >= G:
+                continue
+            acc = float32(0)
+            for w in range(WARPS):
+                acc += s_ml[w, j, 1] * s_o[(w * HPC + j) * D + d]
+            if n_splits == 1:
+                out[(row0 + j) * D + d] = acc / s_ml[1, j, 0]
+            else:
+                part_o[((row0 + j) * max_splits + split) * D + d] = acc
+                if d == 0:
+                    part_ml[((row0 + j) * max_splits + split) * 2] = s_ml[0, j, 0]
+                    part_ml[((row0 + j) * max_splits + split) * 2 + 1] = s_ml[1, j, 0]
+        if n_splits == 1:
+            return
+
+        # ---- the last CTA of this (sequence, KV head, head group) merges the splits -------
+        cuda.threadfence()  # this CTA's partial visible to the whole GPU before it counts
+        cuda.syncthreads()
+        item = (b * H + h) * HG + hg
+        if tid == 0:
+            s_flag[0] = cuda.atomic.add(counters, item, 1) == n_splits - 1
+        cuda.syncthreads()  # s_flag set
+        if s_flag[0] == 0:
+            return
+        cuda.threadfence()
+        merge_splits(part_o, part_ml, out, row0, min(HPC, G - hg * HPC), n_splits, max_splits)
+        if tid == 0:
+            counters[item] = 0  # ready for the next launch
+
+    return kernel
+
+
+def merge_function(D: int):
+    """``merge_splits(part_o, part_ml, out, row0, heads, n_splits, max_splits)``: ``out[row0 + j]
+    = sum_s 2**(m_s - M) o_s / sum_s 2**(m_s - M) l_s`` for ``j < heads``, every thread of the
+    CTA taking part; partials are read from L2 (``load_cg_f32``): other CTAs wrote them."""
+    ITEMS = HEADS_PER_CTA * D // THREADS  # (head, channel) outputs per thread
+
+    @cuda.jit(device=True)
+    def merge_splits(part_o, part_ml, out, row0, heads, n_splits, max_splits):
+        tid = cuda.threadIdx.x
+        s_stat = cuda.shared.array((HEADS_PER_CTA, 2), float32)  # M, 1/L per head
+        s_w = cuda.shared.array((HEADS_PER_CTA, MERGE_CHUNK), float32)
+        j, k = tid // 16, tid % 16  # 16 threads (half a warp) per head
+        m = NEG_INF
+        if j < heads:
+            for s in range(k, n_splits, 16):
+                m = max(m, load_cg_f32(part_ml, ((row0 + j) * max_splits + s) * 2))
+        for mask in (8, 4, 2, 1):
+            m = max(m, shfl_xor(m, mask))
+        total = float32(0)
+        if j < heads:
+            for s in range(k, n_splits, 16):
+                at = ((row0 + j) * max_splits + s) * 2
+                total += exp2(load_cg_f32(part_ml, at) - m) * load_cg_f32(part_ml, at + 1)
+        for mask in (8, 4, 2, 1):
+            total += shfl_xor(total, mask)
+        if k == 0 and j < heads:
+            s_stat[j, 0] = m
+            s_stat[j, 1] = float32(1) / total
+        acc = cuda.local.array(ITEMS, float32)
+        for r in range(ITEMS):
+            acc[r] = 0
+        for base in range(0, n_splits, MERGE_CHUNK):
+            n = min(MERGE_CHUNK, n_splits - base)
+            cuda.syncthreads()  # s_stat written; the last round's weights read
+            for i in range(tid, heads * n, THREADS):
+                jj, s = i // n, i % n
+                at = ((row0 + jj) * max_splits + base + s) * 2
+                s_w[jj, s] = exp2(load_cg_f32(part_ml, at) - s_stat[jj, 0]) * s_stat[jj, 1]
+            cuda.syncthreads()  # this round's weights ready
+            for r in range(ITEMS):
+                jj, d = (tid + r * THREADS) // D, (tid + r * THREADS) % D
+                if jj < heads:
+                    at = ((row0 + jj) * max_splits + base) * D + d
+                    a0 = a1 = float32(0)
+                    s = 0
+                    while s + 2 <= n:  # two loads in flight
+                        a0 += s_w[jj, s] * load_cg_f32(part_o, at + s * D)
+                        a1 += s_w[jj, s + 1] * load_cg_f32(part_o, at + (s + 1) * D)
+                        s += 2
+                    if s < n:
+                        a0 += s_w[jj, s] * load_cg_f32(part_o, at + s * D)
+                    acc[r] += a0 + a1
+        for r in range(ITEMS):
+            jj, d = (tid + r * THREADS) // D, (tid + r * THREADS) % D
+            if jj < heads:
+                out[(row0 + jj) * D + d] = acc[r]
+
+    return merge_splits
+
+
+def softmax_scale(head_dim: int, scale: float | None) -> float:
+    """The softmax scale: ``1/sqrt(head_dim)`` unless given."""
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)

@@ -1,0 +1,68 @@
+"""DecodeOptions: the tuning choices of paged decode, in one documented object.
+
+Pass one to ``paged_decode``, ``DecodePlan``, ``DecodeGraph`` or the ``Engine``; it is
+part of the kernel cache key, so two options objects never share a compiled kernel
+that one of them would have built differently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ...errors import HexcoreConfigError
+from ..launch import PATHS
+
+PREFETCH = ("quantized", "all", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+    """How paged decode splits its work and launches.
+
+    A sequence is split into runs of blocks, one CTA each, so that the grid's waves of
+    resident CTAs finish soonest (``launcher.split_blocks_for``).
+
+    - ``ctas_per_sm``: resident CTAs per SM, for sizing splits into whole waves; None
+      reads it off the compiled kernel's registers and shared memory.
+    - ``min_split_blocks``: the shortest split, in blocks (splits shorter than the CTA's
+      four warps leave warps idle).
+    - ``split_overhead``: a CTA's fixed cost (start, combine, merge) in blocks of work, for
+      choosing the split count.
+    - ``max_registers``: a register cap for the kernel (None: the compiler's choice).
+    - ``l2_prefetch``: which sealed blocks a warp asks L2 for one block ahead of its copies
+      (INT4/INT2 blocks are copied one chunk ahead into shared memory anyway): "quantized",
+      "all" (FP16 blocks too) or "none".
+    - ``joint_softmax``: one softmax update per 32 tokens of a sealed INT block instead of
+      one per 16 (fewer shuffles, more registers).
+    - ``launch_path``: "raw" (one ``cuLaunchKernel``) or "core" (``cuda.core.launch``)
+      for prepared launches.
+    """
+
+    ctas_per_sm: int | None = None
+    min_split_blocks: int = 4
+    split_overhead: float = 1.0
+    max_registers: int | None = None
+    l2_prefetch: str = "none"
+    joint_softmax: bool = False
+    launch_path: str = "raw"
+
+    def __post_init__(self):
+        if isinstance(self.split_overhead, bool) or not isinstance(self.split_overhead, (int, float)) \
+                or not 0 <= self.split_overhead < 1e6:
+            raise HexcoreConfigError(f"split_overhead: expected a number in [0, 1e6), got {self.split_overhead!r}")
+        for name in ("ctas_per_sm", "max_registers"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise HexcoreConfigError(f"{name}: expected a positive int or None, got {value!r}")
+        if isinstance(self.min_split_blocks, bool) or not isinstance(self.min_split_blocks, int) \
+                or self.min_split_blocks < 1:
+            raise HexcoreConfigError(f"min_split_blocks: expected a positive int, got {self.min_split_blocks!r}")
+        if self.l2_prefetch not in PREFETCH:
+            raise HexcoreConfigError(f"l2_prefetch: expected one of {PREFETCH}, got {self.l2_prefetch!r}")
+        if not isinstance(self.joint_softmax, bool):
+            raise HexcoreConfigError(f"joint_softmax: expected a bool, got {self.joint_softmax!r}")
+        if self.launch_path not in PATHS:
+            raise HexcoreConfigError(f"launch_path: expected one of {PATHS}, got {self.launch_path!r}")
+
+
+DEFAULT_OPTIONS = DecodeOptions()

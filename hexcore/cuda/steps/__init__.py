@@ -1,0 +1,10 @@
+"""Whole decode steps: a step's index arrays checked and staged (``indices``), its
+launches bound to static buffers (``step``), and CUDA-graph capture and replay
+(``capture``, ``graph``)."""
+
+from __future__ import annotations
+
+from .graph import DecodeGraph, StepViews
+from .step import DecodeStep, StepBuffers
+
+__all__ = ["DecodeGraph", "DecodeStep", "StepBuffers", "StepViews"]

@@ -1,0 +1,99 @@
+"""Which CUDA stream a launch goes to: one policy for every launcher.
+
+``resolve_stream(stream, *arrays)`` gives a :class:`Stream` (what numba's
+``kernel[grid, block, stream]`` takes, and the raw ``CUstream`` handle that
+``cuLaunchKernel`` and the graph calls take):
+
+- ``stream`` given: that stream. It may be a numba stream, a torch stream, anything with
+  ``__cuda_stream__``, a ``CUstream`` or an int handle (0 is the default stream).
+- otherwise, when any of ``arrays`` is a torch tensor: torch's current stream. torch
+  exports ``__cuda_array_interface__`` without a stream, so work must follow the caller's
+  stream, as torch's own ops do.
+- otherwise the default stream.
+
+Resolved streams are cached per raw handle, so the objects stay stable (prepared
+launches and graphs look them up by identity) and a repeated call costs a dict lookup.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..errors import HexcoreInvalidArgumentError
+from .device import SIMULATOR
+
+MAX_STREAMS = 256  # handles remembered (each entry keeps its stream alive)
+
+
+class Stream(NamedTuple):
+    """A resolved stream: ``numba`` for numba launches (a numba stream, or 0 for the
+    default stream), ``handle`` the ``CUstream`` (None on the simulator)."""
+
+    numba: object
+    handle: object
+
+
+DEFAULT = Stream(0, None)
+_by_handle: dict = {}
+_torch_device: list = []
+
+
+def resolve_stream(stream=None, *arrays) -> Stream:
+    """The stream to launch on (see the module docstring)."""
+    if isinstance(stream, Stream):
+        return stream
+    if SIMULATOR:
+        return Stream(0 if stream is None else stream, None)
+    if stream is None:
+        if not any(type(a).__module__.startswith("torch") for a in arrays):
+            raw = 0
+        else:
+            raw = torch_current_stream()
+    else:
+        raw = int(stream_handle(stream))
+    found = _by_handle.get(raw)
+    if found is None:
+        from numba import cuda
+
+        if len(_by_handle) >= MAX_STREAMS:
+            _by_handle.clear()
+        found = _by_handle[raw] = Stream(cuda.external_stream(raw) if raw else 0, stream_handle(raw))
+    return found
+
+
+def torch_current_stream() -> int:
+    """torch's current CUDA stream as a raw handle. ``torch.cuda.current_stream()``
+    builds a Stream object per call (several us); the C accessor does not."""
+    import torch
+
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw_stream is None:
+        return torch.cuda.current_stream().cuda_stream
+    if not _torch_device:
+        _torch_device.append(torch.cuda.current_device())
+    return raw_stream(_torch_device[0])
+
+
+def stream_handle(stream):
+    """The ``CUstream`` of ``stream``: 0 or None (the default stream), an int handle, a
+    numba stream, a :class:`Stream`, or anything with ``__cuda_stream__`` or
+    ``cuda_stream`` (torch)."""
+    from cuda.bindings import driver
+
+    if isinstance(stream, Stream):
+        return stream.handle if stream.handle is not None else driver.CUstream(0)
+    if stream is None or isinstance(stream, (bool, int)):
+        if isinstance(stream, bool):
+            raise HexcoreInvalidArgumentError(f"stream: expected a stream or handle, got {stream!r}")
+        return driver.CUstream(int(stream or 0))
+    if isinstance(stream, driver.CUstream):
+        return stream
+    handle = getattr(stream, "handle", None)  # numba Stream: a CUstream (value 0 for the default stream)
+    if handle is not None:
+        return driver.CUstream(int(handle))
+    if hasattr(stream, "__cuda_stream__"):
+        return driver.CUstream(int(stream.__cuda_stream__()[1]))
+    if hasattr(stream, "cuda_stream"):
+        return driver.CUstream(int(stream.cuda_stream))
+    raise HexcoreInvalidArgumentError(f"stream: expected a numba or torch stream or a handle, got "
+                                      f"{type(stream).__name__}")

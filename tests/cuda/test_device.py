@@ -1,0 +1,48 @@
+"""Warp and intrinsic helpers (hexcore/cuda/device.py) against numpy: on the simulator
+the twins, with ``-m gpu`` the shuffles and inline PTX."""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from hexcore.cuda.device import exp2, load_cg_f32, load_words, prefetch_l2, shfl_idx, shfl_xor
+
+
+@cuda.jit
+def _warp_kernel(values, src, masks, idx_out, xor_out, exp_out, cg_out, words, loaded):
+    lane = cuda.threadIdx.x
+    idx_out[lane] = shfl_idx(values[lane], src[lane])
+    for k in range(masks.shape[0]):
+        xor_out[k, lane] = shfl_xor(values[lane], masks[k])
+    exp_out[lane] = exp2(values[lane])
+    cg_out[lane] = load_cg_f32(values, 31 - lane)
+    if lane == 0:
+        prefetch_l2(words, 0, 64)
+    if lane < 4:
+        load_words(words, 4 * lane, 4, loaded, 4 * lane)
+
+
+def check_warp(rng):
+    values = rng.uniform(-30, 30, 32).astype(np.float32)
+    src = rng.integers(0, 32, 32).astype(np.int32)
+    masks = np.array([1, 2, 4, 8, 16], np.int32)
+    words = rng.integers(0, 1 << 32, 16, dtype=np.uint64).astype(np.uint32)
+    idx, exp_, cg = (cuda.to_device(np.full(32, np.nan, np.float32)) for _ in range(3))
+    xor = cuda.to_device(np.full((5, 32), np.nan, np.float32))
+    loaded = cuda.to_device(np.zeros(16, np.uint32))
+    _warp_kernel[1, 32](values, src, masks, idx, xor, exp_, cg, words, loaded)
+    np.testing.assert_array_equal(idx.copy_to_host(), values[src])
+    lanes = np.arange(32)
+    np.testing.assert_array_equal(xor.copy_to_host(), np.stack([values[lanes ^ m] for m in masks]))
+    np.testing.assert_allclose(exp_.copy_to_host(), np.exp2(values.astype(np.float64)), rtol=3e-7)
+    np.testing.assert_array_equal(cg.copy_to_host(), values[::-1])
+    np.testing.assert_array_equal(loaded.copy_to_host(), words)
+
+
+def test_warp_helpers_match_numpy(rng):
+    check_warp(rng)
+
+
+@pytest.mark.gpu
+def test_warp_helpers_on_gpu(rng):
+    check_warp(rng)
