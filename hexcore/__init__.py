@@ -1,7 +1,8 @@
 """hexcore: a paged, quantized KV cache for LLM inference, in pure Python on numba.
 
 The CPU side (``hexcore.host``) and the layout math load with ``import hexcore``;
-the GPU side (``hexcore.cuda``) loads numba.cuda and is imported explicitly.
+the GPU side (``hexcore.cuda``) loads numba.cuda and is imported explicitly, as is
+``hexcore.engine.Engine`` (also ``hexcore.Engine``), the facade over both.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from .errors import (
 
 __version__ = "0.1.0"
 
-_HOST_NAMES = ("PagedKVCache", "MetricsCollector", "LockFreeRingBuffer", "SpeculativeAllocator")
+_HOST_NAMES = ("PagedKVCache", "MetricsCollector", "LockFreeRingBuffer", "SpeculativeAllocator", "BlockTableMirror",
+               "StepResult")
 
 __all__ = [
     "PRESETS",
@@ -36,6 +38,9 @@ __all__ = [
     "HexcoreOOMError",
     "KVCacheConfig",
     "KVDtype",
+    "BlockTableMirror",
+    "Engine",
+    "StepResult",
     "LockFreeRingBuffer",
     "MetricsCollector",
     "ModelPreset",
@@ -52,4 +57,8 @@ def __getattr__(name: str):
         from . import host
 
         return getattr(host, name)
+    if name == "Engine":  # loads numba.cuda: imported on first use
+        from .engine import Engine
+
+        return Engine
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -50,7 +50,7 @@ def _serve_report(preset: str, kv_dtype: str, steps: int) -> str:
 
     model = PRESETS[preset]
     if simulated:  # the simulator runs one Python thread per CUDA thread: keep it tiny
-        cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=8, kv_dtype=kv_dtype,
+        cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype=kv_dtype,
                             group_size=32)
         q_heads, seqs, blocks, prompts = 2, 4, 64, (5, 30)
     else:

@@ -1,11 +1,11 @@
-"""A serving loop over the whole cache: the block manager drives the device kernels.
+"""A serving loop over the whole cache, through the Engine: the block manager drives the kernels.
 
 There is no model: each step draws random q, k, v for every live sequence. What is real
-is the cache: ``PagedKVCache`` grows, forks and frees sequences in whole-batch calls,
-and its outputs (tail slots, positions, sealed blocks, block tables) feed ``append``,
-``seal``, ``copy_tails`` and ``paged_decode``. Every step the attention output is
-checked against float64 attention over the exact (unquantized) K/V the loop produced,
-so the printed error is the cache's quantization error, end to end.
+is the cache: the :class:`~hexcore.engine.Engine` grows, forks and frees sequences and
+runs each step's fork copies, appends, seals and attention (a CUDA graph replay on a GPU).
+Every step the attention output is checked against float64 attention over the exact
+(unquantized) K/V the loop produced, so the printed error is the cache's quantization
+error, end to end.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 
 import numpy as np
 
 from .config import KVCacheConfig
-from .host import PagedKVCache
 
 
 @dataclasses.dataclass
@@ -51,86 +51,69 @@ def serve(cfg: KVCacheConfig, num_q_heads: int, max_seqs: int, num_blocks: int, 
     replaced by a new prompt; every fifth step the first sequence is forked into the
     free slot.
     """
-    from .cuda import DeviceKVStore, append, copy_tails, paged_decode, seal
+    from .engine import Engine
 
     rng = np.random.default_rng(seed)
-    L, H, D, BS = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.block_size
-    cache = PagedKVCache(cfg, num_blocks, max_seqs)
-    store = DeviceKVStore(cfg, num_blocks, max_seqs)
-    store.poison()
+    L, H, D = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the simulator runs graphs eagerly, and says so
+        engine = Engine(cfg, num_blocks, max_seqs, num_q_heads, batch_buckets=(1, 2, 4, 8, 16))
+    engine.store.poison()
     history: dict[int, list] = {}  # seq -> [k [L, n, H, D], v [...]] exact values appended
     budget: dict[int, int] = {}  # seq -> tokens it still generates
     report = ServeReport(0, 0, 0, 0, 0.0, 0.0)
     start = time.perf_counter()
 
-    def write(seq: int, k: np.ndarray, v: np.ndarray) -> None:
-        # append k, v [L, n, H, D] to seq, in tail-sized chunks, sealing full tails
-        done = cache.seq_len(seq)
-        while k.shape[1]:
-            take = min(k.shape[1], BS - done % BS)
-            sealed = cache.grow_sequence(seq, done + take)
-            slots = np.full(take, seq, np.int32)
-            positions = np.arange(done % BS, done % BS + take, dtype=np.int32)
-            append(store, np.ascontiguousarray(k[:, :take]), np.ascontiguousarray(v[:, :take]), slots, positions)
-            if len(sealed):
-                seal(store, np.array([seq], np.int32), np.ascontiguousarray(sealed[-1:], np.int32))
-            done += take
-            k, v = k[:, take:], v[:, take:]
-
     def admit() -> None:
-        while cache.num_sequences < max_seqs - 1:  # one slot stays free for forks
-            seq = cache.add_sequence()
+        while engine.cache.num_sequences < max_seqs - 1:  # one slot stays free for forks
+            seq = engine.add()
             n = int(rng.integers(*prompt_range))
             k = rng.standard_normal((L, n, H, D)).astype(np.float16)
             v = rng.standard_normal((L, n, H, D)).astype(np.float16)
-            write(seq, k, v)
+            engine.prefill(seq, k, v)
             history[seq], budget[seq] = [k, v], int(rng.integers(3, 13))
 
     admit()
-    for step in range(steps):
-        if step % 5 == 2 and cache.num_sequences < max_seqs:
+    for step_no in range(steps):
+        if step_no % 5 == 2 and engine.cache.num_sequences < max_seqs:
             parent = min(history)
-            child = cache.fork_sequence(parent)
-            copy_tails(store, np.array([parent], np.int32), np.array([child], np.int32))
+            child = engine.fork(parent)
             history[child] = [a.copy() for a in history[parent]]
             budget[child] = budget[parent]
             report.forks += 1
         seq_ids = np.array(sorted(history), np.int32)
-        old_lens = np.array([cache.seq_len(s) for s in seq_ids], np.int32)
-        result = cache.step(seq_ids)
-        result.raise_for_status()
-        k = rng.standard_normal((L, len(seq_ids), H, D)).astype(np.float16)
-        v = rng.standard_normal((L, len(seq_ids), H, D)).astype(np.float16)
-        append(store, k, v, result.tail_slots.copy(), old_lens % BS)
-        if len(result.sealed):
-            seal(store, np.ascontiguousarray(result.sealed[:, 0]), np.ascontiguousarray(result.sealed[:, 2]))
-        q = rng.standard_normal((len(seq_ids), num_q_heads, D)).astype(np.float16)
-        tables = np.ascontiguousarray(result.block_tables[: len(seq_ids)])
+        step = engine.step(seq_ids)
+        B = len(seq_ids)
+        q = rng.standard_normal((L, B, num_q_heads, D)).astype(np.float16)
+        k = rng.standard_normal((L, B, H, D)).astype(np.float16)
+        v = rng.standard_normal((L, B, H, D)).astype(np.float16)
+        step.write(q, k, v)
+        step.run()
+        got = step.output().astype(np.float64)
         for j, seq in enumerate(seq_ids):
             history[seq] = [np.concatenate([history[seq][0], k[:, j:j + 1]], axis=1),
                             np.concatenate([history[seq][1], v[:, j:j + 1]], axis=1)]
         worst = 0.0
         for layer in range(L):
-            out = paged_decode(q, store, layer, tables, result.seq_lens.copy(), result.tail_slots.copy())
-            got = out.copy_to_host().astype(np.float64)
             for j, seq in enumerate(seq_ids):
                 keys = history[seq][0][layer].transpose(1, 0, 2).astype(np.float64)
                 values = history[seq][1][layer].transpose(1, 0, 2).astype(np.float64)
-                expect = _attention(q[j], keys, values, 1 / math.sqrt(D))
-                worst = max(worst, float(np.linalg.norm(got[j] - expect) / np.linalg.norm(expect)))
+                expect = _attention(q[layer, j], keys, values, 1 / math.sqrt(D))
+                worst = max(worst, float(np.linalg.norm(got[layer, j] - expect) / np.linalg.norm(expect)))
         report.max_rel_error = max(report.max_rel_error, worst)
         report.steps += 1
-        report.tokens += len(seq_ids)
-        log(f"step {step:3}: {len(seq_ids)} seqs, lengths {int(result.seq_lens[:len(seq_ids)].min())}-"
-            f"{int(result.seq_lens[:len(seq_ids)].max())}, {len(result.sealed)} sealed, "
-            f"{cache.num_active_blocks}/{num_blocks} blocks live, attention rel. error {worst:.2e}")
+        report.tokens += B
+        lens = step.result.seq_lens[:B]
+        log(f"step {step_no:3}: {B} seqs, lengths {int(lens.min())}-{int(lens.max())}, "
+            f"{step.result.num_sealed} sealed, {engine.cache.num_active_blocks}/{num_blocks} blocks live, "
+            f"attention rel. error {worst:.2e}")
         for seq in seq_ids:
             budget[seq] -= 1
             if budget[seq] == 0:
-                cache.free_sequence(int(seq))
+                engine.finish(int(seq))
                 del history[seq], budget[seq]
                 report.finished += 1
-        cache.check_invariants()
+        engine.cache.check_invariants()
         admit()
     report.seconds = time.perf_counter() - start
     return report
