@@ -39,8 +39,14 @@ def run_dtype(dtype: str, rng) -> None:
     graph = DecodeGraph(store, 8, max_blocks_per_seq=3, batch_buckets=(2,), backend="driver")
     views = graph.buffers(2)
     for view in views[:3]:
-        for layer in range(cfg.num_layers):
-            view[layer].copy_to_device(rng.standard_normal(view[layer].shape).astype(np.float16))
+        data = rng.standard_normal(tuple(view.shape)).astype(np.float16)
+        if hasattr(view, "copy_"):  # torch views (torch installed)
+            import torch
+
+            view.copy_(torch.from_numpy(data))
+        else:
+            for layer in range(cfg.num_layers):
+                view[layer].copy_to_device(data[layer])
     for _ in range(2):  # warm-up (eager), then a captured replay
         graph.step(np.array([[5, 6, 0], [6, 5, 0]], np.int32), np.array([36, 33], np.int32),
                    np.array([0, 1], np.int32))

@@ -22,7 +22,7 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32
 
 from ..config import KVCacheConfig
 from .._checks import as_int
@@ -161,59 +161,57 @@ def _seal_quantized_kernel(cfg: KVCacheConfig):
     row_words = row // 4
     run_words = BS * row_words  # one (block, head) of codes, in words
     chunk = value_chunk_dims(GS)
+    KEY_PARAMS, VALUE_PARAMS = 2 * D, BS * 2 * NG  # one head's metadata, float32 in shared memory
 
     @cuda.jit
     def kernel(k_tails, v_tails, k_codes, v_codes, k_meta, v_meta, slots, block_ids, first_layer, num_blocks,
                max_seqs):
-        # tails, meta: flat float16; codes: flat uint32 words; one CTA per (seal, layer)
+        # tails, meta: flat float16; codes: flat uint32 words; one CTA per (seal, layer), a
+        # head at a time: its scales and mins (kept in shared memory), then its code words
         s = cuda.blockIdx.x
         layer = first_layer + cuda.blockIdx.y
         slot = slots[s]
         block = block_ids[s]
         if slot < 0 or slot >= max_seqs or block < 0 or block >= num_blocks:
             return
-        # scales and mins: keys per (head, channel) over the tokens, values per (head, token, group)
-        for work in range(cuda.threadIdx.x, H * D, cuda.blockDim.x):
-            h, d = work // D, work % D
-            src = tail_offset(layer, slot, h, 0, max_seqs, H, BS, D) // 2 + d
-            meta = key_meta_offset(layer, block, h, num_blocks, H, D) // 2 + d
-            _write_params(k_tails, src, D, BS, k_meta, meta, D, levels)
-        for work in range(cuda.threadIdx.x, H * BS * NG, cuda.blockDim.x):
-            h, t, g = work // (BS * NG), (work // NG) % BS, work % NG
-            src = tail_offset(layer, slot, h, t, max_seqs, H, BS, D) // 2 + g * GS
-            meta = value_meta_offset(layer, block, h, t, num_blocks, H, BS, NG) // 2 + g
-            _write_params(v_tails, src, 1, GS, v_meta, meta, NG, levels)
-        cuda.syncthreads()  # every scale and min written (global, read back below)
-        # codes, one 32-bit word per thread and step, fields in the sealed order (layout.py)
-        for work in range(cuda.threadIdx.x, H * run_words, cuda.blockDim.x):
-            h, w = work // run_words, work % run_words
+        s_key = cuda.shared.array(KEY_PARAMS, float32)  # [2, D]: scale, min as stored (float16)
+        s_value = cuda.shared.array(VALUE_PARAMS, float32)  # [BS, 2, NG]
+        for h in range(H):
             tail = tail_offset(layer, slot, h, 0, max_seqs, H, BS, D) // 2
-            at = code_offset(layer, block, h, 0, num_blocks, H, BS, row) // 4 + w
-            kmeta = key_meta_offset(layer, block, h, num_blocks, H, D) // 2
-            vmeta = value_meta_offset(layer, block, h, 0, num_blocks, H, BS, NG) // 2
-            t, kword = w // row_words, w % row_words
-            kbits = np.uint32(0)
-            vbits = np.uint32(0)
-            for f in range(fields):
-                d = key_code_dim(kword, f, bits)
-                q = _quantize(np.float32(k_tails[tail + t * D + d]), np.float32(k_meta[kmeta + d]),
-                              np.float32(k_meta[kmeta + D + d]), levels)
-                kbits |= np.uint32(q) << np.uint32(f * bits)
-                vt, vd = value_code_token_dim(w, f, bits, D, chunk)
-                m = vmeta + vt * 2 * NG + vd // GS
-                q = _quantize(np.float32(v_tails[tail + vt * D + vd]), np.float32(v_meta[m]),
-                              np.float32(v_meta[m + NG]), levels)
-                vbits |= np.uint32(q) << np.uint32(f * bits)
-            k_codes[at] = kbits
-            v_codes[at] = vbits
+            for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):  # keys: per channel over the tokens
+                _write_params(k_tails, tail + d, D, BS, k_meta,
+                              key_meta_offset(layer, block, h, num_blocks, H, D) // 2 + d, D, levels, s_key, d)
+            for work in range(cuda.threadIdx.x, BS * NG, cuda.blockDim.x):  # values: per token and group
+                t, g = work // NG, work % NG
+                _write_params(v_tails, tail + t * D + g * GS, 1, GS, v_meta,
+                              value_meta_offset(layer, block, h, t, num_blocks, H, BS, NG) // 2 + g, NG, levels,
+                              s_value, t * 2 * NG + g)
+            cuda.syncthreads()  # the head's scales and mins in shared memory
+            run = code_offset(layer, block, h, 0, num_blocks, H, BS, row) // 4
+            for w in range(cuda.threadIdx.x, run_words, cuda.blockDim.x):  # one 32-bit word per step
+                t, kword = w // row_words, w % row_words
+                kbits = np.uint32(0)
+                vbits = np.uint32(0)
+                for f in range(fields):  # fields in the sealed order (layout.py)
+                    d = key_code_dim(kword, f, bits)
+                    q = _quantize(np.float32(k_tails[tail + t * D + d]), s_key[d], s_key[D + d], levels)
+                    kbits |= np.uint32(q) << np.uint32(f * bits)
+                    vt, vd = value_code_token_dim(w, f, bits, D, chunk)
+                    m = vt * 2 * NG + vd // GS
+                    q = _quantize(np.float32(v_tails[tail + vt * D + vd]), s_value[m], s_value[m + NG], levels)
+                    vbits |= np.uint32(q) << np.uint32(f * bits)
+                k_codes[run + w] = kbits
+                v_codes[run + w] = vbits
+            cuda.syncthreads()  # the shared metadata is free for the next head
 
     return kernel
 
 
 @cuda.jit(device=True)
-def _write_params(x, start, stride, count, meta, at, min_offset, levels):
+def _write_params(x, start, stride, count, meta, at, min_offset, levels, copy, copy_at):
     """Scale and min of ``count`` float16 values ``x[start + i * stride]``: ``meta[at]`` =
-    f16((hi - lo) / levels), ``meta[at + min_offset]`` = f16(lo)."""
+    f16((hi - lo) / levels), ``meta[at + min_offset]`` = f16(lo); the stored (rounded)
+    values also go to ``copy[copy_at]`` and ``copy[copy_at + min_offset]``."""
     lo = np.float32(x[start])
     hi = lo
     for i in range(1, count):
@@ -222,6 +220,8 @@ def _write_params(x, start, stride, count, meta, at, min_offset, levels):
         hi = max(hi, v)
     meta[at] = (hi - lo) / np.float32(levels)
     meta[at + min_offset] = lo
+    copy[copy_at] = np.float32(meta[at])
+    copy[copy_at + min_offset] = np.float32(meta[at + min_offset])
 
 
 @functools.cache

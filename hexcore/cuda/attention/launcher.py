@@ -194,12 +194,19 @@ def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scal
     return Launch(kernel, (splits, cfg.num_kv_heads * shape.head_groups, batch), THREADS, tuple(args)), out
 
 
+_occupancy: dict = {}  # decode kernel -> resident CTAs per SM (one specialization each)
+
+
 def _ctas_per_sm(kernel, args) -> int:
-    """Resident CTAs per SM of the compiled kernel (registers and shared memory)."""
+    """Resident CTAs per SM of the compiled kernel (registers and shared memory); worked out
+    once per kernel (typing the arguments and asking the driver costs ~100s of us)."""
     if SIMULATOR:
         return 1
-    compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
-    return max(1, compiled.max_cooperative_grid_blocks(THREADS) // _num_sms())
+    found = _occupancy.get(kernel)
+    if found is None:
+        compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+        found = _occupancy[kernel] = max(1, compiled.max_cooperative_grid_blocks(THREADS) // _num_sms())
+    return found
 
 
 def _checked_scale(scale, head_dim: int) -> float:
