@@ -81,8 +81,7 @@ def run_steps(engine, mirror, seqs, rng, steps, per_layer=False):
             assert ref.relative_l2(got[layer], expect) <= 2e-3
 
 
-@pytest.mark.parametrize("dtype", ["fp16", "int4"])
-@pytest.mark.parametrize("per_layer", [False, True], ids=["whole", "per-layer"])
+@pytest.mark.parametrize("dtype,per_layer", [("fp16", False), ("int4", True)], ids=["fp16-whole", "int4-per-layer"])
 def test_prefill_fork_steps_and_finish(dtype, per_layer, rng):
     engine, mirror = make_engine(dtype), Mirror()
     a = engine.add()

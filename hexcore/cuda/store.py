@@ -10,6 +10,7 @@ from numba import cuda
 from ..config import KVCacheConfig, KVDtype
 from ..errors import HexcoreConfigError
 from .arrays import as_device_array
+from .device import SIMULATOR
 
 FP16_NAN_BITS = 0x7E00
 CODE_POISON = 0xFF
@@ -84,7 +85,11 @@ class DeviceKVStore:
         """Fill every slot with NaN (float16) or 0xFF (codes), so a read of unwritten data shows."""
         for array in self.arrays.values():
             pattern = CODE_POISON * 0x01010101 if array.dtype == np.uint8 else FP16_NAN_BITS * 0x10001
-            _fill_words(flat_words(array), pattern)
+            words = flat_words(array)
+            if SIMULATOR:  # one simulated thread per word would take seconds: copy the pattern
+                words.copy_to_device(np.full(words.shape[0], pattern, np.uint32))
+            else:
+                _fill_words(words, pattern)
 
     def as_torch(self) -> dict:
         """Name -> zero-copy torch tensor of each array (needs torch with CUDA)."""
