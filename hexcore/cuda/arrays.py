@@ -1,7 +1,29 @@
-"""Argument checks shared by every launcher: dtype, shape, contiguity, device, alignment.
+"""Argument checks shared by every launcher: store, layer, dtype, shape, contiguity,
+device, alignment, writability and overlap.
 
 Launchers validate here, in Python, and raise ``HexcoreInvalidArgumentError`` naming
-the argument and its actual value; kernels never raise.
+the argument and its actual value; kernels never raise. One function per kind of
+argument, so every launcher (``write.py``, ``blocks.py``, ``attention/launcher.py``,
+``steps/``) gives the same message for the same mistake:
+
+- :func:`checked_store`: a :class:`~hexcore.cuda.DeviceKVStore` (not None, not a config);
+- :func:`checked_layer`: a layer index (the integer rule of ``hexcore._checks.as_int``);
+- :func:`checked`: a C-contiguous device array of a dtype and shape (host numpy arrays
+  are copied to the device; an *output* must already be a writable device array);
+- :func:`checked_ids`: an int32 id vector, range-checked when it is a host array;
+- :func:`check_distinct`, :func:`check_disjoint`, :func:`check_distinct_pairs`: ids
+  that one launch writes must not repeat, nor be read by the same launch (a race on a
+  GPU); :func:`check_outside_store`: an input must not be a view of the store the
+  launch writes.
+
+What is not checked, because it would need a device-to-host copy (a synchronisation):
+the values of device id arrays, repeats and overlaps among device id arrays, and the
+device an array lives on when several GPUs are in use. The append, seal, copy and
+dequantize kernels skip ids out of range, so nothing is written outside the store (a
+wrong id gives a wrong result). The decode kernel does not yet: a device ``seq_lens``
+entry past its table or above the ``max_seq_len`` given, or a device block id or tail
+slot out of range, makes it read outside its arrays or the store (docs/adversarial.md:
+a kernel change, open).
 """
 
 from __future__ import annotations
@@ -9,22 +31,79 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from .._checks import as_int
 from ..errors import HexcoreInvalidArgumentError
 
+OUTPUTS = frozenset({"out"})  # argument names `checked` treats as outputs (written by the launch)
 
-def as_device_array(x, name: str = "array"):
+
+def checked_store(store, name: str = "store"):
+    """``store`` if it is a DeviceKVStore, else HexcoreInvalidArgumentError naming ``name``."""
+    from .store import DeviceKVStore  # store.py imports this module
+
+    if not isinstance(store, DeviceKVStore):
+        raise HexcoreInvalidArgumentError(f"{name}: expected a DeviceKVStore, got {type(store).__name__}")
+    return store
+
+
+def checked_layer(layer, num_layers: int, allow_all: bool = False) -> tuple[int, int]:
+    """(first layer, layer count) for ``layer``: an int in ``[0, num_layers)`` (numpy
+    integers accepted, bools refused), or None for all layers when ``allow_all``."""
+    if layer is None and allow_all:
+        return 0, num_layers
+    try:
+        return as_int("layer", layer, 0, num_layers - 1), 1
+    except HexcoreInvalidArgumentError:
+        tail = " or None" if allow_all else ""
+        raise HexcoreInvalidArgumentError(
+            f"layer: expected an int in [0, {num_layers}){tail}, got {_show(layer)}") from None
+
+
+def as_device_array(x, name: str = "array", output: bool = False):
     """A numba device view of ``x``: a device array, a CUDA tensor, or a host numpy array
-    (copied to the device; convenient, but not capture-safe)."""
+    (copied to the device; convenient, but not capture-safe).
+
+    With ``output`` (the launch writes ``x``) a host array is refused, since the launch
+    would write a copy and leave ``x`` untouched, and so is an exporter that marks its
+    memory read-only.
+    """
     if isinstance(x, np.ndarray):
-        return cuda.to_device(np.ascontiguousarray(x))
-    if hasattr(x, "copy_to_host"):  # a numba device array (or the simulator's)
+        if output:
+            raise HexcoreInvalidArgumentError(
+                f"{name}: an output must be a device array or CUDA tensor, got a host numpy array "
+                f"({'read-only, ' if not x.flags.writeable else ''}it would not be written)")
+        if x.dtype.kind not in "biufc":
+            raise HexcoreInvalidArgumentError(f"{name}: expected a numeric array, got dtype {x.dtype}")
+        try:
+            return cuda.to_device(np.ascontiguousarray(x))
+        except MemoryError:
+            from ..errors import HexcoreOOMError
+
+            raise HexcoreOOMError(f"{name}: no device memory for a copy of {x.nbytes} bytes") from None
+    if hasattr(type(x), "copy_to_host") and hasattr(x, "dtype"):  # a numba device array (or the simulator's)
         return x
-    if hasattr(x, "__cuda_array_interface__"):  # torch and other exporters
-        return cuda.as_cuda_array(x)
+    try:
+        iface = getattr(x, "__cuda_array_interface__", None)
+    except Exception as exc:  # torch raises for a tensor that requires grad
+        raise HexcoreInvalidArgumentError(f"{name}: cannot export {type(x).__name__} to CUDA ({exc})") from None
+    if iface is not None:
+        if output and _read_only(iface):
+            raise HexcoreInvalidArgumentError(f"{name}: an output must be writable, got a read-only "
+                                              f"{type(x).__name__}")
+        try:
+            return cuda.as_cuda_array(x)
+        except Exception as exc:
+            raise HexcoreInvalidArgumentError(f"{name}: cannot use {type(x).__name__} as a CUDA array "
+                                              f"({exc})") from None
     device = getattr(x, "device", None)
-    if device is not None:
+    if device is not None and not callable(device):
         raise HexcoreInvalidArgumentError(f"{name}: expected a CUDA array, got one on device {device}")
     raise HexcoreInvalidArgumentError(f"{name}: expected a CUDA or numpy array, got {type(x).__name__}")
+
+
+def _read_only(iface) -> bool:
+    data = iface.get("data") if isinstance(iface, dict) else None
+    return isinstance(data, tuple) and len(data) == 2 and bool(data[1])
 
 
 def device_only(**arrays) -> None:
@@ -42,18 +121,21 @@ def device_pointer(x) -> int | None:
     return None if iface is None else int(iface["data"][0])
 
 
-def checked(x, name: str, dtype, shape: tuple, align: int = 16):
+def checked(x, name: str, dtype, shape: tuple, align: int = 16, output: bool | None = None):
     """``x`` as a C-contiguous device array of ``dtype`` and ``shape`` (None = any size).
 
-    Raises HexcoreInvalidArgumentError naming ``name`` and the actual dtype, shape,
-    strides or address.
+    ``output``: the launch writes ``x`` (default: ``name`` is in :data:`OUTPUTS`), so it
+    must be a writable device array (see :func:`as_device_array`). Host arrays are
+    checked for dtype and shape before they are copied. Raises
+    HexcoreInvalidArgumentError naming ``name`` and the actual dtype, shape, strides,
+    address or device.
     """
-    arr = as_device_array(x, name)
-    if np.dtype(arr.dtype) != np.dtype(dtype):
-        raise HexcoreInvalidArgumentError(f"{name}: expected dtype {np.dtype(dtype)}, got {np.dtype(arr.dtype)}")
-    if len(arr.shape) != len(shape) or any(e is not None and e != a for e, a in zip(shape, arr.shape)):
-        want = tuple("*" if e is None else e for e in shape)
-        raise HexcoreInvalidArgumentError(f"{name}: expected shape {want}, got {tuple(arr.shape)}")
+    if output is None:
+        output = name in OUTPUTS
+    if isinstance(x, np.ndarray) and not output:
+        _check_dtype_shape(name, x.dtype, x.shape, dtype, shape)  # before a copy of the wrong array
+    arr = as_device_array(x, name, output)
+    _check_dtype_shape(name, arr.dtype, arr.shape, dtype, shape)
     if arr.size and not _c_contiguous(arr.shape, arr.strides, np.dtype(arr.dtype).itemsize):
         raise HexcoreInvalidArgumentError(f"{name}: expected C-contiguous strides, got {arr.strides} for shape {arr.shape}")
     ptr = device_pointer(arr)
@@ -62,12 +144,25 @@ def checked(x, name: str, dtype, shape: tuple, align: int = 16):
     return arr
 
 
+def _check_dtype_shape(name, have_dtype, have_shape, dtype, shape) -> None:
+    try:
+        have = np.dtype(have_dtype)
+    except TypeError:
+        raise HexcoreInvalidArgumentError(f"{name}: expected dtype {np.dtype(dtype)}, got {have_dtype!r}") from None
+    if have != np.dtype(dtype):
+        raise HexcoreInvalidArgumentError(f"{name}: expected dtype {np.dtype(dtype)}, got {have}")
+    have_shape = tuple(have_shape)
+    if len(have_shape) != len(shape) or any(e is not None and e != a for e, a in zip(shape, have_shape)):
+        want = tuple("*" if e is None else e for e in shape)
+        raise HexcoreInvalidArgumentError(f"{name}: expected shape {want}, got {have_shape}")
+
+
 def checked_ids(x, name: str, count: int | None, upper: int, lower: int = 0):
     """A device int32 1-D array of ids; host arrays are range-checked before the copy.
 
     Device arrays are checked for dtype and shape only (reading them back would
-    synchronise); kernels skip ids outside ``[lower, upper)``, so nothing is written
-    out of bounds.
+    synchronise); the write and copy kernels skip ids outside ``[lower, upper)``, so
+    nothing is written out of bounds (the decode kernel: see the module docstring).
     """
     if isinstance(x, np.ndarray):
         if x.dtype != np.int32:
@@ -78,7 +173,76 @@ def checked_ids(x, name: str, count: int | None, upper: int, lower: int = 0):
         if bad.size:
             raise HexcoreInvalidArgumentError(
                 f"{name}[{bad[0]}] = {x[bad[0]]} is outside [{lower}, {upper})")
-    return checked(x, name, np.int32, (count,), align=4)
+    return checked(x, name, np.int32, (count,), align=4, output=False)
+
+
+def check_distinct(x, name: str) -> None:
+    """Raise when the host id array ``x`` repeats an id (a launch that writes each id
+    once would race on it). Device arrays are not read back, so not checked."""
+    if isinstance(x, np.ndarray) and x.ndim == 1 and x.size > 1:
+        ids, counts = np.unique(x, return_counts=True)
+        if (counts > 1).any():
+            raise HexcoreInvalidArgumentError(
+                f"{name}: expected distinct ids, got {_ids(ids[counts > 1])} more than once")
+
+
+def check_disjoint(src, dst, src_name: str, dst_name: str) -> None:
+    """Raise when an id is both read (``src``) and written (``dst``) by one launch: the
+    order of a GPU's reads and writes is not defined, so the copy would race. Host
+    arrays only (device arrays are not read back)."""
+    if isinstance(src, np.ndarray) and isinstance(dst, np.ndarray) and src.ndim == 1 and dst.ndim == 1:
+        both = np.intersect1d(src, dst)
+        if both.size:
+            raise HexcoreInvalidArgumentError(
+                f"{dst_name}: ids {_ids(both)} are also in {src_name}: one launch would read and write them "
+                f"(a race); copy in two launches")
+
+
+def check_distinct_pairs(a, b, name: str) -> None:
+    """Raise when host arrays ``a`` and ``b`` hold the same (a[i], b[i]) pair twice:
+    one launch would write one place twice (a race)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.ndim == b.ndim == 1 \
+            and a.shape == b.shape and a.size > 1:
+        pairs = a.astype(np.int64) << 32 | (b.astype(np.int64) & 0xFFFFFFFF)
+        values, index, counts = np.unique(pairs, return_index=True, return_counts=True)
+        if (counts > 1).any():
+            first = int(index[np.argmax(counts > 1)])
+            raise HexcoreInvalidArgumentError(
+                f"{name}: entry {first} ({a[first]}, {b[first]}) appears more than once: one launch would write "
+                f"the same place twice")
+
+
+def check_outside_store(store, **arrays) -> None:
+    """Raise when a device array a launch reads lives inside ``store``'s memory: the launch
+    writes the store, so reading it in the same launch is a race (for instance ``k``
+    given as a view of the tails). Checked from addresses, nothing is read back."""
+    pool = store.pool
+    pool_ary = getattr(pool, "_ary", None)  # the simulator's device arrays wrap numpy arrays
+    for name, x in arrays.items():
+        if isinstance(x, np.ndarray) or x is None:
+            continue  # a host array is copied to a fresh buffer
+        ary = getattr(x, "_ary", None)
+        if pool_ary is not None and ary is not None:
+            overlaps = np.may_share_memory(ary, pool_ary)
+        else:
+            start, other = device_pointer(x), device_pointer(pool)
+            if start is None or other is None:
+                continue
+            size = int(getattr(x, "nbytes", 0) or 0)
+            overlaps = start < other + int(pool.nbytes) and other < start + max(size, 1)
+        if overlaps:
+            raise HexcoreInvalidArgumentError(
+                f"{name}: lies inside the store's memory, which this launch writes (a race); pass a copy")
+
+
+def _ids(values) -> str:
+    shown = ", ".join(str(int(v)) for v in values[:8])
+    return f"[{shown}{', ...' if len(values) > 8 else ''}]"
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "..."
 
 
 def _c_contiguous(shape, strides, itemsize: int) -> bool:

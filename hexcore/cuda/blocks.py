@@ -9,7 +9,8 @@ from numba import cuda
 
 from ..errors import HexcoreInvalidArgumentError
 from .. import layout
-from .arrays import checked_ids, device_only
+from .arrays import (check_disjoint, check_distinct, check_outside_store, checked_ids, checked_layer, checked_store,
+                     device_only)
 from .device_layout import code_offset, key_meta_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch
 from .store import DeviceKVStore
@@ -43,11 +44,21 @@ _COPIED = {"blocks": ("k_codes", "v_codes", "k_meta", "v_meta"), "tails": ("k_ta
 
 
 def _copy_launch(store, what, src, dst) -> Launch:
-    """Validate a copy's ids; the launch that does it."""
+    """Validate a copy's ids; the launch that does it.
+
+    Host id arrays are range-checked, destinations must be distinct, and no id may be
+    both a source and a destination (one launch would read and write it: a race).
+    Device id arrays are checked for dtype and shape only (``arrays`` module).
+    """
+    store = checked_store(store)
     units = store.num_blocks if what == "blocks" else store.max_seqs
     ids = "blocks" if what == "blocks" else "slots"  # the parameter names: src_blocks, src_slots
+    host = src, dst
     src = checked_ids(src, f"src_{ids}", None, units)
     dst = checked_ids(dst, f"dst_{ids}", src.shape[0], units)
+    check_distinct(host[1], f"dst_{ids}")
+    check_disjoint(*host, f"src_{ids}", f"dst_{ids}")
+    check_outside_store(store, **{f"src_{ids}": src, f"dst_{ids}": dst})
     arrays = _copy_arrays(store, what)
     # grid z: one per copied array (FP16 blocks and tails have no metadata arrays)
     copied = sum(1 for name in _COPIED[what] if name and name in store.words)
@@ -75,26 +86,21 @@ def _copy(store, what, src, dst, stream):
     _copy_launch(store, what, src, dst).run(resolve_stream(stream, src, dst))
 
 
-def _check_distinct(dst, what: str) -> None:
-    if isinstance(dst, np.ndarray) and dst.ndim == 1 and len(np.unique(dst)) != len(dst):
-        raise HexcoreInvalidArgumentError(f"dst_{what}: expected distinct ids, got {dst.tolist()}")
-
-
 def copy_blocks(store: DeviceKVStore, src_blocks, dst_blocks, stream=None) -> None:
     """Copy sealed blocks (codes and metadata, K and V, all layers) pairwise, one launch.
 
-    ``src_blocks``, ``dst_blocks``: int32 ``[num_pairs]``; destinations distinct.
+    ``src_blocks``, ``dst_blocks``: int32 ``[num_pairs]``; destinations distinct and
+    none of them a source (checked for host arrays; see ``arrays``).
     """
-    _check_distinct(dst_blocks, "blocks")
     _copy(store, "blocks", src_blocks, dst_blocks, stream)
 
 
 def copy_tails(store: DeviceKVStore, src_slots, dst_slots, stream=None) -> None:
     """Copy FP16 tails (K and V, all layers) pairwise, one launch (a fork copies one).
 
-    ``src_slots``, ``dst_slots``: int32 ``[num_pairs]``; destinations distinct.
+    ``src_slots``, ``dst_slots``: int32 ``[num_pairs]``; destinations distinct and
+    none of them a source (checked for host arrays; see ``arrays``).
     """
-    _check_distinct(dst_slots, "slots")
     _copy(store, "tails", src_slots, dst_slots, stream)
 
 
@@ -154,20 +160,26 @@ def _dequantize_kernel(cfg):
 def dequantize_blocks(store: DeviceKVStore, layer: int, block_ids, stream=None):
     """Sealed blocks of one layer back to float16, for tests and debugging.
 
-    Returns device arrays ``(k, v)``, each float16 ``[num_ids, H, block_size, D]``.
+    Returns device arrays ``(k, v)``, each float16 ``[num_ids, H, block_size, D]``; the
+    rows of device ids out of range are zeros (host ids are checked, and for FP16 stores
+    device ids too).
     """
-    cfg = store.config
-    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < cfg.num_layers:
-        raise HexcoreInvalidArgumentError(f"layer: expected an int in [0, {cfg.num_layers}), got {layer!r}")
+    cfg = checked_store(store).config
+    layer, _ = checked_layer(layer, cfg.num_layers)
     stream = resolve_stream(stream, block_ids).numba
     ids = checked_ids(block_ids, "block_ids", None, store.num_blocks)
     if not cfg.kv_dtype.is_quantized:
-        host = ids.copy_to_host()
+        host = ids.copy_to_host()  # (a debugging path: device ids are read back, so checked here)
+        bad = np.flatnonzero((host < 0) | (host >= store.num_blocks))
+        if bad.size:
+            raise HexcoreInvalidArgumentError(
+                f"block_ids[{bad[0]}] = {host[bad[0]]} is outside [0, {store.num_blocks})")
         return (cuda.to_device(np.ascontiguousarray(store.k_codes[layer].copy_to_host()[host])),
                 cuda.to_device(np.ascontiguousarray(store.v_codes[layer].copy_to_host()[host])))
     shape = (ids.shape[0], cfg.num_kv_heads, cfg.block_size, cfg.head_dim)
-    k_out = cuda.device_array(shape, np.float16, stream=stream)
-    v_out = cuda.device_array(shape, np.float16, stream=stream)
+    # zeroed: the kernel skips device ids out of range, and those rows must not show stale memory
+    k_out = cuda.to_device(np.zeros(shape, np.float16), stream=stream)
+    v_out = cuda.to_device(np.zeros(shape, np.float16), stream=stream)
     total = int(np.prod(shape))
     if total:
         f, w = store.flat, store.words

@@ -29,7 +29,8 @@ from .._checks import as_int
 from ..errors import HexcoreInvalidArgumentError
 from .. import layout
 from ..layout import value_chunk_dims
-from .arrays import checked, checked_ids, device_only
+from .arrays import (check_distinct, check_distinct_pairs, check_outside_store, checked, checked_ids, checked_layer,
+                     checked_store, device_only)
 from .device import load_u32x4
 from .device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch
@@ -54,11 +55,7 @@ def _quantize(x, scale, lo, levels):
 
 def _layer_range(layer, num_layers: int) -> tuple[int, int]:
     """(first layer, layer count) for ``layer`` = an index or None (all layers)."""
-    if layer is None:
-        return 0, num_layers
-    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < num_layers:
-        raise HexcoreInvalidArgumentError(f"layer: expected an int in [0, {num_layers}) or None, got {layer!r}")
-    return int(layer), 1
+    return checked_layer(layer, num_layers, allow_all=True)
 
 
 # -- append ---------------------------------------------------------------------------
@@ -124,16 +121,24 @@ def prepare_append(store: DeviceKVStore, k, v, slots, positions, layer: int | No
 
 
 def append_launch(store, k, v, slots, positions, layer=None, rows=None) -> Launch:
-    """Validate :func:`append`'s arguments; the launch that does it."""
-    cfg = store.config
+    """Validate :func:`append`'s arguments; the launch that does it.
+
+    Host ``slots``/``positions`` are range-checked and must not name one tail place
+    twice (one launch would write it twice: a race); device arrays are trusted
+    (``arrays``: the kernel skips ids out of range).
+    """
+    cfg = checked_store(store).config
     first, count = _layer_range(layer, cfg.num_layers)
     lead = () if layer is not None else (cfg.num_layers,)
     k = checked(k, "k", np.float16, lead + (None, cfg.num_kv_heads, cfg.head_dim))
     rows_in = tuple(k.shape)[-3]
     v = checked(v, "v", np.float16, lead + (rows_in, cfg.num_kv_heads, cfg.head_dim))
     row0, num_tokens = _row_range(rows, rows_in)
+    host = slots, positions
     slots = checked_ids(slots, "slots", num_tokens, store.max_seqs)
     positions = checked_ids(positions, "positions", num_tokens, cfg.block_size)
+    check_distinct_pairs(*host, "(slots, positions)")
+    check_outside_store(store, k=k, v=v, slots=slots, positions=positions)
     kernel, chunks = _append_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim)
     blocks = (num_tokens * cfg.num_kv_heads * chunks + THREADS - 1) // THREADS
     return Launch(kernel, (blocks, count), THREADS, (store.words["k_tails"], store.words["v_tails"], flat_words(k),
@@ -274,13 +279,14 @@ def prepare_seal(store: DeviceKVStore, slots, block_ids, layer: int | None = Non
 
 def seal_launch(store, slots, block_ids, layer=None) -> Launch:
     """Validate :func:`seal`'s arguments; the launch that does it."""
-    cfg = store.config
+    cfg = checked_store(store).config
     first, count = _layer_range(layer, cfg.num_layers)
     slots = checked_ids(slots, "slots", None, store.max_seqs)
     num = slots.shape[0]
-    if isinstance(block_ids, np.ndarray) and block_ids.ndim == 1 and len(np.unique(block_ids)) != len(block_ids):
-        raise HexcoreInvalidArgumentError(f"block_ids: expected distinct ids, got {block_ids.tolist()}")
+    host = block_ids
     block_ids = checked_ids(block_ids, "block_ids", num, store.num_blocks)
+    check_distinct(host, "block_ids")
+    check_outside_store(store, slots=slots, block_ids=block_ids)
     if cfg.kv_dtype.is_quantized:
         f, w = store.flat, store.words
         return Launch(_seal_quantized_kernel(cfg), (num, count), THREADS, (

@@ -2,7 +2,8 @@
 
 Public names load lazily (importing hexcore compiles or loads no njit module):
 PagedKVCache and StepResult (allocator), MetricsCollector (metrics),
-LockFreeRingBuffer (ring), SpeculativeAllocator (speculative), BlockTableMirror (events).
+LockFreeRingBuffer (ring), SpeculativeAllocator (speculative), BlockTableMirror (events),
+Admission and prefix_keys (prefix: automatic prefix caching).
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import importlib
 
 _MODULE_OF = {
+    "Admission": "prefix",
     "BlockTableMirror": "events",
     "LockFreeRingBuffer": "ring",
     "MetricsCollector": "metrics",
     "PagedKVCache": "allocator",
     "SpeculativeAllocator": "speculative",
     "StepResult": "allocator",
+    "prefix_keys": "prefix",
 }
 
 __all__ = sorted(_MODULE_OF)

@@ -12,7 +12,9 @@ State (all int32 except ``counters``), grouped so a call unboxes few arrays:
 - ``counters [4]`` int64
 
 The batch step, and its output arrays, are in ``_step.py``. Speculative prefetch
-(``reserve_*``, ``release_*``) parks blocks in ``seqs[PREFETCHED]``.
+(``reserve_*``, ``release_*``) parks blocks in ``seqs[PREFETCHED]``. With the prefix
+cache on, ``_prefix.py`` holds the versions of these calls that key, index and evict
+blocks; the functions here are the prefix-cache-off paths, unchanged by it.
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ OUT_OF_MEMORY = int(Status.OUT_OF_MEMORY)
 INVALID_SEQUENCE = int(Status.INVALID_SEQUENCE)
 INVALID_ARGUMENT = int(Status.INVALID_ARGUMENT)
 
-# block states, the values of blocks[STATE]
-FREE, LIVE, RESERVED = 0, 1, 2
+# block states, the values of blocks[STATE]; CACHED only with the prefix cache on
+# (``_prefix.py``): no references, kept indexed by its key until evicted
+FREE, LIVE, RESERVED, CACHED = 0, 1, 2, 3
 
 # blocks[FREE_STACK]: [position] -> block_id; positions [0, num_free) hold the free blocks
 # blocks[REFS]:       [block_id] -> block-table references (> 0 exactly when LIVE)
-# blocks[STATE]:      [block_id] -> FREE / LIVE / RESERVED
+# blocks[STATE]:      [block_id] -> FREE / LIVE / RESERVED / CACHED
 FREE_STACK, REFS, STATE = 0, 1, 2
 
 # seqs[LEN]:        [seq_id] -> length in tokens, -1 when the slot is not live
@@ -131,19 +134,27 @@ def free_sequence(blocks, seqs, counters, tables, seq_id, block_size):
             _push_block(blocks, counters, block_id)
             freed += 1
     counters[NUM_LIVE] -= freed
+    return OK, freed + drop_slot(blocks, seqs, counters, seq_id)
+
+
+@numba.njit(cache=True, inline="always")
+def drop_slot(blocks, seqs, counters, seq_id):
+    """The end of a free, once ``seq_id``'s table is released: its reserved block back to
+    the free stack, its slot back to the free slots; returns 1 if it held a reserved block."""
+    released = 0
     prefetched = seqs[PREFETCHED, seq_id]
     if prefetched >= 0:
         _push_block(blocks, counters, prefetched)
         seqs[PREFETCHED, seq_id] = -1
         counters[NUM_RESERVED] -= 1
-        freed += 1
+        released = 1
     seqs[LEN, seq_id] = -1
     seqs[GEN, seq_id] += 1
     pos = counters[NUM_FREE_SEQS]
     seqs[FREE_SEQS, pos] = seq_id
     seqs[SEQ_POS, seq_id] = pos
     counters[NUM_FREE_SEQS] = pos + 1
-    return OK, freed
+    return released
 
 
 @numba.njit(cache=True)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import numba
 
+from ._keys import index_find, index_insert, index_remove
 from ._ring_ops import RING_CLOSED, ring_try_pop_batch, ring_try_push_batch
 
 ALLOCATED, SEALED, FREED, FORKED = 0, 1, 2, 3
+STORED, REMOVED, REUSED = 4, 5, 6  # prefix cache events (hexcore.host.prefix)
 EVENT_WIDTH = 4
 NEED_ROOM = -2  # a publish_* call found the staging array too small; nothing was staged
 
@@ -103,15 +105,32 @@ def publish_records(buf, staging, state, records):
 
 
 # -- consumer side ---------------------------------------------------------------------
-@_jit
-def apply_events(events, tables, num_sealed, refs):
+@numba.njit(cache=True, nogil=True, _nrt=False)  # no NRT: the key index helpers inline without refcounts
+def apply_events(events, tables, num_sealed, refs, keys, key_index):
     """Apply ``events`` (int64 [n, 4]) to the mirror's arrays; index of the first bad event or -1.
 
-    Events before a bad one stay applied; the bad one and those after are not.
+    ``keys`` int64 [num_blocks, 3]: [block_id] -> (stored flag, key, parent key);
+    ``key_index``: key -> block id (``_keys.py``). Events before a bad one stay applied;
+    the bad one and those after are not.
     """
-    max_seqs, max_blocks = tables.shape[0], tables.shape[1]
+    max_seqs, max_blocks, num_blocks = tables.shape[0], tables.shape[1], refs.shape[0]
     for i in range(events.shape[0]):
         kind, seq_id, arg, block_id = events[i, 0], events[i, 1], events[i, 2], events[i, 3]
+        if kind == STORED or kind == REMOVED:  # (kind, block_id, key, parent key)
+            block, key = seq_id, arg
+            if block < 0 or block >= num_blocks:
+                return i
+            if kind == STORED:
+                if keys[block, 0] != 0 or index_find(key_index, key) >= 0:
+                    return i
+                keys[block, 0], keys[block, 1], keys[block, 2] = 1, key, block_id
+                index_insert(key_index, key, block)
+            else:
+                if keys[block, 0] == 0 or keys[block, 1] != key:
+                    return i
+                keys[block, 0] = 0
+                index_remove(key_index, key)
+            continue
         if seq_id < 0 or seq_id >= max_seqs:
             return i
         live = num_sealed[seq_id] >= 0
@@ -119,7 +138,7 @@ def apply_events(events, tables, num_sealed, refs):
             if live:
                 return i
             num_sealed[seq_id] = 0
-        elif kind == SEALED:
+        elif kind == SEALED or kind == REUSED:
             if not live or arg != num_sealed[seq_id] or arg >= max_blocks:
                 return i
             if block_id < 0 or block_id >= refs.shape[0]:
@@ -147,7 +166,7 @@ def apply_events(events, tables, num_sealed, refs):
 
 
 @_jit
-def drain_events(buf, out, tables, num_sealed, refs, stats):
+def drain_events(buf, out, tables, num_sealed, refs, keys, key_index, stats):
     """Pop and apply every event in the ring now; stats: int64 [3] -> (applied, bad event row, closed).
 
     On a bad event its 4 words are left in ``out[0]`` and ``stats[1]`` is 0 (else -1).
@@ -160,7 +179,7 @@ def drain_events(buf, out, tables, num_sealed, refs, stats):
             return
         if count == 0:
             return
-        bad = apply_events(out[:count], tables, num_sealed, refs)
+        bad = apply_events(out[:count], tables, num_sealed, refs, keys, key_index)
         if bad >= 0:
             stats[0] += bad
             out[0, :] = out[bad, :]

@@ -15,12 +15,16 @@ _COUNTERS = (
     ("oom_events", "hexcore_oom_events_total", "Requests refused for lack of blocks."),
     ("hits", "hexcore_prefetch_hits_total", "Seals served by a prefetched block."),
     ("misses", "hexcore_prefetch_misses_total", "Seals served by a fresh block."),
+    ("prefix_queries", "hexcore_prefix_cache_queries_total", "Tokens of requests admitted with the prefix cache."),
+    ("prefix_hits", "hexcore_prefix_cache_hits_total", "Tokens of admitted requests found in the prefix cache."),
+    ("prefix_evictions", "hexcore_prefix_cache_evictions_total", "Cached blocks evicted from the prefix cache."),
 )
 _GAUGES = (
     ("active_blocks", "hexcore_active_blocks", "Blocks referenced by block tables."),
     ("free_blocks", "hexcore_free_blocks", "Blocks on the free stack."),
     ("reserved_blocks", "hexcore_reserved_blocks", "Blocks prefetched for a next seal."),
     ("sequences", "hexcore_sequences", "Live sequences."),
+    ("cached_blocks", "hexcore_prefix_cached_blocks", "Blocks kept by the prefix cache that no table references."),
     ("usage", "hexcore_block_usage_ratio", "Fraction of blocks not free (0-1)."),
 )
 
@@ -29,6 +33,11 @@ class PrometheusCollector:
     """Custom collector: ``collect()`` yields metric families from a snapshot."""
 
     def __init__(self, metrics):
+        from .metrics import MetricsCollector
+        from ..errors import HexcoreInvalidArgumentError
+
+        if not isinstance(metrics, MetricsCollector):
+            raise HexcoreInvalidArgumentError(f"metrics: expected a MetricsCollector, got {type(metrics).__name__}")
         self.metrics = metrics
 
     def collect(self):

@@ -219,9 +219,10 @@ class StepResult:
 
 
 @numba.njit(cache=True)
-def check_step(seqs, counters, max_len, seq_ids, block_size):
+def check_step(seqs, counters, max_len, seq_ids, block_size, evictable):
     """Whether ``step(seq_ids)`` (one token each) would succeed for every entry, without
-    changing anything: (status, first failing index, -1 for a shortage of blocks)."""
+    changing anything: (status, first failing index, -1 for a shortage of blocks).
+    ``evictable``: blocks a seal may evict besides the free stack (the prefix cache's)."""
     max_seqs = seqs.shape[1]
     need = 0
     bad = -1
@@ -245,6 +246,6 @@ def check_step(seqs, counters, max_len, seq_ids, block_size):
         seq_id = seq_ids[i]
         if seq_id >= 0 and seq_id < max_seqs:
             seqs[MARK, seq_id] = 0
-    if status == OK and need > counters[NUM_FREE]:
+    if status == OK and need > counters[NUM_FREE] + evictable:
         return OUT_OF_MEMORY, -1
     return status, bad

@@ -11,10 +11,13 @@ import numpy as np
 from .._checks import range_message
 from ..errors import HexcoreInvalidArgumentError, Status
 from . import _blocks as core
+from . import _prefix as pcore
+from ._keys import lanes_after, root_key
 from .ring import LockFreeRingBuffer
 
 _I32 = np.dtype(np.int32)
 _I64 = np.dtype(np.int64)
+_NO_STARTS = np.zeros(0, np.int32)
 
 
 def check_ids(name: str, array, max_len: int | None, like=None) -> None:
@@ -29,6 +32,31 @@ def check_ids(name: str, array, max_len: int | None, like=None) -> None:
                 f"{name}: a batch holds at most max_seqs={max_len} entries, got {array.shape[0]}")
         return
     raise HexcoreInvalidArgumentError(f"{name}: expected a C-contiguous int32 1-D array, got {_describe(array)}")
+
+
+def check_step_tokens(seq_ids, new_lens, tokens, token_starts) -> tuple:
+    """A step's ``(tokens, token_starts)`` checked: tokens [B] int32 with ``new_lens`` None,
+    else tokens [T] and token_starts [B + 1] int32 (both C-contiguous); ``(None, empty)``
+    without tokens. Raises HexcoreInvalidArgumentError naming the bad one."""
+    if tokens is None:
+        if token_starts is not None:
+            raise HexcoreInvalidArgumentError("token_starts: given without tokens")
+        return None, _NO_STARTS
+    if new_lens is None:
+        if token_starts is not None:
+            raise HexcoreInvalidArgumentError(
+                "token_starts: only with new_lens (a decode step takes tokens [B], one per entry)")
+        check_ids("tokens", tokens, None, like=seq_ids)
+        return tokens, _NO_STARTS
+    check_ids("tokens", tokens, None)
+    if token_starts is None:
+        raise HexcoreInvalidArgumentError("token_starts: expected [B + 1] int32 offsets into tokens with new_lens, "
+                                          "got None")
+    check_ids("token_starts", token_starts, None)
+    if token_starts.shape[0] != seq_ids.shape[0] + 1:
+        raise HexcoreInvalidArgumentError(
+            f"token_starts: expected shape ({seq_ids.shape[0] + 1},) (B + 1), got {token_starts.shape}")
+    return tokens, token_starts
 
 
 def check_predictions(name: str, array) -> None:
@@ -80,8 +108,9 @@ def describe_seq_error(cache, status: int, action: str, name: str, seq_id, new_l
     bs = cache.block_size
     need = new_len // bs - length // bs
     reserved = int(seqs[core.PREFETCHED, seq_id] >= 0)
+    evictable = f" + {cache.num_evictable_blocks} evictable" if cache.prefix_cache_enabled else ""
     return (f"out of blocks: sequence {seq_id} growing {length} -> {new_len} needs {need} blocks, "
-            f"{cache.num_free_blocks} free + {reserved} reserved")
+            f"{cache.num_free_blocks} free{evictable} + {reserved} reserved")
 
 
 def _check(ok, message: str) -> None:
@@ -89,13 +118,15 @@ def _check(ok, message: str) -> None:
         raise AssertionError(message)
 
 
-def verify_state(blocks, seqs, tables, counters, block_size: int) -> None:
-    """Raise AssertionError at the first broken invariant of the block manager's state."""
+def verify_state(blocks, seqs, tables, counters, block_size: int, prefix=None) -> None:
+    """Raise AssertionError at the first broken invariant of the block manager's state
+    (``prefix``: the cache's PrefixState, or None when the prefix cache is off)."""
     num_blocks, max_seqs = blocks.shape[1], seqs.shape[1]
     num_free, num_free_seqs = int(counters[core.NUM_FREE]), int(counters[core.NUM_FREE_SEQS])
     num_live, num_reserved = int(counters[core.NUM_LIVE]), int(counters[core.NUM_RESERVED])
-    _check(num_free + num_live + num_reserved == num_blocks,
-           f"free {num_free} + live {num_live} + reserved {num_reserved} != {num_blocks} blocks")
+    num_cached = 0 if prefix is None else int(prefix.pc[pcore.C_CACHED])
+    _check(num_free + num_live + num_reserved + num_cached == num_blocks,
+           f"free {num_free} + live {num_live} + reserved {num_reserved} + cached {num_cached} != {num_blocks} blocks")
     free_ids = blocks[core.FREE_STACK, :num_free]
     _check(len(np.unique(free_ids)) == num_free, "duplicate ids on the free stack")
     state, refs = blocks[core.STATE], blocks[core.REFS]
@@ -124,3 +155,78 @@ def verify_state(blocks, seqs, tables, counters, block_size: int) -> None:
     _check(len(np.unique(held)) == len(held) == num_reserved, "reserved block count mismatch")
     _check(np.all(state[held] == core.RESERVED), "a prefetched block is not RESERVED")
     _check(np.count_nonzero(state == core.RESERVED) == num_reserved, "stray RESERVED blocks")
+    if prefix is None:
+        _check(not np.any(state == core.CACHED), "CACHED blocks with the prefix cache off")
+    else:
+        _verify_prefix(blocks, seqs, tables, prefix, block_size)
+
+
+def _verify_prefix(blocks, seqs, tables, prefix, block_size: int) -> None:
+    # The prefix cache's invariants (_prefix.py): index, chains, pins, levels, LRU lists.
+    pb, ptok, pseqs, index, pc = prefix.pblocks, prefix.ptok, prefix.pseqs, prefix.index, prefix.pc
+    state, refs = blocks[core.STATE], blocks[core.REFS]
+    parent, prio = pb[:, pcore.P_PARENT], pb[:, pcore.P_PRIO]
+    pins, pin_ends = pb[:, pcore.P_PINS], pb[:, pcore.P_PIN_ENDS]
+    indexed = parent != pcore.NOT_INDEXED
+    ids = np.flatnonzero(indexed)
+    cached = state == core.CACHED
+    _check(np.count_nonzero(cached) == pc[pcore.C_CACHED], "cached block count mismatch")
+    _check(np.all(indexed[cached]), "a CACHED block is not indexed")
+    _check(np.all((state[ids] == core.LIVE) | (state[ids] == core.CACHED)), "an indexed block is free or reserved")
+    _check(not np.any(pins[~indexed]) and not np.any(pin_ends[~indexed]), "pins on a block not indexed")
+    # the index holds exactly the indexed blocks, each under its key and found by probing
+    rows = index[index[:, 1] >= 0]
+    _check(np.array_equal(np.sort(rows[:, 1]), ids), "index rows != indexed blocks")
+    _check(np.array_equal(pb[rows[:, 1], pcore.P_KEY], rows[:, 0]), "an index row's key is not its block's")
+    bad = pcore.check_index(index, pb, ids)
+    _check(bad < 0, f"block {bad} is not found under its key")
+    # chains: a key is the hash of the tokens of its chain from the root; parents are
+    # indexed, within one namespace, with at least the child's references, pins and level
+    par = parent[ids]
+    _check(np.all(par >= -1) and np.all(indexed[par[par >= 0]]), "an indexed block's parent is not indexed")
+    bad = pcore.check_chains(pb, ptok, np.int64(prefix.seed), block_size)
+    _check(bad < 0, f"block {bad}'s key is not the hash of its chain's tokens")
+    child, p = ids[par >= 0], par[par >= 0]
+    _check(np.array_equal(pb[p, pcore.P_NS], pb[child, pcore.P_NS]), "a parent is in another namespace")
+    _check(np.all((refs[p] >= refs[child]) & (pins[p] >= pins[child]) & (prio[p] >= prio[child])),
+           "a parent has fewer references, pins or a lower level than its child")
+    child_pins = np.zeros(len(pb), np.int64)
+    np.add.at(child_pins, par[par >= 0], pins[ids[par >= 0]])
+    _check(np.all(pin_ends >= 0) and np.array_equal(pins, pin_ends + child_pins),
+           "pins != pins ending here + the children's pins")
+    _check(np.all((prio[ids] >= 0) & (prio[ids] < pcore.NUM_PRIORITIES)), "a level out of range")
+    # LRU lists: exactly the cached unpinned blocks, by level; in each, a block is newer
+    # than its listed descendants (so the head of the lowest level is a leaf)
+    position = np.full(len(pb), -1, np.int64)
+    listed = 0
+    for level in range(pcore.NUM_PRIORITIES):
+        b, prev = pc[pcore.C_HEAD + level], -1
+        while b >= 0:
+            _check(position[b] < 0 and listed < len(pb), f"LRU list {level} loops")
+            _check(pb[b, pcore.P_PREV] == prev and prio[b] == level, f"LRU list {level} links or level of block {b}")
+            position[b] = listed
+            listed += 1
+            prev, b = b, pb[b, pcore.P_NEXT]
+        _check(pc[pcore.C_TAIL + level] == prev, f"LRU list {level} tail")
+    evictable = cached & (pins == 0)
+    _check(listed == pc[pcore.C_EVICTABLE] and np.array_equal(position >= 0, evictable),
+           "LRU lists != cached unpinned blocks")
+    on_list = ids[(position[ids] >= 0) & (par >= 0)]
+    on_list = on_list[position[parent[on_list]] >= 0]
+    _check(np.all(position[parent[on_list]] > position[on_list]), "a parent would be evicted before its child")
+    # tables: an indexed block follows its parent; a tracked sequence's blocks are all indexed
+    lens = seqs[core.LEN]
+    for s in np.flatnonzero(lens >= 0):
+        row = tables[s, :lens[s] // block_size]
+        expected = np.concatenate(([-1], row[:-1])) if len(row) else row
+        _check(np.all(parent[row][indexed[row]] == expected[indexed[row]]),
+               f"seq {s}: an indexed block does not follow its parent")
+        _check(not len(row) or not indexed[row[0]] or pb[row[0], pcore.P_NS] == pseqs[pcore.S_NS, s],
+               f"seq {s}: its first block is in another namespace")
+        if pseqs[pcore.S_TRACKED, s]:
+            _check(np.all(indexed[row]), f"tracked seq {s} holds a block that is not indexed")
+            root = root_key(np.int64(prefix.seed), pseqs[pcore.S_NS, s])
+            _check(pseqs[pcore.S_ROOT, s] == root, f"seq {s}'s root key")
+            lanes = np.zeros(4, np.int64)
+            lanes_after(np.ascontiguousarray(ptok[row]).reshape(-1), pseqs[pcore.S_ROOT, s], lanes)
+            _check(np.array_equal(lanes, pseqs[pcore.S_V1:pcore.S_V4 + 1, s]), f"seq {s}'s hash state")

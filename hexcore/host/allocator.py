@@ -13,6 +13,11 @@ of ``[0, max_seqs)`` included -- is a *sequence* error, as in a batch ``step``:
 ``HexcoreInvalidSequenceError`` (``Status.INVALID_SEQUENCE`` from ``try_*``), whose
 message names the argument (``"parent: expected an int in [0, 63], got -1"``,
 ``"seq_id: sequence 3 is not live"``). A failed call changes nothing.
+
+With ``prefix_cache=True`` sealed blocks are also cached by their token ids and
+shared with later requests (``prefix.py``: :meth:`PagedKVCache.admit`, the ``tokens``
+arguments of growth and steps, pins, eviction); the calls then run the njit core of
+``_prefix.py``, and with it off they run exactly the code they ran before it existed.
 """
 
 from __future__ import annotations
@@ -25,12 +30,16 @@ from .._checks import INT_LIMIT, as_int, int_value, range_message
 from ..config import KVCacheConfig
 from ..errors import HexcoreInvalidArgumentError, HexcoreInvalidSequenceError, Status, raise_for_status
 from . import _blocks as core
+from . import _prefix as pcore
 from ._event_ops import ALLOCATED, FORKED, FREED
 from ._step import OUT_LEN, OUT_STATUS, OUT_TAIL, StepResult, check_step, new_outputs, step
-from ._validation import check_counts, check_ids, check_predictions, describe_seq_error, verify_state
+from ._validation import (check_counts, check_ids, check_predictions, check_step_tokens, describe_seq_error,
+                          verify_state)
+from .prefix import (DEFAULT_PRIORITY, Admission, PrefixCacheMethods, PrefixState, as_tokens, check_namespace,
+                     check_priority)
 from .ring import LockFreeRingBuffer
 
-__all__ = ["PagedKVCache", "StepResult", "PREDICTION_OUTCOMES", "DEFAULT_MAX_SEQ_LEN"]
+__all__ = ["Admission", "PagedKVCache", "StepResult", "PREDICTION_OUTCOMES", "DEFAULT_MAX_SEQ_LEN"]
 
 # The order of reserve_predictions' counts: [outcome] -> predictions (core.PREDICTION_* indices)
 PREDICTION_OUTCOMES = ("reserved", "stale", "duplicate", "unfilled")
@@ -38,6 +47,8 @@ DEFAULT_MAX_SEQ_LEN = 131072
 _STATUSES = tuple(Status)
 _NO_BLOCKS = np.empty(0, np.int32)
 _NO_BLOCKS.flags.writeable = False
+_NO_TOKENS = np.empty(0, np.int32)
+_NO_TOKENS.flags.writeable = False
 _MAX_I32 = 2**31 - 1
 _I64 = np.dtype(np.int64)
 _COUNTS_SHAPE = (len(PREDICTION_OUTCOMES),)
@@ -56,18 +67,21 @@ def _reraise_unless_beyond_limit(*values: int) -> None:
         raise
 
 
-class PagedKVCache:
+class PagedKVCache(PrefixCacheMethods):
     """Block manager of a paged KV cache: sequences, their sealed blocks and tails.
 
     ``num_blocks`` sealed blocks and ``max_seqs`` sequence slots (= tail slots);
     ``max_seq_len`` (rounded up to a multiple of ``block_size``; default
     ``min(131072, num_blocks * block_size)``) sizes the block tables
     ``[max_seqs, max_seq_len // block_size]``. With ``metrics=None`` no timing is done.
-    Not thread-safe: one thread drives a cache (the MetricsCollector is thread-safe).
+    ``prefix_cache=True`` caches sealed blocks by their token ids (``hexcore.host.prefix``;
+    it costs ``num_blocks * (64 + 4 * block_size)`` bytes, plus a key index of 32 bytes
+    a block or so). Not thread-safe: one thread drives a cache (the MetricsCollector is
+    thread-safe).
     """
 
     def __init__(self, config: KVCacheConfig, num_blocks: int, max_seqs: int, metrics=None,
-                 *, max_seq_len: int | None = None):
+                 *, max_seq_len: int | None = None, prefix_cache: bool = False):
         if not isinstance(config, KVCacheConfig):
             raise HexcoreInvalidArgumentError(f"config: expected KVCacheConfig, got {type(config).__name__}")
         bs = config.block_size
@@ -76,6 +90,8 @@ class PagedKVCache:
         if max_seq_len is None:
             max_seq_len = min(DEFAULT_MAX_SEQ_LEN, num_blocks * bs)
         max_seq_len = as_int("max_seq_len", max_seq_len, low=1, high=_MAX_I32 + 1 - bs)
+        if type(prefix_cache) is not bool:
+            raise HexcoreInvalidArgumentError(f"prefix_cache: expected a bool, got {type(prefix_cache).__name__}")
         self.config, self.block_size, self.num_blocks, self.max_seqs = config, bs, num_blocks, max_seqs
         self.max_blocks_per_seq = -(-max_seq_len // bs)
         self.max_seq_len = self.max_blocks_per_seq * bs
@@ -90,17 +106,33 @@ class PagedKVCache:
         self._ring_scratch = np.empty((1024, 2), np.int64)  # [row] -> a prediction popped from a ring
         self._metrics = metrics
         self._events = None  # an events.EventPublisher while an event ring is attached
+        # the prefix cache's arrays (_prefix.py), None when it is off
+        self._prefix = PrefixState(config, num_blocks, max_seqs, self.max_blocks_per_seq) if prefix_cache else None
+        self._prefix_seen = [0, 0, 0]  # prefix (queries, hits, evictions) already recorded in metrics
         if metrics is not None:
-            active, free, reserved, sequences, _ = self._gauges()
+            active, free, reserved, sequences, _, cached = self._gauges()
             metrics.set_gauges(active_blocks=active, free_blocks=free, reserved_blocks=reserved,
-                               sequences=sequences, num_blocks=num_blocks)
+                               sequences=sequences, num_blocks=num_blocks, cached_blocks=cached)
 
     # -- sequences ------------------------------------------------------------------
-    def add_sequence(self, seq_id: int | None = None) -> int:
-        """Start an empty sequence in slot ``seq_id`` (default: the next free slot); its id."""
+    def add_sequence(self, seq_id: int | None = None, *, namespace: int = 0,
+                     priority: int = DEFAULT_PRIORITY) -> int:
+        """Start an empty sequence in slot ``seq_id`` (default: the next free slot); its id.
+
+        With the prefix cache on, the sequence is tracked (its blocks are indexed as it
+        seals them, while its token ids are given) in ``namespace`` (int in [0, 2**62))
+        at eviction ``priority`` (int in [0, 7]); see :meth:`admit` to reuse a cached
+        prefix. With it off both are checked and unused.
+        """
         t0 = 0 if self._metrics is None else perf_counter_ns()
         sid = -1 if seq_id is None else self._slot("seq_id", seq_id)
-        status, sid = core.add_sequence(self._seqs, self._counters, sid)
+        prefix = self._prefix
+        if type(namespace) is not int or type(priority) is not int or namespace or priority != DEFAULT_PRIORITY:
+            namespace, priority = check_namespace(namespace), check_priority(priority)  # (else the defaults)
+        if prefix is None:
+            status, sid = core.add_sequence(self._seqs, self._counters, sid)
+        else:
+            status, sid = pcore.add(self._seqs, self._counters, prefix.pseqs, prefix.pc, sid, namespace, priority)
         if status:
             self._fail(status, "add", "seq_id", None if seq_id is None else sid)
         if self._events is not None:
@@ -110,13 +142,21 @@ class PagedKVCache:
         return sid
 
     def free_sequence(self, seq_id: int) -> None:
-        """Release ``seq_id``'s tail and reserved block; drop one reference from each block."""
+        """Release ``seq_id``'s tail and reserved block; drop one reference from each block.
+
+        With the prefix cache on, an indexed block whose last reference goes stays
+        cached (evictable) instead of going back to the free stack.
+        """
         t0 = 0 if self._metrics is None else perf_counter_ns()
         if type(seq_id) is not int:
             seq_id = int_value("seq_id", seq_id)
         try:
-            status, freed = core.free_sequence(self._blocks, self._seqs, self._counters, self._tables,
-                                               seq_id, self.block_size)
+            if self._prefix is None:
+                status, freed = core.free_sequence(self._blocks, self._seqs, self._counters, self._tables,
+                                                   seq_id, self.block_size)
+            else:
+                status, freed = pcore.free(self._blocks, self._seqs, self._counters, self._tables,
+                                           self._prefix.pblocks, self._prefix.pc, seq_id, self.block_size)
         except Exception:
             _reraise_unless_beyond_limit(seq_id)
             status, freed = Status.INVALID_SEQUENCE, 0
@@ -132,12 +172,18 @@ class PagedKVCache:
 
         The device side must copy tail slot ``parent`` to tail slot ``child`` (the
         returned id): tails are private, sealed blocks are shared by reference count.
+        With the prefix cache on, the child inherits the parent's tracking, namespace,
+        priority and tail token ids.
         """
         t0 = 0 if self._metrics is None else perf_counter_ns()
         parent = self._live("parent", parent)
         cid = -1 if child is None else self._slot("child", child)
-        status, cid = core.fork_sequence(self._blocks, self._seqs, self._counters, self._tables,
-                                         parent, cid, self.block_size)
+        if self._prefix is None:
+            status, cid = core.fork_sequence(self._blocks, self._seqs, self._counters, self._tables,
+                                             parent, cid, self.block_size)
+        else:
+            status, cid = pcore.fork(self._blocks, self._seqs, self._counters, self._tables, self._prefix.pseqs,
+                                     self._prefix.ptok, parent, cid, self.block_size)
         if status:
             self._fail(status, "add", "child", None if child is None else cid)
         if self._events is not None:
@@ -147,13 +193,20 @@ class PagedKVCache:
         return cid
 
     # -- growth ---------------------------------------------------------------------
-    def grow_sequence(self, seq_id: int, new_len: int) -> np.ndarray:
+    def grow_sequence(self, seq_id: int, new_len: int, tokens=None) -> np.ndarray:
         """Grow ``seq_id`` to ``new_len`` tokens; returns the block ids it sealed.
 
         The result (int32, read-only view, valid until the sequence is freed) holds
-        the blocks of logical indices ``old_len // block_size`` onward. Raises
-        ``HexcoreOOMError`` or ``HexcoreInvalidSequenceError``; a failure changes nothing.
+        the blocks of logical indices ``old_len // block_size`` onward. ``tokens``:
+        the new token ids, int32 [new_len - old_len] (lists and other int arrays are
+        converted), so the prefix cache indexes the blocks sealed; without them a
+        tracked sequence stops being tracked (with the cache off they are checked and
+        unused). Raises ``HexcoreOOMError``, ``HexcoreInvalidSequenceError`` or
+        ``HexcoreInvalidArgumentError`` (tokens of the wrong length); a failure changes nothing.
         """
+        if tokens is not None or self._prefix is not None:
+            return self._grow_with_tokens(seq_id, new_len, tokens)
+        # the prefix-cache-off path: the code it ran before the prefix cache existed
         t0 = 0 if self._metrics is None else perf_counter_ns()
         if type(seq_id) is not int or type(new_len) is not int:
             seq_id, new_len = int_value("seq_id", seq_id), int_value("new_len", new_len)
@@ -176,12 +229,14 @@ class PagedKVCache:
             self._events.run(seq_id, first, sealed)
         return _frozen(sealed)
 
-    def try_grow_sequence(self, seq_id: int, new_len: int) -> Status:
+    def try_grow_sequence(self, seq_id: int, new_len: int, tokens=None) -> Status:
         """:meth:`grow_sequence` that returns a :class:`Status` instead of raising.
 
-        INVALID_ARGUMENT for a non-int argument. Sealed blocks are then
+        INVALID_ARGUMENT for a non-int argument, or bad ``tokens``. Sealed blocks are then
         ``block_table(seq_id)[old_len // block_size:]``.
         """
+        if tokens is not None or self._prefix is not None:
+            return self._grow_with_tokens(seq_id, new_len, tokens, raising=False)
         t0 = 0 if self._metrics is None else perf_counter_ns()
         if type(seq_id) is not int or type(new_len) is not int:
             try:
@@ -201,17 +256,29 @@ class PagedKVCache:
                          oom=int(status == Status.OUT_OF_MEMORY))
         return _STATUSES[status]
 
-    def step(self, seq_ids: np.ndarray, new_lens: np.ndarray | None = None) -> StepResult:
+    def step(self, seq_ids: np.ndarray, new_lens: np.ndarray | None = None, tokens: np.ndarray | None = None,
+             token_starts: np.ndarray | None = None) -> StepResult:
         """A whole decode (or prefill) step in one njit call; see :class:`StepResult`.
 
         Parameters
         ----------
         seq_ids : [B] int32, C-contiguous, B <= max_seqs -- sequences to grow.
         new_lens : [B] int32 or None -- their new lengths; None grows each by one token.
+        tokens : int32, C-contiguous, or None -- the new token ids, for the prefix cache:
+            [B] (one per entry) when ``new_lens`` is None; else [T], entry ``i``'s
+            ``new_lens[i] - old length`` ids at ``tokens[token_starts[i]:token_starts[i + 1]]``
+            (a span of another length fails that entry with INVALID_ARGUMENT). Without
+            tokens the sequences that grow stop being tracked. With the cache off their
+            dtype and shape are checked, and they are unused.
+        token_starts : [B + 1] int32, C-contiguous, or None -- with ``new_lens`` and
+            ``tokens`` only: where each entry's tokens start (cumulative, like cu_seqlens).
 
         Entries succeed or fail one by one (statuses; a sequence listed twice fails
         with INVALID_ARGUMENT). Malformed arrays raise ``HexcoreInvalidArgumentError``.
         """
+        if tokens is not None or token_starts is not None or self._prefix is not None:
+            return self._step_with_tokens(seq_ids, new_lens, tokens, token_starts)
+        # the prefix-cache-off path: the code it ran before the prefix cache existed
         t0 = 0 if self._metrics is None else perf_counter_ns()
         check_ids("seq_ids", seq_ids, self.max_seqs)
         if new_lens is None:
@@ -242,7 +309,9 @@ class PagedKVCache:
         seq_ids : [B] int32, C-contiguous -- the sequences of a decode step.
         """
         check_ids("seq_ids", seq_ids, self.max_seqs)
-        status, index = check_step(self._seqs, self._counters, self.max_seq_len, seq_ids, self.block_size)
+        evictable = 0 if self._prefix is None else self._prefix.pc[pcore.C_EVICTABLE]
+        status, index = check_step(self._seqs, self._counters, self.max_seq_len, seq_ids, self.block_size,
+                                   evictable)
         return Status(status), int(index)
 
     # -- speculative prefetch: reservations ----------------------------------------------
@@ -259,7 +328,13 @@ class PagedKVCache:
         t0 = 0 if self._metrics is None else perf_counter_ns()
         check_ids("seq_ids", seq_ids, None)
         out = np.empty(len(seq_ids), np.int32)
-        bad, reserved = core.reserve_blocks(self._blocks, self._seqs, self._counters, seq_ids, out)
+        prefix = self._prefix
+        if prefix is None:
+            bad, reserved = core.reserve_blocks(self._blocks, self._seqs, self._counters, seq_ids, out)
+        else:  # a reservation may evict a cached block, as the seal it is for would
+            bad, reserved = pcore.reserve_blocks(self._blocks, self._seqs, self._counters, prefix.pblocks,
+                                                 prefix.index, prefix.pc, prefix.plog, seq_ids, out)
+            self._publish_prefix_events()
         if bad >= 0:
             self._fail(Status.INVALID_SEQUENCE, "reserve", f"seq_ids[{bad}]", int(seq_ids[bad]))
         if t0:
@@ -277,7 +352,8 @@ class PagedKVCache:
             consumer; at most ``capacity`` records per call). Generation -1 matches any
             (see :meth:`generation`). Rows never raise: a row whose sequence is not
             live, or lives in another generation, is *stale*.
-        floor : int in [0, num_blocks] -- free blocks a reservation never takes.
+        floor : int in [0, num_blocks] -- free blocks a reservation never takes (with
+            the prefix cache on: available blocks, free or evictable).
         max_reserved : int in [0, max_seqs] or None -- cap on parked blocks (default max_seqs).
         counts : [4] int64 or None -- if given, incremented by the rows' outcomes in
             ``PREDICTION_OUTCOMES`` order: reserved, stale, duplicate (the sequence
@@ -296,15 +372,29 @@ class PagedKVCache:
         elif (type(counts) is not np.ndarray or counts.dtype is not _I64 or counts.shape != _COUNTS_SHAPE
               or not counts.flags.writeable):
             check_counts("counts", counts, len(PREDICTION_OUTCOMES))
+        prefix = self._prefix
         if isinstance(predictions, LockFreeRingBuffer) and predictions.record_width == 2:
-            reserved = core.reserve_ring_predictions(self._blocks, self._seqs, self._counters, predictions.buffer,
-                                                     self._ring_scratch, floor, max_reserved, counts)
+            if prefix is None:
+                reserved = core.reserve_ring_predictions(self._blocks, self._seqs, self._counters,
+                                                         predictions.buffer, self._ring_scratch, floor,
+                                                         max_reserved, counts)
+            else:
+                reserved = pcore.reserve_ring_predictions(
+                    self._blocks, self._seqs, self._counters, prefix.pblocks, prefix.index, prefix.pc, prefix.plog,
+                    predictions.buffer, self._ring_scratch, floor, max_reserved, counts)
         else:
             if (type(predictions) is not np.ndarray or predictions.dtype is not _I64 or predictions.ndim != 2
                     or predictions.shape[1] != 2):
                 check_predictions("predictions", predictions)
-            reserved = core.reserve_predictions(self._blocks, self._seqs, self._counters, predictions,
-                                                floor, max_reserved, counts)
+            if prefix is None:
+                reserved = core.reserve_predictions(self._blocks, self._seqs, self._counters, predictions,
+                                                    floor, max_reserved, counts)
+            else:
+                reserved = pcore.reserve_predictions(self._blocks, self._seqs, self._counters, prefix.pblocks,
+                                                     prefix.index, prefix.pc, prefix.plog, predictions, floor,
+                                                     max_reserved, counts)
+        if prefix is not None:
+            self._publish_prefix_events()
         if t0:
             self._record("reserve_predictions", t0, allocated=reserved)
         return reserved
@@ -338,16 +428,21 @@ class PagedKVCache:
         """Publish block events into ``ring`` (see ``hexcore.host.events``); None detaches.
 
         ``ring``: a LockFreeRingBuffer of record_width 4 read by a BlockTableMirror. The
-        current tables are published first, so a late mirror starts consistent.
+        current tables (and, with the prefix cache on, the indexed blocks, parents
+        first) are published first, so a late mirror starts consistent.
         """
         from .events import EventPublisher, replay_records
 
         if ring is None:
             self._events = None
+            if self._prefix is not None:
+                self._prefix.plog = pcore.new_log(0, 0)
             return
         publisher = EventPublisher(ring)
-        publisher.records(replay_records(self._tables, self._seqs[core.LEN], self.block_size))
+        publisher.records(replay_records(self._tables, self._seqs[core.LEN], self.block_size, self._prefix))
         self._events = publisher
+        if self._prefix is not None and not len(self._prefix.plog):  # the prefix calls log their events
+            self._prefix.plog = pcore.new_log(self.num_blocks, self.max_blocks_per_seq)
 
     def flush_events(self, timeout: float | None = 0.0) -> int:
         """Push events staged while the ring was full, waiting up to ``timeout`` s; events left."""
@@ -401,9 +496,102 @@ class PagedKVCache:
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the state is inconsistent (for tests; O(state size))."""
-        verify_state(self._blocks, self._seqs, self._tables, self._counters, self.block_size)
+        verify_state(self._blocks, self._seqs, self._tables, self._counters, self.block_size, self._prefix)
 
     # -- internals --------------------------------------------------------------------
+    def _clock(self) -> int:
+        return 0 if self._metrics is None else perf_counter_ns()
+
+    def _grow_with_tokens(self, seq_id, new_len, tokens, raising: bool = True):
+        # grow_sequence (raising) / try_grow_sequence with tokens, or with the prefix cache on
+        t0 = 0 if self._metrics is None else perf_counter_ns()
+        op = "grow_sequence" if raising else "try_grow_sequence"
+        try:
+            if type(seq_id) is not int or type(new_len) is not int:
+                seq_id, new_len = int_value("seq_id", seq_id), int_value("new_len", new_len)
+            if tokens is not None:
+                tokens = as_tokens("tokens", tokens)
+        except HexcoreInvalidArgumentError:
+            if raising:
+                raise
+            return Status.INVALID_ARGUMENT
+        try:
+            status, first, hits, misses = self._grow(seq_id, new_len, tokens)
+        except Exception:
+            _reraise_unless_beyond_limit(seq_id, new_len)
+            status, first, hits, misses = Status.INVALID_SEQUENCE, 0, 0, 0
+        if status and raising:
+            if t0:
+                self._record(op, t0, oom=int(status == Status.OUT_OF_MEMORY))
+            if status == Status.INVALID_ARGUMENT:
+                raise HexcoreInvalidArgumentError(
+                    f"tokens: expected {new_len - self.seq_len(seq_id)} token ids (new_len {new_len} - length "
+                    f"{self.seq_len(seq_id)}), got {len(tokens)}")
+            self._fail(status, "grow", "seq_id", seq_id, new_len)
+        if self._prefix is not None:
+            self._publish_prefix_events()
+        elif hits + misses and self._events is not None:
+            self._events.run(seq_id, first, self._tables[seq_id, first:first + hits + misses])
+        if t0:
+            self._record(op, t0, hits=hits, misses=misses, oom=int(status == Status.OUT_OF_MEMORY))
+        if not raising:
+            return _STATUSES[status]
+        if hits + misses == 0:
+            return _NO_BLOCKS
+        return _frozen(self._tables[seq_id, first:first + hits + misses])
+
+    def _step_with_tokens(self, seq_ids, new_lens, tokens, token_starts) -> StepResult:
+        # step with tokens, or with the prefix cache on
+        t0 = 0 if self._metrics is None else perf_counter_ns()
+        check_ids("seq_ids", seq_ids, self.max_seqs)
+        if new_lens is None:
+            lens, increment = self._no_lens, True
+        else:
+            check_ids("new_lens", new_lens, self.max_seqs, like=seq_ids)
+            lens, increment = new_lens, False
+        tokens, starts = check_step_tokens(seq_ids, new_lens, tokens, token_starts)
+        prefix = self._prefix
+        if prefix is None:  # tokens checked, unused
+            num_sealed, num_failed, hits, misses, ooms = step(
+                self._blocks, self._seqs, self._counters, self._tables, seq_ids, lens, increment,
+                self.block_size, self._out_rows, self._out_tables, self._seals)
+        else:
+            has_tokens = tokens is not None
+            num_sealed, num_failed, hits, misses, ooms = pcore.step(
+                self._blocks, self._seqs, self._counters, self._tables, seq_ids, lens, increment,
+                self.block_size, self._out_rows, self._out_tables, self._seals, prefix.pblocks, prefix.ptok,
+                prefix.pseqs, prefix.index, prefix.pc, prefix.plog, tokens if has_tokens else _NO_TOKENS,
+                starts, has_tokens)
+        views = self._views.get(len(seq_ids)) or self._make_views(len(seq_ids))
+        seals = views[4] if num_sealed == 0 else self._seals[:, :num_sealed]
+        if prefix is not None:
+            self._publish_prefix_events()  # seals included, in order with evictions and stores
+        elif num_sealed and self._events is not None:
+            self._events.sealed(seals)
+        if t0:
+            self._record("step", t0, hits=hits, misses=misses, oom=ooms)
+        return StepResult(views[0], seals, views[1], views[2], views[3], seq_ids, num_failed, num_sealed, hits)
+
+    def _grow(self, seq_id: int, new_len: int, tokens) -> tuple:
+        # (status, first, hits, misses) of growing seq_id to new_len with tokens (or None)
+        prefix = self._prefix
+        if prefix is None:
+            if tokens is not None and self.is_live(seq_id):
+                old_len = int(self._seqs[core.LEN, seq_id])
+                if old_len <= new_len <= self.max_seq_len and len(tokens) != new_len - old_len:
+                    return Status.INVALID_ARGUMENT, 0, 0, 0
+            return core.grow_sequence(self._blocks, self._seqs, self._counters, self._tables, seq_id, new_len,
+                                      self.block_size)
+        has_tokens = tokens is not None
+        return pcore.grow(self._blocks, self._seqs, self._counters, self._tables, prefix.pblocks, prefix.ptok,
+                          prefix.pseqs, prefix.index, prefix.pc, prefix.plog, seq_id, new_len, self.block_size,
+                          tokens if has_tokens else _NO_TOKENS, has_tokens)
+
+    def _publish_prefix_events(self) -> None:
+        # the events the last _prefix call logged, if a ring is attached
+        if self._events is not None and self._prefix.pc[pcore.C_LOG]:
+            self._events.records(self._prefix.events())
+
     def _live(self, name: str, seq_id) -> int:
         # seq_id as the int id of a live sequence, or raise naming argument `name`
         seq_id = int_value(name, seq_id)
@@ -430,11 +618,19 @@ class PagedKVCache:
         return views
 
     def _gauges(self) -> tuple:
-        # (active, free, reserved, sequences, num_blocks): MetricsCollector's GAUGES order
+        # (active, free, reserved, sequences, num_blocks, cached): MetricsCollector's GAUGES order
         num_free, num_free_seqs, num_live, num_reserved = self._counters.tolist()
-        return (num_live, num_free, num_reserved, self.max_seqs - num_free_seqs, self.num_blocks)
+        cached = 0 if self._prefix is None else int(self._prefix.pc[pcore.C_CACHED])
+        return (num_live, num_free, num_reserved, self.max_seqs - num_free_seqs, self.num_blocks, cached)
 
     def _record(self, op, t0, *, freed=0, hits=0, misses=0, oom=0, allocated=0):
         latency = perf_counter_ns() - t0
-        self._metrics.record(op, latency, (allocated + misses, freed, hits + misses, oom, hits, misses),
-                             self._gauges())
+        if self._prefix is None:
+            queries = found = evicted = 0
+        else:  # the prefix cache's counts since the last record
+            pc, seen = self._prefix.pc, self._prefix_seen
+            now = (int(pc[pcore.C_QUERIES]), int(pc[pcore.C_HITS]), int(pc[pcore.C_EVICTIONS]))
+            queries, found, evicted = now[0] - seen[0], now[1] - seen[1], now[2] - seen[2]
+            seen[:] = now
+        self._metrics.record(op, latency, (allocated + misses, freed, hits + misses, oom, hits, misses, queries,
+                                           found, evicted), self._gauges())

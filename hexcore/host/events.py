@@ -13,7 +13,23 @@ kind                  seq_id       arg                      block_id
 ``SEALED`` (1)        seq          logical block index      the block
 ``FREED`` (2)         freed seq    0                        -1
 ``FORKED`` (3)        child seq    parent seq               -1
+``REUSED`` (6)        seq          logical block index      the block
 ====================  ===========  =======================  ============
+
+With the prefix cache on (``hexcore.host.prefix``), an admission publishes ALLOCATED
+and a REUSED event per cached block it shares (a table change like SEALED, but no
+seal), and two more kinds follow the key index, with other fields:
+
+====================  ===========  =======================  ============
+kind                  block_id     key                      parent key
+====================  ===========  =======================  ============
+``STORED`` (4)        the block    its key                  its parent's key (or root key)
+``REMOVED`` (5)       the block    its key                  0
+====================  ===========  =======================  ============
+
+so a mirror knows which prefixes a cache holds (``BlockTableMirror.match_keys``).
+Within one call, events come in the order they happened (an eviction, the seal that
+reuses the block, the block's STORED).
 
 Reservations (prefetched blocks) are not table changes and publish nothing. The
 publisher stages events in a local array and pushes them with one
@@ -26,19 +42,23 @@ from __future__ import annotations
 
 import time
 
+import numba
 import numpy as np
 
 from ..errors import HexcoreCorruptionError, HexcoreInvalidArgumentError, HexcoreInvalidSequenceError
 from ._event_ops import (  # noqa: F401  (re-exported: the event kinds)
-    ALLOCATED, EVENT_WIDTH, FORKED, FREED, NEED_ROOM, SEALED, _flush, apply_events, drain_events,
+    ALLOCATED, EVENT_WIDTH, FORKED, FREED, NEED_ROOM, REMOVED, REUSED, SEALED, STORED, _flush, apply_events,
+    drain_events,
     publish_one, publish_records, publish_run, publish_sealed,
 )
+from . import _keys
 from ._ring_ops import RING_CLOSED
 from .._checks import as_int, int_value
 from .ring import LockFreeRingBuffer
 
-__all__ = ["ALLOCATED", "SEALED", "FREED", "FORKED", "EVENT_WIDTH", "BlockTableMirror", "EventPublisher"]
-KIND_NAMES = ("ALLOCATED", "SEALED", "FREED", "FORKED")
+__all__ = ["ALLOCATED", "SEALED", "FREED", "FORKED", "STORED", "REMOVED", "REUSED", "EVENT_WIDTH",
+           "BlockTableMirror", "EventPublisher"]
+KIND_NAMES = ("ALLOCATED", "SEALED", "FREED", "FORKED", "STORED", "REMOVED", "REUSED")
 
 
 class EventPublisher:
@@ -107,9 +127,43 @@ class EventPublisher:
         return result
 
 
-def replay_records(tables: np.ndarray, lens: np.ndarray, block_size: int) -> np.ndarray:
-    """Events (int64 [n, 4]) that rebuild the current tables: ALLOCATED + SEALED per live seq."""
+@numba.njit(cache=True)
+def _match_keys(key_index, keys, wanted):
+    # leading entries of wanted stored, each the child of the one before
+    for j in range(wanted.shape[0]):
+        block = _keys.index_find(key_index, wanted[j])
+        if block < 0 or (j > 0 and keys[block, 2] != wanted[j - 1]):
+            return j
+    return wanted.shape[0]
+
+
+def replay_records(tables: np.ndarray, lens: np.ndarray, block_size: int, prefix=None) -> np.ndarray:
+    """Events (int64 [n, 4]) that rebuild the current state: STORED per indexed block
+    (parents first) when ``prefix`` (a PrefixState) is given, then ALLOCATED + SEALED
+    per live seq."""
     rows = []
+    if prefix is not None:
+        from . import _prefix as pcore
+
+        pb = prefix.pblocks
+        parent = pb[:, pcore.P_PARENT]
+        depth = {}
+        for b in np.flatnonzero(parent != pcore.NOT_INDEXED).tolist():
+            chain = []
+            while b >= 0 and b not in depth:
+                chain.append(b)
+                b = int(parent[b])
+            d = -1 if b < 0 else depth[b]
+            for c in reversed(chain):
+                d += 1
+                depth[c] = d
+        for b in sorted(depth, key=depth.__getitem__):
+            p = int(parent[b])
+            if p >= 0:
+                parent_key = int(pb[p, pcore.P_KEY])
+            else:
+                parent_key = int(_keys.root_key(np.int64(prefix.seed), pb[b, pcore.P_NS]))
+            rows.append([STORED, b, int(pb[b, pcore.P_KEY]), parent_key])
     for seq_id in np.flatnonzero(lens >= 0):
         rows.append([ALLOCATED, seq_id, 0, -1])
         for j in range(int(lens[seq_id]) // block_size):
@@ -118,7 +172,8 @@ def replay_records(tables: np.ndarray, lens: np.ndarray, block_size: int) -> np.
 
 
 class BlockTableMirror:
-    """A copy of a PagedKVCache's block tables, rebuilt from its event ring.
+    """A copy of a PagedKVCache's block tables (and of the keys its prefix cache stores),
+    rebuilt from its event ring.
 
     Runs in any one thread or process (the ring's single consumer). :meth:`poll`
     applies the events in the ring now; :meth:`drain` applies them until the
@@ -142,6 +197,10 @@ class BlockTableMirror:
         self._num_sealed = np.full(self.max_seqs, -1, np.int64)
         # refs: [block_id] -> references from the mirrored tables
         self._refs = np.zeros(self.num_blocks, np.int64)
+        # keys: [block_id] -> (1 while it stores a key, the key, its parent's key)
+        self._keys = np.zeros((self.num_blocks, 3), np.int64)
+        # key_index: key -> block_id (an index of _keys.py)
+        self._key_index = _keys.new_index(self.num_blocks)
         self._out = np.empty((batch, EVENT_WIDTH), np.int64)
         # stats: [field] -> (events applied, bad-event flag, ring closed and drained)
         self._stats = np.zeros(3, np.int64)
@@ -154,12 +213,15 @@ class BlockTableMirror:
     def poll(self) -> int:
         """Apply every event in the ring now; the number applied."""
         before = int(self._stats[0])
-        drain_events(self._buf, self._out, self._tables, self._num_sealed, self._refs, self._stats)
+        drain_events(self._buf, self._out, self._tables, self._num_sealed, self._refs, self._keys, self._key_index,
+                     self._stats)
         if self._stats[1] == 0:
             kind, seq_id, arg, block_id = self._out[0].tolist()
             name = KIND_NAMES[kind] if 0 <= kind < len(KIND_NAMES) else f"kind {kind}"
+            fields = (f"block_id {seq_id}, key {arg}, parent key {block_id}" if kind in (STORED, REMOVED)
+                      else f"seq_id {seq_id}, arg {arg}, block_id {block_id}")
             raise HexcoreCorruptionError(
-                f"event {self._stats[0]} ({name}, seq_id {seq_id}, arg {arg}, block_id {block_id}) "
+                f"event {self._stats[0]} ({name}, {fields}) "
                 f"does not fit the mirrored tables (a lost or reordered event?)")
         return int(self._stats[0]) - before
 
@@ -218,3 +280,31 @@ class BlockTableMirror:
     def num_active_blocks(self) -> int:
         """Blocks referenced by at least one mirrored table."""
         return int(np.count_nonzero(self._refs))
+
+    # -- the prefix cache's keys -----------------------------------------------------------------
+    @property
+    def num_stored_blocks(self) -> int:
+        """Blocks that store a key (indexed by the source's prefix cache, in use or cached)."""
+        return int(np.count_nonzero(self._keys[:, 0]))
+
+    def stored_keys(self) -> dict:
+        """{block_id: key} of every block that stores a key (a copy)."""
+        ids = np.flatnonzero(self._keys[:, 0])
+        return dict(zip(ids.tolist(), self._keys[ids, 1].tolist()))
+
+    def block_of(self, key) -> int:
+        """The block that stores ``key`` (an int64 key), -1 if none."""
+        key = int_value("key", key)
+        if not -2**63 <= key < 2**63:
+            raise HexcoreInvalidArgumentError(f"key: expected an int64 key, got {key}")
+        return int(_keys.index_find(self._key_index, np.int64(key)))
+
+    def match_keys(self, keys) -> int:
+        """How many leading ``keys`` (int64 [n], e.g. ``prefix.prefix_keys(tokens, config)``)
+        the source stores: the tokens of the longest prefix it holds, in blocks."""
+        keys = np.asarray(keys)
+        if keys.ndim != 1 or (keys.size and keys.dtype != np.int64):
+            raise HexcoreInvalidArgumentError(f"keys: expected an int64 [n] array, got {keys.dtype} shape {keys.shape}")
+        if keys.size == 0:
+            return 0
+        return int(_match_keys(self._key_index, self._keys, keys))

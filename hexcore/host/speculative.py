@@ -152,31 +152,33 @@ class SpeculativeAllocator:
             return 0
         return self.cache.reserve_predictions(self.ring, self.reserve_floor, self.max_reserved, self._counts)
 
-    def step(self, seq_ids: np.ndarray, new_lens: np.ndarray | None = None):
-        """:meth:`PagedKVCache.step` after :meth:`apply`; counts hits and misses.
+    def step(self, seq_ids: np.ndarray, new_lens: np.ndarray | None = None, tokens: np.ndarray | None = None,
+             token_starts: np.ndarray | None = None):
+        """:meth:`PagedKVCache.step` (token ids included) after :meth:`apply`; counts hits and misses.
 
         If an entry failed with OUT_OF_MEMORY while blocks were reserved, every
         reservation is released (mispredicted), so retrying the failed entries can succeed.
         """
         self.apply()
-        result = self.cache.step(seq_ids, new_lens)
+        result = self.cache.step(seq_ids, new_lens, tokens, token_starts)
         self._hits += result.num_hits
         self._misses += result.num_sealed - result.num_hits
         if result.num_failed and self.cache.num_reserved_blocks and (result.statuses == _OOM).any():
             self.release_all()
         return result
 
-    def grow_sequence(self, seq_id: int, new_len: int) -> np.ndarray:
-        """:meth:`PagedKVCache.grow_sequence` after :meth:`apply`; releases reservations on OOM."""
+    def grow_sequence(self, seq_id: int, new_len: int, tokens=None) -> np.ndarray:
+        """:meth:`PagedKVCache.grow_sequence` (token ids included) after :meth:`apply`;
+        releases reservations on OOM."""
         self.apply()
         before = self.cache.num_reserved_blocks
         try:
-            sealed = self.cache.grow_sequence(seq_id, new_len)
+            sealed = self.cache.grow_sequence(seq_id, new_len, tokens)
         except HexcoreOOMError:
             if not self.release_all():
                 raise
             before = 0
-            sealed = self.cache.grow_sequence(seq_id, new_len)
+            sealed = self.cache.grow_sequence(seq_id, new_len, tokens)
         hits = before - self.cache.num_reserved_blocks
         self._hits += hits
         self._misses += len(sealed) - hits

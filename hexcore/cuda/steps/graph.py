@@ -27,8 +27,10 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda
 
+from ..._checks import as_int, int_value
 from ...errors import HexcoreInvalidArgumentError
 from ..attention.launcher import Workspace, paged_decode
+from ..arrays import checked_store
 from ..attention.options import DEFAULT_OPTIONS, DecodeOptions
 from ..blocks import copy_tails
 from ..streams import resolve_stream, torch_current_stream
@@ -38,6 +40,9 @@ from .indices import NO_IDS, Staging, StepIndices, check_step
 from .step import DecodeStep, StepBuffers
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MAX_BUCKETS = 64  # batch bucket sizes one graph takes (each may own buffers and graphs)
+MAX_TABLE_WIDTH = 2**31 - 1  # block ids and table widths are int32
+MAX_BATCH = 65535  # the decode grid's z dimension is the batch: a CUDA grid's y and z stop there
 
 
 class StepViews(NamedTuple):
@@ -64,19 +69,22 @@ class DecodeGraph:
 
     def __init__(self, store, num_q_heads: int, max_blocks_per_seq: int, batch_buckets=DEFAULT_BUCKETS,
                  scale: float | None = None, backend: str = "auto", options: DecodeOptions | None = None):
-        cfg = store.config
-        _positive("num_q_heads", num_q_heads)
+        cfg = checked_store(store).config
+        num_q_heads = _positive("num_q_heads", num_q_heads)
         if num_q_heads % cfg.num_kv_heads:
             raise HexcoreInvalidArgumentError(
                 f"num_q_heads: {num_q_heads} is not a multiple of num_kv_heads {cfg.num_kv_heads}")
-        _positive("max_blocks_per_seq", max_blocks_per_seq)
+        max_blocks_per_seq = _positive("max_blocks_per_seq", max_blocks_per_seq, MAX_TABLE_WIDTH)
         if not isinstance(batch_buckets, (tuple, list, range)) or not batch_buckets:
             raise HexcoreInvalidArgumentError(f"batch_buckets: expected a non-empty sequence of sizes, got "
-                                              f"{batch_buckets!r}")
-        for size in batch_buckets:
-            _positive("batch_buckets", size)
-        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating))
-                                  or not np.isfinite(scale) or scale <= 0):
+                                              f"{batch_buckets!r:.100}")
+        if len(batch_buckets) > MAX_BUCKETS:
+            raise HexcoreInvalidArgumentError(f"batch_buckets: expected at most {MAX_BUCKETS} sizes, got "
+                                              f"{len(batch_buckets)}")
+        batch_buckets = [_positive("batch_buckets", size) for size in batch_buckets]
+        if scale is not None and (isinstance(scale, (bool, np.bool_))
+                                  or not isinstance(scale, (int, float, np.floating, np.integer))
+                                  or not _finite_positive(scale)):
             raise HexcoreInvalidArgumentError(f"scale: expected a positive finite number or None, got {scale!r}")
         if options is not None and not isinstance(options, DecodeOptions):
             raise HexcoreInvalidArgumentError(f"options: expected DecodeOptions, got {type(options).__name__}")
@@ -102,6 +110,7 @@ class DecodeGraph:
 
     def context_bucket(self, longest: int) -> int:
         """The context bucket of a step whose longest sequence has ``longest`` tokens."""
+        longest = as_int("longest", longest, 0)
         bucket = self.store.config.block_size
         while bucket < longest:
             bucket *= 2
@@ -109,8 +118,9 @@ class DecodeGraph:
 
     def buffers(self, batch: int) -> StepViews:
         """The q, k, v, out views a step of ``batch`` sequences reads and writes: fill
-        q, k, v (row i for ``seq_lens[i]``) before ``step``; ``out`` holds its result."""
-        _positive("batch", batch)
+        q, k, v (row i for ``seq_lens[i]``) before ``step``; ``out`` holds its result.
+        ``batch``: an int in [1, 65535] (the decode grid's limit)."""
+        batch = _positive("batch", batch, MAX_BATCH)
         if batch > self.batch_buckets[-1]:
             return self._overflow_buffers(batch)[1]
         return self._bucket(batch).views(batch)
@@ -173,7 +183,8 @@ class DecodeGraph:
         """Prepare and capture the step for ``batch`` sequences of up to ``max_seq_len``
         tokens ahead of time (as an engine does at start-up); returns its key. Runs the
         step once with every row padding, which changes nothing in the store."""
-        _positive("batch", batch)
+        batch = _positive("batch", batch, MAX_BATCH)
+        max_seq_len = int_value("max_seq_len", max_seq_len)
         if batch > self.batch_buckets[-1] or not 1 <= max_seq_len <= self.capacity:
             raise HexcoreInvalidArgumentError(f"warmup: expected batch <= {self.batch_buckets[-1]} and max_seq_len "
                                               f"in [1, {self.capacity}], got {batch}, {max_seq_len}")
@@ -277,8 +288,15 @@ def _as_views(graph, arrays: StepViews) -> StepViews:
     return StepViews(*(graph._torch.as_tensor(a, device="cuda") for a in arrays))
 
 
-def _positive(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise HexcoreInvalidArgumentError(f"{name}: expected a positive int, got {value!r}")
+def _positive(name: str, value, high: int | None = None) -> int:
+    # value as an int in [1, high] (the integer rule of hexcore._checks)
+    return as_int(name, value, 1, high)
+
+
+def _finite_positive(x) -> bool:
+    try:
+        return bool(np.isfinite(float(x))) and float(x) > 0
+    except (OverflowError, ValueError, TypeError):
+        return False
 
 

@@ -15,12 +15,14 @@ import numba
 import numpy as np
 from numba import cuda
 
+from ..._checks import as_int
 from ...errors import HexcoreInvalidArgumentError
+from ..arrays import checked_store
 from ..device import SIMULATOR
 from .capture import check
 from .step import (FORK_DST, FORK_SRC, POSITIONS, ROWS, SEAL_BLOCKS, SEAL_SLOTS, SEQ_LENS, TABLES_ROW, TAIL_SLOTS)
 
-RANGE, REPEATED, POSITION = 1, 2, 3  # kinds of bad entry `validate` reports
+RANGE, REPEATED, POSITION, OVERLAP = 1, 2, 3, 4  # kinds of bad entry `validate` reports
 TABLES = -2  # `validate`'s number for block_tables; other arrays by their row in ROWS (-1: all good)
 NO_IDS = np.empty(0, np.int32)
 
@@ -41,6 +43,8 @@ class StepIndices(NamedTuple):
 def check_step(store, max_blocks_per_seq: int, block_tables, seq_lens, tail_slots, positions=None, seal_slots=None,
                seal_blocks=None, fork_src=None, fork_dst=None) -> StepIndices:
     """Validate a step's host index arrays (see ``DecodeGraph.step``); None means none."""
+    store = checked_store(store)
+    max_blocks_per_seq = as_int("max_blocks_per_seq", max_blocks_per_seq, 1, 2**31 - 1)
     seq_lens = _ids("seq_lens", seq_lens, None)
     batch = seq_lens.shape[0]
     if batch == 0:
@@ -123,6 +127,10 @@ def _bad_entry(store, which, i, j, kind, tables, rows, max_len) -> HexcoreInvali
                                            f"= {(seq_lens[i] - 1) % block_size}")
     if kind == REPEATED:
         return HexcoreInvalidArgumentError(f"{name}[{i}] = {value} repeats an earlier entry: expected distinct ids")
+    if kind == OVERLAP:
+        return HexcoreInvalidArgumentError(
+            f"{name}[{i}] = {value} is also a fork_src entry: one copy launch would read and write tail {value} "
+            f"(a race); fork from a sequence that is not itself a fork target of this step")
     low, high = {SEQ_LENS: (1, max_len + 1), POSITIONS: (0, block_size),
                  SEAL_BLOCKS: (0, store.num_blocks)}.get(which, (0, store.max_seqs))
     return HexcoreInvalidArgumentError(f"{name}[{i}] = {value} is outside [{low}, {high})")
@@ -132,8 +140,10 @@ def _bad_entry(store, which, i, j, kind, tables, rows, max_len) -> HexcoreInvali
 def validate(tables, seq_lens, tail_slots, positions, has_positions, seal_slots, seal_blocks, fork_src, fork_dst,
              block_size, num_blocks, max_seqs, max_len):
     """First bad entry of a step's index arrays as (array, row, column, kind, longest):
-    array TABLES or a row number of ROWS (-1: all good), kind RANGE, REPEATED or
-    POSITION, longest the largest seq_len. Array lengths are checked by the caller."""
+    array TABLES or a row number of ROWS (-1: all good), kind RANGE, REPEATED,
+    POSITION or OVERLAP (a fork_dst entry that is also a fork_src entry: the fork copy
+    would read and write it in one launch), longest the largest seq_len. Array lengths
+    are checked by the caller."""
     longest = 0
     for b in range(seq_lens.shape[0]):
         n = seq_lens[b]
@@ -156,7 +166,23 @@ def validate(tables, seq_lens, tail_slots, positions, has_positions, seal_slots,
                  (SEAL_BLOCKS, _first_repeat(seal_blocks)), (FORK_DST, _first_repeat(fork_dst))):
         if i >= 0:
             return k, i, 0, REPEATED, 0
+    i = _first_shared(fork_src, fork_dst)
+    if i >= 0:
+        return FORK_DST, i, 0, OVERLAP, 0
     return -1, 0, 0, 0, longest
+
+
+@numba.njit(cache=True)
+def _first_shared(src, dst):
+    # the first index of dst whose id is also in src, -1 if none
+    if src.shape[0] == 0:
+        return -1
+    ordered = np.sort(src)
+    for i in range(dst.shape[0]):
+        k = np.searchsorted(ordered, dst[i])
+        if k < ordered.shape[0] and ordered[k] == dst[i]:
+            return i
+    return -1
 
 
 @numba.njit(cache=True)

@@ -1,0 +1,55 @@
+"""Coverage-guided fuzzing of one hexcore target with atheris (libFuzzer).
+
+    python fuzz/fuzz.py TARGET [libFuzzer flags] [CORPUS_DIR ...]
+
+TARGET is one of ``fuzz/harness.py``'s TARGETS (block_manager, ring_attach, config,
+cli, launchers). The pure-Python modules a target runs through are instrumented for
+coverage; njit modules are not (atheris rewrites bytecode, numba compiles bytecode:
+the two do not mix, and the njit code is native anyway). A failing input is written
+by libFuzzer as ``crash-<sha1>``; replay it with
+``python fuzz/fuzz.py TARGET crash-<sha1>``. See fuzz/README.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+# The modules each target drives; everything of hexcore they import is instrumented
+# except the modules holding njit (or CUDA device) code.
+IMPORTS = {
+    "block_manager": ["hexcore.host.allocator", "hexcore.host.events", "hexcore.host.metrics"],
+    "ring_attach": ["hexcore.host.ring"],
+    "config": ["hexcore.config"],
+    "cli": ["hexcore.cli"],
+    "launchers": ["hexcore.cuda"],
+}
+NOT_INSTRUMENTED = ["hexcore.host._atomics", "hexcore.host._blocks", "hexcore.host._event_ops", "hexcore.host._keys",
+                    "hexcore.host._prefix", "hexcore.host._ring_ops", "hexcore.host._step", "hexcore.host.prefix",
+                    "hexcore.host.speculative", "hexcore.layout", "hexcore.cuda.device", "hexcore.cuda.device_layout",
+                    "hexcore.cuda.attention.mma", "hexcore.cuda.attention.kernel",
+                    "hexcore.cuda.attention.fragments", "hexcore.cuda.steps.indices"]
+
+
+def main() -> None:
+    import atheris
+
+    if len(sys.argv) < 2 or sys.argv[1] not in IMPORTS:
+        sys.exit(f"usage: python fuzz/fuzz.py {{{','.join(IMPORTS)}}} [libFuzzer flags] [corpus dirs]")
+    target = sys.argv.pop(1)
+    if target == "launchers":
+        os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+    with atheris.instrument_imports(include=["hexcore"], exclude=NOT_INSTRUMENTED):
+        for name in IMPORTS[target]:
+            __import__(name)
+    from fuzz.harness import TARGETS
+
+    atheris.Setup(sys.argv, TARGETS[target])
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main()
