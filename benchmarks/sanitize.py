@@ -1,41 +1,51 @@
 """Every kernel once on small shapes, for compute-sanitizer (memcheck, racecheck,
 initcheck, synccheck): append, seal, copy (blocks, tails), dequantize, the layout check,
-paged decode (every dtype, MHA and GQA, one split and many, a head group of 9), and a
-DecodeGraph step.
+paged decode (every dtype, MHA and GQA, one split and many, a head group of 9), a
+DecodeGraph step, prefill over a cached prefix (gather and extend kernels), block
+checksums and guard words, and the persistent decode (several slices).
 
     compute-sanitizer --tool racecheck python3 -m benchmarks.sanitize
 """
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 from numba import cuda
 
 from hexcore import KVCacheConfig
 from hexcore.cuda import (DecodeGraph, DecodeOptions, DeviceKVStore, append, copy_blocks, copy_tails,
-                          dequantize_blocks, layout_agrees, paged_decode, seal)
+                          dequantize_blocks, layout_agrees, nonfinite_flags, paged_decode, persistent_decode,
+                          prefill_attention, seal)
+from hexcore.cuda.integrity import check_guards, checksum_blocks
 
 SPLIT = DecodeOptions(ctas_per_sm=64, min_split_blocks=1)
 
 
-def run_dtype(dtype: str, rng) -> None:
+def run_dtype(dtype: str, rng, only_new: bool = False) -> None:
     cfg = KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=128, block_size=16, kv_dtype=dtype)
     store = DeviceKVStore(cfg, num_blocks=8, max_seqs=3)
     store.pool.copy_to_device(np.zeros(store.pool.shape, np.uint32))  # initcheck: every byte written once
+    store.fill_guards()  # the zeros above overwrote the guard words
     k = rng.standard_normal((2, 16, 2, 128)).astype(np.float16)
     append(store, k, k, np.zeros(16, np.int32), np.arange(16, dtype=np.int32))
-    seal(store, np.array([0], np.int32), np.array([5], np.int32))
+    flags = nonfinite_flags(store, 1)  # the seal kernels' non-finite report
+    seal(store, np.array([0], np.int32), np.array([5], np.int32), nonfinite=flags)
     append(store, k[:, :3], k[:, :3], np.zeros(3, np.int32), np.arange(3, dtype=np.int32))
     copy_blocks(store, np.array([5], np.int32), np.array([6], np.int32))
     copy_tails(store, np.array([0], np.int32), np.array([1], np.int32))
-    dequantize_blocks(store, 1, np.array([5, 6], np.int32))
     tables = np.array([[5, 6, 0], [6, 5, 0]], np.int32)
+    if only_new:
+        return run_new_kernels(store, tables, rng)
+    dequantize_blocks(store, 1, np.array([5, 6], np.int32))
     for group, options in ((1, None), (4, None), (4, SPLIT), (9, SPLIT)):
         q = rng.standard_normal((2, 2 * group, 128)).astype(np.float16)
         out = paged_decode(q, store, 0, tables, np.array([35, 32], np.int32), np.array([0, 1], np.int32),
                            options=options)
         cuda.synchronize()
         assert not np.isnan(out.copy_to_host()).any(), (dtype, group)
+    run_new_kernels(store, tables, rng)
     graph = DecodeGraph(store, 8, max_blocks_per_seq=3, batch_buckets=(2,), backend="driver")
     views = graph.buffers(2)
     for view in views[:3]:
@@ -53,10 +63,28 @@ def run_dtype(dtype: str, rng) -> None:
         cuda.synchronize()
 
 
-def main() -> None:
+def run_new_kernels(store, tables, rng) -> None:
+    """Prefill (numba extend path), checksums and guards, and the persistent decode."""
+    q = rng.standard_normal((5, 8, 128)).astype(np.float16)
+    kv = rng.standard_normal((5, 2, 128)).astype(np.float16)
+    out = prefill_attention(q, kv, kv, store, 0, tables[0], 35, 0, backend="numba")
+    cuda.synchronize()
+    assert not np.isnan(out.copy_to_host()).any()
+    checksum_blocks(store, np.array([5, 6], np.int32))
+    assert not check_guards(store).any()
+    q = rng.standard_normal((2, 8, 128)).astype(np.float16)
+    out, stats = persistent_decode(q, store, 0, tables, np.array([35, 32], np.int32), np.array([0, 1], np.int32),
+                                   budget_us=1000.0, options=SPLIT)
+    cuda.synchronize()
+    assert not np.isnan(out.copy_to_host()).any() and stats.launches >= 1
+
+
+def main(argv=None) -> None:
+    """``--new``: only the kernels added on 2026-12-01 (prefill, checksums, persistent)."""
     rng = np.random.default_rng(0)
+    only_new = "--new" in (sys.argv[1:] if argv is None else argv)
     for dtype in ("fp16", "int4", "int2"):
-        run_dtype(dtype, rng)
+        run_dtype(dtype, rng, only_new)
         assert layout_agrees(KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=128, block_size=16, kv_dtype=dtype))
     print("sanitize run complete")
 

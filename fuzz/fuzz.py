@@ -13,6 +13,7 @@ by libFuzzer as ``crash-<sha1>``; replay it with
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,11 +43,16 @@ def main() -> None:
     target = sys.argv.pop(1)
     if target == "launchers":
         os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
-    with atheris.instrument_imports(include=["hexcore"], exclude=NOT_INSTRUMENTED):
+    # the harness too: its model's branches (an eviction, a prefix hit, a pin) are
+    # coverage, so inputs that reach them are kept even where the njit core is invisible
+    with atheris.instrument_imports(include=["hexcore", "fuzz.harness"], exclude=NOT_INSTRUMENTED):
         for name in IMPORTS[target]:
             __import__(name)
-    from fuzz.harness import TARGETS
+        from fuzz.harness import TARGETS
 
+    # libFuzzer re-runs argv[0] through the shell for -merge=1 and -fork: make it a
+    # command line that names the interpreter and the target
+    sys.argv[0] = " ".join(shlex.quote(a) for a in (sys.executable, os.path.abspath(__file__), target))
     atheris.Setup(sys.argv, TARGETS[target])
     atheris.Fuzz()
 

@@ -2,7 +2,8 @@
 
 The CPU side (``hexcore.host``) and the layout math load with ``import hexcore``;
 the GPU side (``hexcore.cuda``) loads numba.cuda and is imported explicitly, as is
-``hexcore.engine.Engine`` (also ``hexcore.Engine``), the facade over both.
+``hexcore.engine.Engine`` (also ``hexcore.Engine``), the facade over both, and
+``hexcore.FaultTolerantKVCache`` (``hexcore.fault``: checksums, canaries, quarantine).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ __all__ = [
     "KVDtype",
     "BlockTableMirror",
     "Engine",
+    "CorruptionReport",
+    "FaultTolerantKVCache",
     "StepResult",
     "LockFreeRingBuffer",
     "MetricsCollector",
@@ -61,4 +64,8 @@ def __getattr__(name: str):
         from .engine import Engine
 
         return Engine
+    if name in ("FaultTolerantKVCache", "CorruptionReport"):  # loads numba.cuda too
+        from . import fault
+
+        return getattr(fault, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""The ``hexcore`` command: ``demo`` (the main job), ``plan`` (capacity planner).
+"""The ``hexcore`` command: ``demo`` (the main job), ``plan`` (capacity planner), ``bench`` (report).
 
 Every flag is checked where it is parsed: a bad value prints one line naming the flag
 (``hexcore: argument --budget-gib: expected ...``) and exits with status 2, never a
@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import re
 import sys
 
 from .config import PRESETS, KVCacheConfig, KVDtype
+from ._checks import as_int
 from .errors import HexcoreError, HexcoreInvalidArgumentError
 
 GIB = 1 << 30
@@ -19,6 +22,10 @@ MAX_BUDGET_GIB = 2**32  # 4 EiB: budgets stay exact ints far below hexcore's 2**
 MAX_SEQS = 2**31 - 1
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 MAX_STEPS = 1_000_000
+MAX_REQUESTS = 100_000
+MAX_CONTEXT = 2**31 - 1
+UNITS = {"": GIB, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": GIB, "tib": 1 << 40,
+         "k": 1 << 10, "m": 1 << 20, "g": GIB, "t": 1 << 40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 
 
 def _budget_gib(text: str) -> float:
@@ -37,6 +44,34 @@ def _budget_ok(value) -> bool:
         return math.isfinite(value) and 2**-30 <= value < MAX_BUDGET_GIB
     except (TypeError, OverflowError):
         return False
+
+
+def _memory(text: str) -> float:
+    """``80GiB``, ``512MiB``, ``1.5TiB``, ``80GB`` or a plain number of GiB -> GiB."""
+    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([A-Za-z]*)\s*", text)
+    unit = match and match.group(2).lower()
+    if not match or unit not in UNITS:
+        raise argparse.ArgumentTypeError(f"expected a size such as 80GiB, 512MiB or 80GB, got {text[:40]!r}")
+    try:
+        value = float(match.group(1)) * UNITS[unit] / GIB
+    except (ValueError, OverflowError):
+        value = math.nan
+    if not _budget_ok(value):
+        raise argparse.ArgumentTypeError(f"expected a size in [1 byte, {MAX_BUDGET_GIB} GiB), got {text[:40]!r}")
+    return value
+
+
+def _json_path(text: str) -> str:
+    folder = os.path.dirname(os.path.abspath(text))
+    if not text or os.path.isdir(text) or not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"expected a file path in an existing folder, got {text[:80]!r}")
+    return text
+
+
+def _out_dir(text: str) -> str:
+    if not text or (os.path.exists(text) and not os.path.isdir(text)):
+        raise argparse.ArgumentTypeError(f"expected a folder path, got {text[:80]!r}")
+    return text
 
 
 def _int_in(low: int, high: int, what: str = "an int"):
@@ -84,26 +119,39 @@ class _Exit(Exception):
         self.status = status
 
 
-def capacity_table(preset: str, budget_gib: float, max_seqs: int, block_size: int) -> str:
+def capacity_table(preset: str, budget_gib: float, max_seqs: int, block_size: int,
+                   context: int | None = None) -> str:
     """The capacity of each KV dtype for ``preset`` in a budget, as aligned text.
 
     ``budget_gib``: a finite number in [2**-30, 2**32); ``max_seqs`` and ``block_size``
     follow the integer rule (HexcoreInvalidArgumentError or HexcoreConfigError otherwise).
+    ``context`` (tokens, optional): adds the sequences of that length that fit together
+    (each holds ``context // block_size`` sealed blocks and its FP16 tail).
     """
     if isinstance(budget_gib, bool) or not isinstance(budget_gib, (int, float)) or not _budget_ok(budget_gib):
         raise HexcoreInvalidArgumentError(f"budget_gib: expected a finite number in [2**-30, {MAX_BUDGET_GIB}), "
                                           f"got {budget_gib!r:.40}")
+    if context is not None:
+        context = as_int("context", context, low=1, high=MAX_CONTEXT)
     budget = int(budget_gib * GIB)
     header = f"{'dtype':<6} {'bytes/token':>12} {'block MiB':>10} {'blocks':>10} {'tokens':>12} {'vs fp16':>8}"
+    if context is not None:
+        header += f" {'seqs @ ' + format(context, ','):>14}"
     lines = [f"{preset}: {budget_gib:g} GiB budget, {max_seqs} sequences, block_size {block_size}", header]
     for dtype in KVDtype:
         cfg = KVCacheConfig.from_preset(preset, kv_dtype=dtype, block_size=block_size)
-        lines.append(
-            f"{dtype.value:<6} {cfg.block_bytes / cfg.block_size:>12.1f} {cfg.block_bytes / (1 << 20):>10.3f} "
-            f"{cfg.blocks_for_budget(budget, max_seqs):>10,} {cfg.tokens_for_budget(budget, max_seqs):>12,} "
-            f"{cfg.compression_ratio:>7.2f}x"
-        )
+        line = (f"{dtype.value:<6} {cfg.block_bytes / cfg.block_size:>12.1f} {cfg.block_bytes / (1 << 20):>10.3f} "
+                f"{cfg.blocks_for_budget(budget, max_seqs):>10,} {cfg.tokens_for_budget(budget, max_seqs):>12,} "
+                f"{cfg.compression_ratio:>7.2f}x")
+        if context is not None:
+            line += f" {sequences_at_context(cfg, budget, context):>14,}"
+        lines.append(line)
     return "\n".join(lines)
+
+
+def sequences_at_context(cfg: KVCacheConfig, budget_bytes: int, context: int) -> int:
+    """Sequences of ``context`` tokens whose sealed blocks and tails fit ``budget_bytes`` together."""
+    return budget_bytes // (cfg.tail_bytes + (context // cfg.block_size) * cfg.block_bytes)
 
 
 def _layout_report(preset: str, block_size: int) -> str:
@@ -122,27 +170,33 @@ def _layout_report(preset: str, block_size: int) -> str:
     return f"layout agreement ({where}): " + ", ".join(results)
 
 
-def _serve_report(preset: str, kv_dtype: str, steps: int) -> str:
+def _serve_report(args) -> str:
     from ._runtime import use_simulator_if_no_gpu
 
     simulated = use_simulator_if_no_gpu()
-    from .serve import serve
+    from .demo import default_requests, demo_shape, format_summary, run_demo, write_json
 
-    model = PRESETS[preset]
-    if simulated:  # the simulator runs one Python thread per CUDA thread: keep it tiny
-        cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype=kv_dtype,
-                            group_size=32)
-        q_heads, seqs, blocks, prompts = 2, 4, 64, (5, 30)
-    else:
-        cfg = KVCacheConfig(num_layers=2, num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
-                            block_size=32, kv_dtype=kv_dtype)
-        q_heads, seqs, blocks, prompts = model.num_q_heads, 16, 4096, (100, 2000)
-    where = "CUDA simulator, tiny shapes" if simulated else f"GPU, {preset} attention heads, 2 layers"
-    print(f"serving {steps} decode steps ({cfg.kv_dtype.value}, {where}):")
-    report = serve(cfg, q_heads, seqs, blocks, steps, prompts)
-    return (f"served {report.tokens} tokens in {report.steps} steps ({report.forks} forks, {report.finished} "
-            f"finished) in {report.seconds:.1f} s; worst attention error vs exact fp16 K/V "
-            f"{report.max_rel_error:.2e}")
+    shape = demo_shape(simulated, args.preset, args.kv_dtype, args.block_size)
+    requests = args.requests or default_requests(simulated)
+    print(f"serving {requests} requests ({shape.config.kv_dtype.value}, {shape.where}; pool of "
+          f"{shape.num_blocks} blocks, {shape.max_seqs} sequence slots)", flush=True)
+    summary = run_demo(shape, requests, seed=args.seed, max_steps=args.steps, progress=not args.no_progress)
+    if args.json:
+        write_json(summary, args.json)
+    return format_summary(summary)
+
+
+def _bench(args) -> int:
+    if os.path.isfile(os.path.join("benchmarks", "report.py")) and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the console script does not put the checkout on the path
+    try:
+        from benchmarks import report
+    except ImportError:
+        print("hexcore: bench runs from a checkout of the repository (benchmarks/ is not installed): "
+              "cd to it and run python -m hexcore bench", file=sys.stderr)
+        return 2
+    return report.main(["--out", args.out] + (["--quality"] if args.quality else [])
+                       + (["--quick"] if args.quick else []))
 
 
 def _add_capacity_args(p: argparse.ArgumentParser) -> None:
@@ -158,10 +212,23 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="capacity table, layout check, and a serving loop")
     _add_capacity_args(demo)
     demo.add_argument("--kv-dtype", default="int4", choices=[d.value for d in KVDtype])
-    demo.add_argument("--steps", type=_int_in(0, MAX_STEPS), default=6,
-                      help="decode steps of the serving loop (0: none)")
+    demo.add_argument("--requests", type=_int_in(1, MAX_REQUESTS), default=None,
+                      help="requests to serve (default: 256 on a GPU, 8 on the simulator)")
+    demo.add_argument("--seed", type=_int_in(0, 2**63 - 1), default=0, help="seed of the workload and the data")
+    demo.add_argument("--steps", type=_int_in(0, MAX_STEPS), default=None,
+                      help="stop after this many steps (default: when every request is served; 0: no serving)")
+    demo.add_argument("--json", type=_json_path, default=None, metavar="PATH", help="write the summary as JSON")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     plan = sub.add_parser("plan", help="capacity planner: what fits a memory budget")
     _add_capacity_args(plan)
+    plan.add_argument("--memory", type=_memory, default=None, metavar="SIZE",
+                      help="memory budget with a unit (80GiB, 512MiB, 80GB); overrides --budget-gib")
+    plan.add_argument("--context", type=_int_in(1, MAX_CONTEXT), default=None,
+                      help="tokens per sequence: also show how many such sequences fit")
+    bench = sub.add_parser("bench", help="run the benchmarks; write JSON and PNG plots (needs the checkout)")
+    bench.add_argument("--out", type=_out_dir, default="bench-report", metavar="DIR", help="report folder")
+    bench.add_argument("--quality", action="store_true", help="also run benchmarks.bench_quality (a real model)")
+    bench.add_argument("--quick", action="store_true", help="fewer rounds and pool sizes (a smoke run)")
     return parser
 
 
@@ -183,11 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     except _Exit as done:  # --help
         return done.status if isinstance(done.status, int) else 2
     try:
-        print(capacity_table(args.preset, args.budget_gib, args.max_seqs, args.block_size))
+        if args.command == "bench":
+            return _bench(args)
+        budget = args.budget_gib if getattr(args, "memory", None) is None else args.memory
+        print(capacity_table(args.preset, budget, args.max_seqs, args.block_size, getattr(args, "context", None)))
         if args.command == "demo":
             print(_layout_report(args.preset, args.block_size))
-            if args.steps > 0:
-                print(_serve_report(args.preset, args.kv_dtype, args.steps))
+            if args.steps != 0:
+                print(_serve_report(args))
     except HexcoreError as exc:
         print(f"hexcore: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

@@ -224,7 +224,7 @@ class KVCacheConfig:
     def from_preset(cls, name: str, kv_dtype: KVDtype | str = KVDtype.FP16, block_size: int = 32,
                     group_size: int = 64) -> "KVCacheConfig":
         """Config for a named public model (see ``PRESETS``)."""
-        preset = PRESETS.get(name)
+        preset = PRESETS.get(name) if isinstance(name, str) else None
         if preset is None:
             raise HexcoreConfigError(f"preset: expected one of {sorted(PRESETS)}, got {name!r}")
         return cls(num_layers=preset.num_layers, num_kv_heads=preset.num_kv_heads,

@@ -15,6 +15,13 @@ a step once: fork copies, append, seal, attention for every layer::
     # or, layer by layer as a model computes them: fill q[l], k[l], v[l]; step.attend(l) -> out[l]
     engine.finish(seq)
 
+With ``prefix_cache=True`` a request's cached prefix is shared and only the rest prefilled::
+
+    adm = engine.admit(tokens)             # Admission(seq_id, cached_tokens); tokens: int32 [n]
+    new = tokens[adm.cached_tokens:]       # the model runs these, and per layer l:
+    out_l = engine.prefill_attention(adm.seq_id, l, q_l, k_l, v_l)   # [n_new, heads, D]: over the cache + themselves
+    engine.prefill(adm.seq_id, k, v, tokens=new)                      # then store their K/V: [L, n_new, H, D]
+
 The low-level calls (``hexcore.host``, ``hexcore.cuda``) stay public for engines that
 need another order.
 """
@@ -27,6 +34,7 @@ from ._checks import as_int
 from .config import KVCacheConfig
 from .errors import HexcoreInvalidArgumentError, Status, raise_for_status
 from .host import PagedKVCache
+from .host.prefix import DEFAULT_PRIORITY, as_tokens
 
 
 class Engine:
@@ -37,22 +45,26 @@ class Engine:
     config : the cache's KVCacheConfig; ``num_blocks`` sealed blocks, ``max_seqs`` sequences.
     num_q_heads : query heads of the model (a multiple of ``config.num_kv_heads``).
     max_seq_len : longest sequence (default: what the pool holds, up to 131072).
-    batch_buckets, backend, scale, options : passed to :class:`hexcore.cuda.DecodeGraph`.
+    batch_buckets, backend, scale, options : passed to :class:`hexcore.cuda.DecodeGraph`
+        (``scale`` also to :meth:`prefill_attention`).
     metrics : an optional ``MetricsCollector`` for the block manager.
+    prefix_cache : cache sealed blocks by their token ids and share them with later
+        requests (``PagedKVCache(prefix_cache=True)``; :meth:`admit`).
     """
 
     def __init__(self, config: KVCacheConfig, num_blocks: int, max_seqs: int, num_q_heads: int, *,
                  max_seq_len: int | None = None, batch_buckets=None, backend: str = "auto",
-                 scale: float | None = None, options=None, metrics=None):
+                 scale: float | None = None, options=None, metrics=None, prefix_cache: bool = False):
         from .cuda import DecodeGraph, DeviceKVStore
         from .cuda.steps.graph import DEFAULT_BUCKETS
 
-        self.cache = PagedKVCache(config, num_blocks, max_seqs, metrics, max_seq_len=max_seq_len)
+        self.cache = PagedKVCache(config, num_blocks, max_seqs, metrics, max_seq_len=max_seq_len,
+                                  prefix_cache=prefix_cache)
         self.store = DeviceKVStore(config, num_blocks, max_seqs)
         self.graph = DecodeGraph(self.store, num_q_heads, self.cache.max_blocks_per_seq,
                                  batch_buckets=DEFAULT_BUCKETS if batch_buckets is None else batch_buckets,
                                  scale=scale, backend=backend, options=options)
-        self.config, self.num_q_heads = config, num_q_heads
+        self.config, self.num_q_heads, self.scale = config, num_q_heads, scale
         self._forks: list = []  # (parent, child) tail copies not yet made
 
     # -- sequences ------------------------------------------------------------------
@@ -60,11 +72,29 @@ class Engine:
         """A new, empty sequence; its id (= its tail slot)."""
         return self.cache.add_sequence(seq_id)
 
+    def admit(self, tokens, *, namespace: int = 0, priority: int = DEFAULT_PRIORITY, leave_last: bool = True):
+        """A new sequence for a request of ``tokens`` (int32 [n]) that shares the request's
+        longest cached prefix (whole blocks): ``Admission(seq_id, cached_tokens)``.
+
+        The sequence starts ``cached_tokens`` long; run the model over
+        ``tokens[cached_tokens:]`` with :meth:`prefill_attention` per layer, then store their
+        K/V with ``prefill(seq_id, k, v, tokens=tokens[cached_tokens:])`` so its blocks are
+        cached in turn. ``namespace``, ``priority``, ``leave_last``: see
+        :meth:`hexcore.host.PagedKVCache.admit` (with the prefix cache off this is :meth:`add`
+        and ``cached_tokens`` is 0).
+        """
+        return self.cache.admit(tokens, namespace=namespace, priority=priority, leave_last=leave_last)
+
     def fork(self, parent: int) -> int:
         """A sequence sharing ``parent``'s tokens (sealed blocks by reference); its id. The
         tail copy runs with the next step or prefill."""
         child = self.cache.fork_sequence(parent)
-        self._forks.append((parent, child))
+        # a parent whose own tail copy is pending holds its parent's tail: copy from that one,
+        # so no pending copy reads a tail another one writes (one launch copies them all)
+        source = next((p for p, c in self._forks if c == parent), parent)
+        if any(p == child for p, _ in self._forks):  # the child's slot is a pending source (it was
+            self._copy_forks(None)                    # finished): copy out of it before it is overwritten
+        self._forks.append((source, child))
         return child
 
     def finish(self, seq_id: int) -> None:
@@ -77,12 +107,15 @@ class Engine:
         return self.cache.seq_len(seq_id)
 
     # -- writing a prompt -------------------------------------------------------------
-    def prefill(self, seq_id: int, k, v, stream=None) -> None:
+    def prefill(self, seq_id: int, k, v, stream=None, tokens=None) -> None:
         """Append a prompt's K/V to ``seq_id``, sealing every block it fills.
 
         ``k``, ``v``: float16 ``[L, n, H, D]`` (host arrays, device arrays or CUDA tensors).
-        The attention over the prompt itself is the model's (e.g. SDPA); this stores its K/V.
-        A failure (out of blocks, a bad array) raises before the store or the tables change.
+        ``tokens``: their token ids, int32 [n], with the prefix cache on (so the blocks
+        sealed are cached for later requests; without them the sequence's later blocks are
+        not). The attention over the prompt is :meth:`prefill_attention` (or the model's
+        own); this stores its K/V. A failure (out of blocks, a bad array, tokens of another
+        length) raises before the store or the tables change.
         """
         from .cuda import append, seal
         from .cuda.arrays import checked
@@ -94,7 +127,7 @@ class Engine:
         seq_id = as_int("seq_id", seq_id)
         start = self.cache.seq_len(seq_id)
         self._copy_forks(stream)
-        blocks = self.cache.grow_sequence(seq_id, start + n)  # raises before anything is written
+        blocks = self.cache.grow_sequence(seq_id, start + n, tokens)  # raises before anything is written
         bs, done, sealed = self.config.block_size, 0, 0
         while done < n:
             pos = (start + done) % bs
@@ -106,23 +139,48 @@ class Engine:
                 seal(self.store, np.array([seq_id], np.int32), np.array([blocks[sealed]], np.int32), stream=stream)
                 sealed += 1
 
+    def prefill_attention(self, seq_id: int, layer: int, q, k, v, out=None, backend: str = "auto", stream=None):
+        """Causal attention of ``seq_id``'s new tokens over the tokens it holds now (sealed
+        blocks dequantized, its tail) plus themselves, for one layer.
+
+        ``q``: float16 ``[n, num_q_heads, D]``; ``k``, ``v``: float16 ``[n, H, D]``, the new
+        tokens' K/V of ``layer`` (call before :meth:`prefill` stores them). Returns ``out``
+        ``[n, num_q_heads, D]`` (see :func:`hexcore.cuda.prefill_attention` for ``out``,
+        ``backend`` and ``stream``). A pending fork copy runs first (the tail is read).
+        """
+        from .cuda import prefill_attention
+
+        seq_id = as_int("seq_id", seq_id)
+        table, prefix_len = self.cache.block_table(seq_id), self.cache.seq_len(seq_id)
+        self._copy_forks(stream)
+        return prefill_attention(q, k, v, self.store, layer, table, prefix_len, seq_id, out=out, scale=self.scale,
+                                 backend=backend, stream=stream)
+
     # -- decode steps ----------------------------------------------------------------
     def buffers(self, batch: int):
         """The (q, k, v, out) views of a step of ``batch`` sequences (fill them before running)."""
         return self.graph.buffers(batch)
 
-    def step(self, seq_ids) -> "EngineStep":
+    def step(self, seq_ids, tokens=None) -> "EngineStep":
         """One decode step for ``seq_ids`` (each grows by one token): the block manager's part.
 
+        ``tokens``: with the prefix cache on, each sequence's new token id (int32 [B]), so the
+        blocks it seals are cached (without them its later blocks are not).
         All or nothing: when an entry cannot grow (not live, listed twice, at its maximum
-        length, or the pool is short of blocks) its typed error is raised and nothing changed.
+        length, or the pool is short of blocks) or ``tokens`` is malformed, its typed error
+        is raised and nothing changed.
         """
-        ids = seq_ids if isinstance(seq_ids, np.ndarray) else np.asarray(seq_ids, dtype=np.int32)
+        ids = _as_seq_ids(seq_ids)
+        if tokens is not None:
+            tokens = as_tokens("tokens", tokens)
+            if tokens.shape != ids.shape:
+                raise HexcoreInvalidArgumentError(f"tokens: expected one token id per sequence, shape {ids.shape}, "
+                                                  f"got {tokens.shape}")
         status, index = self.cache.can_step(ids)
         if status is not Status.OK:
             what = "the pool is short of blocks" if index < 0 else f"seq_ids[{index}] = {ids[index]}"
             raise_for_status(status, f"step: {what} ({status.name}); nothing changed")
-        result = self.cache.step(ids)
+        result = self.cache.step(ids, tokens=tokens)
         result.raise_for_status()  # cannot fail after can_step; kept as a guard
         forks, self._forks = self._forks, []
         return EngineStep(self, result, forks)
@@ -206,3 +264,14 @@ def _rows(k, v, config: KVCacheConfig) -> int:
     if tuple(getattr(v, "shape", ())) != shape:
         raise HexcoreInvalidArgumentError(f"v: expected shape {shape} like k, got {tuple(getattr(v, 'shape', ()))}")
     return shape[1]
+
+
+def _as_seq_ids(seq_ids) -> np.ndarray:
+    """``seq_ids`` as an int32 ``[B]`` array; anything else (a scalar, NaN, an int beyond
+    int32, a nested list) raises HexcoreInvalidArgumentError naming it."""
+    if isinstance(seq_ids, np.ndarray) and seq_ids.dtype == np.int32 and seq_ids.ndim == 1:
+        return seq_ids
+    if isinstance(seq_ids, (str, bytes)) or not hasattr(seq_ids, "__len__"):
+        raise HexcoreInvalidArgumentError(f"seq_ids: expected a 1-D sequence of ints, got {seq_ids!r}")
+    values = [as_int(f"seq_ids[{i}]", s, -2**31, 2**31 - 1) for i, s in enumerate(seq_ids)]
+    return np.array(values, dtype=np.int32)

@@ -67,8 +67,10 @@ def raise_for_status(status: int, message: str = "") -> None:
     An int that is not a Status value raises :class:`HexcoreInvalidArgumentError`
     naming it, so a corrupted status never passes for success.
     """
+    from ._checks import int_value  # _checks imports this module
+
     try:
-        status = Status(int(status))
+        status = Status(int_value("status", status))
     except ValueError:
         raise HexcoreInvalidArgumentError(f"unknown status code {status!r}") from None
     if status is Status.OK:

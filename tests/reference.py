@@ -167,3 +167,15 @@ def decode_attention(q: np.ndarray, keys: list, values: list, scale: float) -> n
             p = np.exp(s - s.max())
             out[b, hq] = (p / p.sum()) @ v[hq // group]
     return out
+
+
+def fake_quantize(x: np.ndarray, bits: int, axis: int) -> np.ndarray:
+    """float64 dequantization of float16 ``x`` quantized in groups along ``axis`` by
+    :func:`quant_params` and :func:`quantize` (no packing): keys ``[H, NB, BS, D]`` with
+    ``axis=2`` give :func:`quantize_keys` then :func:`dequantize_keys` of each block; values
+    ``[H, S, D / G, G]`` with ``axis=3`` give :func:`quantize_values` then
+    :func:`dequantize_values`."""
+    xf = x.astype(np.float16).astype(np.float32)
+    scale, lo = quant_params(xf.min(axis=axis, keepdims=True), xf.max(axis=axis, keepdims=True), bits)
+    q = quantize(xf, scale, lo, bits).astype(np.float64)
+    return scale.astype(np.float64) * q + lo.astype(np.float64)

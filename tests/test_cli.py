@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from hexcore.cli import capacity_table, main
@@ -8,11 +10,47 @@ def test_capacity_table_lists_every_dtype():
     assert all(d in table for d in ("fp16", "int4", "int2"))
 
 
-def test_demo_prints_table_and_layout(capsys):
-    assert main(["demo", "--preset", "mistral-7b", "--budget-gib", "8", "--steps", "1"]) == 0
+def test_demo_prints_table_layout_and_a_served_summary(capsys, tmp_path):
+    path = tmp_path / "demo.json"
+    argv = ["demo", "--preset", "mistral-7b", "--budget-gib", "8", "--requests", "1", "--steps", "2",
+            "--kv-dtype", "int2", "--seed", "3", "--no-progress", "--json", str(path)]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert "mistral-7b" in out and "layout agreement" in out and "DISAGREES" not in out
-    assert "served" in out and "step   0" in out
+    assert "serving 1 requests (int2" in out and "step latency p50 / p99" in out and "attention error" in out
+    summary = json.loads(path.read_text())
+    assert summary["kv_dtype"] == "int2" and 1 <= summary["steps"] <= 2 and summary["decode_tokens"] == summary["steps"]
+    assert summary["peak_kv_bytes_fp16"] >= summary["peak_kv_bytes"] and summary["mirror_mismatches"] == 0
+
+
+def test_plan_memory_and_context(capsys):
+    from hexcore import KVCacheConfig
+    from hexcore.cli import GIB, sequences_at_context
+
+    assert main(["plan", "--preset", "llama-3-8b", "--memory", "80GiB", "--context", "8192"]) == 0
+    out = capsys.readouterr().out
+    assert "80 GiB budget" in out and "seqs @ 8,192" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:]}
+    for dtype in ("fp16", "int4", "int2"):
+        cfg = KVCacheConfig.from_preset("llama-3-8b", kv_dtype=dtype, block_size=32)
+        assert int(rows[dtype][-1].replace(",", "")) == sequences_at_context(cfg, 80 * GIB, 8192)
+        assert float(rows[dtype][1]) == cfg.block_bytes / 32  # bytes per token
+    fp16 = KVCacheConfig.from_preset("llama-3-8b", block_size=32)
+    # 128 KiB per token in FP16: 8192 tokens are 1 GiB plus a 4 MiB tail, so 79 sequences fit in 80 GiB
+    assert fp16.block_bytes / 32 == 131072 and sequences_at_context(fp16, 80 * GIB, 8192) == 79
+    assert int(rows["int2"][-1].replace(",", "")) > int(rows["int4"][-1].replace(",", "")) > 79
+    assert main(["plan", "--memory", "512MiB"]) == main(["plan", "--memory", "0.5"]) == 0
+    first, second = capsys.readouterr().out.split("llama-3-8b: ")[1:]
+    assert first == second
+
+
+def test_bench_draws_the_committed_gpu_runs(tmp_path):
+    pytest.importorskip("matplotlib")
+    from benchmarks import report
+
+    assert report.main(["--out", str(tmp_path), "--plots-only"]) == 0
+    assert {p.name for p in tmp_path.glob("*.png")} == {"decode_bandwidth.png", "decode_speedup.png",
+                                                        "graph_host.png"}
 
 
 def test_plan_rejects_bad_block_size(capsys):
@@ -29,6 +67,11 @@ def test_plan_rejects_bad_block_size(capsys):
     (["demo", "--steps", "-1"], "--steps"), (["demo", "--kv-dtype", "int3"], "--kv-dtype"),
     (["plan", "--preset", "gpt-5"], "--preset"), (["plan", "--bogus"], "--bogus"), ([], "command"),
     (["plan", "--budget-gib"], "--budget-gib"), (["frobnicate"], "frobnicate"),
+    (["demo", "--requests", "0"], "--requests"), (["demo", "--seed", "-1"], "--seed"),
+    (["demo", "--json", "/nonexistent-dir/x.json"], "--json"), (["plan", "--memory", "80XB"], "--memory"),
+    (["plan", "--memory", "nanGiB"], "--memory"), (["plan", "--memory", "0GiB"], "--memory"),
+    (["plan", "--context", "0"], "--context"), (["bench", "--out", "pyproject.toml"], "--out"),
+    (["bench", "--frobnicate"], "--frobnicate"),
 ])
 def test_bad_flags_print_one_line_naming_the_flag_and_return_2(capsys, argv, flag):
     """Hardening (issue 13): a bad argument is one line naming the flag, exit status 2, no traceback."""

@@ -5,10 +5,12 @@ import warnings
 
 import numpy as np
 import pytest
+from numba import cuda
 
 from hexcore import HexcoreInvalidArgumentError, HexcoreInvalidSequenceError, HexcoreOOMError, KVCacheConfig
 from hexcore.engine import Engine
 from tests import reference as ref
+from tests.cuda.attention.test_prefill import extend_reference
 
 
 def make_engine(dtype="int4", layers=2, num_blocks=12, max_seqs=4, block_size=16, heads=1, q_heads=2, head_dim=64,
@@ -32,26 +34,28 @@ class Mirror:
         self.k[seq] = np.concatenate([self.k[seq], k], axis=1) if seq in self.k else k
         self.v[seq] = np.concatenate([self.v[seq], v], axis=1) if seq in self.v else v
 
+    def cached(self, engine, seq, layer):
+        """``seq``'s K, V of ``layer`` as the cache holds them: float64 [H, n, D], sealed
+        blocks quantized and dequantized, the tail exact."""
+        cfg = engine.config
+        k = self.k[seq][layer].transpose(1, 0, 2)  # [H, n, D]
+        v = self.v[seq][layer].transpose(1, 0, 2)
+        n_sealed = (k.shape[1] // cfg.block_size) * cfg.block_size
+        if cfg.kv_dtype.is_quantized and n_sealed:
+            ks, vs = [], []
+            for start in range(0, n_sealed, cfg.block_size):
+                blk_k, blk_v = k[:, start:start + cfg.block_size], v[:, start:start + cfg.block_size]
+                kc, km, vc, vm = ref.quantize_block(blk_k, blk_v, cfg.kv_dtype.bits, cfg.group_size)
+                ks.append(ref.dequantize_keys(kc, km, cfg.kv_dtype.bits))
+                vs.append(ref.dequantize_values(vc, vm, cfg.kv_dtype.bits, cfg.group_size))
+            k = np.concatenate(ks + [k[:, n_sealed:].astype(np.float64)], axis=1)
+            v = np.concatenate(vs + [v[:, n_sealed:].astype(np.float64)], axis=1)
+        return np.asarray(k, np.float64), np.asarray(v, np.float64)
+
     def expect(self, engine, seqs, q, layer):
         """Attention over the cache as it holds it: sealed blocks dequantized, tails exact."""
-        cfg = engine.config
-        keys, values = [], []
-        for seq in seqs:
-            k = self.k[seq][layer].transpose(1, 0, 2)  # [H, n, D]
-            v = self.v[seq][layer].transpose(1, 0, 2)
-            n_sealed = (k.shape[1] // cfg.block_size) * cfg.block_size
-            if cfg.kv_dtype.is_quantized and n_sealed:
-                ks, vs = [], []
-                for start in range(0, n_sealed, cfg.block_size):
-                    blk_k, blk_v = k[:, start:start + cfg.block_size], v[:, start:start + cfg.block_size]
-                    kc, km, vc, vm = ref.quantize_block(blk_k, blk_v, cfg.kv_dtype.bits, cfg.group_size)
-                    ks.append(ref.dequantize_keys(kc, km, cfg.kv_dtype.bits))
-                    vs.append(ref.dequantize_values(vc, vm, cfg.kv_dtype.bits, cfg.group_size))
-                k = np.concatenate(ks + [k[:, n_sealed:].astype(np.float64)], axis=1)
-                v = np.concatenate(vs + [v[:, n_sealed:].astype(np.float64)], axis=1)
-            keys.append(np.asarray(k, np.float64))
-            values.append(np.asarray(v, np.float64))
-        return ref.decode_attention(q, keys, values, 1 / math.sqrt(cfg.head_dim))
+        keys, values = zip(*(self.cached(engine, seq, layer) for seq in seqs))
+        return ref.decode_attention(q, list(keys), list(values), 1 / math.sqrt(engine.config.head_dim))
 
 
 def random_kv(rng, engine, n):
@@ -171,3 +175,122 @@ def test_engine_on_gpu(dtype, rng):
     run_steps(engine, mirror, seqs + [child], rng, 3)
     run_steps(engine, mirror, seqs + [child], rng, 1, per_layer=True)
     assert engine.graph.captured  # a step was replayed from a graph
+
+
+def test_a_fork_of_a_pending_fork_copies_from_the_first_parent(rng):
+    """fork(fork(a)) before a step: both copies read a's tail (one launch, no tail both read
+    and written); a child in the slot of a finished pending parent is copied after it."""
+    engine, mirror = make_engine("fp16", num_blocks=16, max_seqs=6), Mirror()
+    a, x = engine.add(), engine.add()
+    for seq in (a, x):
+        k, v = random_kv(rng, engine, 21)
+        engine.prefill(seq, k, v)
+        mirror.add(seq, k, v)
+    b = engine.fork(a)
+    c = engine.fork(b)
+    for child in (b, c):
+        mirror.add(child, mirror.k[a], mirror.v[a])
+    run_steps(engine, mirror, [a, b, c], rng, 1)
+    d = engine.fork(x)  # pending copy x -> d
+    engine.finish(x)    # x's slot is free, its tail still to be copied to d
+    e = engine.fork(a)  # takes x's slot: x's tail must reach d before a's overwrites it
+    assert e == x, "the test needs the child in the finished parent's slot"
+    mirror.add(d, mirror.k[x], mirror.v[x])
+    mirror.k[e], mirror.v[e] = mirror.k[a], mirror.v[a]
+    run_steps(engine, mirror, [a, d, e], rng, 1)
+    engine.cache.check_invariants()
+
+
+def prefill_layers(engine, mirror, seq, k, v, rng, tokens=None):
+    """``prefill_attention`` for every layer (checked against the float64 reference over the
+    cache as it holds ``seq`` plus the new tokens), then ``prefill``."""
+    cfg = engine.config
+    n = k.shape[1]
+    q = rng.standard_normal((cfg.num_layers, n, engine.num_q_heads, cfg.head_dim)).astype(np.float16)
+    for layer in range(cfg.num_layers):
+        out = cuda.to_device(np.full(q.shape[1:], np.nan, np.float16))
+        engine.prefill_attention(seq, layer, q[layer], k[layer], v[layer], out=out)
+        if seq in mirror.k:
+            keys, values = mirror.cached(engine, seq, layer)
+        else:
+            keys = values = np.zeros((cfg.num_kv_heads, 0, cfg.head_dim))
+        expect = extend_reference(q[layer], keys, values, k[layer], v[layer], 1 / math.sqrt(cfg.head_dim))
+        got = out.copy_to_host()
+        assert not np.isnan(got).any()
+        assert ref.relative_l2(got, expect) <= 2e-3
+    engine.prefill(seq, k, v, tokens=tokens)
+    mirror.add(seq, k, v)
+
+
+def test_a_cached_prefix_is_shared_and_only_the_rest_prefilled(rng):
+    engine, mirror = make_engine("int4", num_blocks=12, max_seqs=4, prefix_cache=True), Mirror()
+    tokens_a = rng.integers(0, 50000, 40).astype(np.int32)
+    first = engine.admit(tokens_a)
+    assert first.cached_tokens == 0
+    k_a, v_a = random_kv(rng, engine, 40)
+    prefill_layers(engine, mirror, first.seq_id, k_a, v_a, rng, tokens_a)
+    # a second request: a's first two blocks (32 tokens), then its own 7 tokens
+    tokens_b = np.concatenate([tokens_a[:32], rng.integers(0, 50000, 7).astype(np.int32)])
+    second = engine.admit(tokens_b)
+    assert second.cached_tokens == 32 and engine.seq_len(second.seq_id) == 32
+    assert list(engine.cache.block_table(second.seq_id)) == list(engine.cache.block_table(first.seq_id))
+    mirror.add(second.seq_id, k_a[:, :32], v_a[:, :32])  # the model's K/V of the shared tokens
+    k_b, v_b = random_kv(rng, engine, 7)
+    prefill_layers(engine, mirror, second.seq_id, k_b, v_b, rng, tokens_b[32:])
+    run_steps(engine, mirror, [first.seq_id, second.seq_id], rng, 1)
+    engine.finish(first.seq_id)
+    engine.finish(second.seq_id)
+    assert engine.cache.num_cached_blocks == 2  # a's two blocks stay cached; b sealed none
+    third = engine.admit(tokens_a)  # a again: its blocks from the cache (the last token is computed)
+    assert third.cached_tokens == 32 and engine.cache.num_cached_blocks == 0
+    engine.cache.check_invariants()
+
+
+def test_chunked_prefill_attends_over_a_partial_tail(rng):
+    engine, mirror = make_engine("int2", layers=1), Mirror()
+    seq = engine.add()
+    for n in (21, 14):  # the second chunk sees one sealed block and 5 tail tokens
+        k, v = random_kv(rng, engine, n)
+        prefill_layers(engine, mirror, seq, k, v, rng)
+    assert engine.seq_len(seq) == 35
+    run_steps(engine, mirror, [seq], rng, 1)
+
+
+def test_engine_prefix_cache_errors_change_nothing(rng):
+    engine = make_engine(prefix_cache=True)
+    adm = engine.admit(np.arange(20, dtype=np.int32))
+    k, v = random_kv(rng, engine, 20)
+    with pytest.raises(HexcoreInvalidArgumentError, match="tokens"):
+        engine.prefill(adm.seq_id, k, v, tokens=np.arange(19, dtype=np.int32))  # one short
+    assert engine.seq_len(adm.seq_id) == 0 and engine.cache.num_free_blocks == 12
+    engine.prefill(adm.seq_id, k, v, tokens=np.arange(20, dtype=np.int32))
+    with pytest.raises(HexcoreInvalidArgumentError, match="tokens: expected one token id per sequence"):
+        engine.step([adm.seq_id], tokens=np.array([1, 2], np.int32))
+    with pytest.raises(HexcoreInvalidArgumentError, match="tokens"):
+        engine.admit(np.zeros((2, 2), np.int32))
+    assert engine.seq_len(adm.seq_id) == 20
+    with pytest.raises(HexcoreInvalidArgumentError, match="q: expected dtype float16"):
+        engine.prefill_attention(adm.seq_id, 0, np.zeros((2, 2, 64)), k[0, :2], v[0, :2])
+    engine.step([adm.seq_id], tokens=np.array([7], np.int32)).run()
+    assert engine.seq_len(adm.seq_id) == 21 and engine.cache.is_tracked(adm.seq_id)
+    engine.cache.check_invariants()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "int4", "int2"])
+def test_prefix_cached_prefill_on_gpu(dtype, rng):
+    """llama-3-8b attention heads: a request sharing 256 cached tokens prefills 50 over them
+    (SDPA when torch is installed, else the numba kernel), then decodes."""
+    engine, mirror = make_engine(dtype, layers=2, num_blocks=64, max_seqs=8, block_size=32, heads=8, q_heads=32,
+                                 head_dim=128, prefix_cache=True), Mirror()
+    tokens_a = rng.integers(0, 50000, 300).astype(np.int32)
+    a = engine.admit(tokens_a).seq_id
+    k_a, v_a = random_kv(rng, engine, 300)
+    prefill_layers(engine, mirror, a, k_a, v_a, rng, tokens_a)
+    tokens_b = np.concatenate([tokens_a[:256], rng.integers(0, 50000, 50).astype(np.int32)])
+    b, cached = engine.admit(tokens_b)
+    assert cached == 256
+    mirror.add(b, k_a[:, :256], v_a[:, :256])
+    k_b, v_b = random_kv(rng, engine, 50)
+    prefill_layers(engine, mirror, b, k_b, v_b, rng, tokens_b[256:])
+    run_steps(engine, mirror, [a, b], rng, 2)

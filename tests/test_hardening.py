@@ -466,3 +466,260 @@ def test_inputs_that_alias_the_store_are_refused(store):
     with pytest.raises(HexcoreInvalidArgumentError, match="dst_slots: lies inside"):
         copy_tails(store, _ids(1), ids)
     append(store, fresh, fresh, _ids(0), _ids(0))
+
+
+# -- the fixes of the second pass (docs/adversarial.md, "What was found and fixed") ------------
+def _cache(**kw):
+    from hexcore.host import PagedKVCache
+
+    return PagedKVCache(KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16), 8, 4, **kw)
+
+
+@pytest.mark.parametrize("metrics", [5, "m", object(), MetricsCollector])
+def test_a_cache_takes_a_collector_or_none_for_metrics(metrics):
+    with pytest.raises(HexcoreInvalidArgumentError, match="metrics: expected a MetricsCollector or None"):
+        _cache(metrics=metrics)
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1, "1", True, 10**400])
+def test_event_timeouts_are_checked_before_anything_waits(timeout):
+    """drain(nan) on an open ring never returned, flush(nan) spun while the ring was full,
+    "1" raised TypeError: every event timeout goes through ring.check_timeout."""
+    from hexcore.host import BlockTableMirror
+    from hexcore.host.events import EventPublisher
+
+    ring = LockFreeRingBuffer(1, 4)
+    cache = _cache()
+    cache.attach_event_ring(ring)
+    mirror = BlockTableMirror.like(cache, ring)
+    for _ in range(3):
+        cache.add_sequence()  # the ring holds one event: the others are staged
+    staged = cache._events.pending
+    assert staged > 0
+    for call in (lambda: mirror.drain(timeout), lambda: cache.flush_events(timeout),
+                 lambda: EventPublisher(LockFreeRingBuffer(1, 4)).flush(timeout)):
+        started = time.monotonic()
+        with pytest.raises(HexcoreInvalidArgumentError, match="timeout: expected a finite number"):
+            call()
+        assert time.monotonic() - started < 5
+    assert cache._events.pending == staged and len(ring) == 1 and mirror.events_applied == 0
+    assert cache.flush_events(0.0) == staged and mirror.poll() == 1
+
+
+@pytest.mark.parametrize("num_blocks, max_seqs, kw", [
+    (2**31 - 1, 2**31 - 1, {}), (2**31 - 1, 4, {}), (4, 2**31 - 1, {"max_seq_len": 2**31 - 16}),
+    (2**31 - 1, 1, {"prefix_cache": True, "max_seq_len": 16}),
+])
+def test_absurd_cache_sizes_are_oom_errors_not_memory_errors(num_blocks, max_seqs, kw):
+    from hexcore.host import PagedKVCache
+
+    with pytest.raises(HexcoreOOMError, match="GiB of host memory"):
+        PagedKVCache(KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16), num_blocks, max_seqs,
+                     **kw)
+
+
+def test_a_cache_that_does_not_fit_free_memory_is_an_oom_error(monkeypatch):
+    from hexcore.host import _blocks
+
+    def no_memory(*args):
+        raise MemoryError("simulated")
+
+    monkeypatch.setattr(_blocks, "new_state", no_memory)
+    with pytest.raises(HexcoreOOMError, match="no free host memory"):
+        _cache()
+
+
+def test_cache_state_size_matches_what_numpy_allocates():
+    from hexcore.host._validation import state_bytes
+
+    for prefix in (False, True):
+        cache = _cache(prefix_cache=prefix)
+        arrays = [cache._blocks, cache._seqs, cache._tables, cache._counters, cache._out_rows, cache._out_tables,
+                  cache._seals]
+        if prefix:
+            cache.attach_event_ring(LockFreeRingBuffer(4, 4))  # (the event log is allocated with a ring)
+            arrays += [*cache._prefix.arrays(), cache._prefix.plog, cache._prefix.scratch]
+        held = sum(a.nbytes for a in arrays)
+        assert held <= state_bytes(8, 4, cache.max_blocks_per_seq, 16, prefix) <= held + 512
+
+
+def _decode_args(store):
+    from numba import cuda
+
+    return (np.zeros((1, 1, 64), np.float16), store, 0, cuda.to_device(np.zeros((1, 2), np.int32)),
+            cuda.to_device(_ids(17)), cuda.to_device(_ids(0)))
+
+
+@pytest.mark.parametrize("layer", [True, np.bool_(False), 1.0, "0", -1, 2, 10**30, [0], None])
+def test_decode_layers_follow_the_integer_rule(store, layer):
+    from numba import cuda
+
+    from hexcore.cuda import DecodePlan, paged_decode
+
+    q, s, _, tables, lens, slots = _decode_args(store)
+    with pytest.raises(HexcoreInvalidArgumentError, match=r"layer: expected an int in \[0, 2\)"):
+        paged_decode(q, s, layer, tables, lens, slots)
+    plan = DecodePlan(cuda.to_device(q), s, tables, lens, slots, max_seq_len=17)
+    for call in (plan.run, plan.launch):
+        with pytest.raises(HexcoreInvalidArgumentError, match=r"layer: expected an int in \[0, 2\)"):
+            call(layer)
+
+
+def test_decode_takes_numpy_integers_for_layer_and_max_seq_len(store):
+    from numba import cuda
+
+    from hexcore.cuda import DecodePlan, paged_decode
+
+    q, s, _, tables, lens, slots = _decode_args(store)
+    plan = DecodePlan(cuda.to_device(q), s, tables, lens, slots, max_seq_len=np.int64(17))
+    assert plan.run(np.int64(1)) is plan.out and plan.launch(np.int32(1)) is plan.launch(1)
+    out = paged_decode(q, s, np.int8(0), np.zeros((1, 2), np.int32), _ids(17), _ids(0), max_seq_len=np.int64(17))
+    assert out.shape == (1, 1, 64)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"), 0, 0.0, -1, True, np.bool_(True),
+                                   10**400, "x", np.float32("nan"), 1j])
+def test_decode_scale_is_a_positive_finite_number_everywhere(store, scale):
+    from numba import cuda
+
+    from hexcore.cuda import DecodeGraph, DecodePlan, paged_decode
+
+    q, s, layer, tables, lens, slots = _decode_args(store)
+    calls = {"paged_decode": lambda: paged_decode(q, s, layer, tables, lens, slots, scale=scale),
+             "DecodePlan": lambda: DecodePlan(cuda.to_device(q), s, tables, lens, slots, 17, scale=scale),
+             "DecodeGraph": lambda: DecodeGraph(s, 1, 4, scale=scale)}
+    for name, call in calls.items():
+        with pytest.raises(HexcoreInvalidArgumentError, match="scale"):
+            call()
+
+
+@pytest.mark.parametrize("max_seq_len, match", [
+    (1.5, "expected an int"), ("3", "expected an int"), (True, "expected an int"), (10**30, r"in \[0, 47\]"),
+    (-1, r"in \[0, 47\]"), (48, r"in \[0, 47\]"), (16, "below the longest seq_lens entry 17"),
+])
+def test_decode_max_seq_len_is_checked_against_tables_and_host_lengths(store, max_seq_len, match):
+    from hexcore.cuda import paged_decode
+
+    q, s, layer, _, _, slots = _decode_args(store)
+    with pytest.raises(HexcoreInvalidArgumentError, match=f"max_seq_len: .*{match}"):
+        paged_decode(q, s, layer, np.zeros((1, 2), np.int32), _ids(17), _ids(0), max_seq_len=max_seq_len)
+
+
+def test_decode_plan_checks_its_own_arguments(store):
+    from numba import cuda
+
+    from hexcore.cuda import DecodePlan, paged_decode
+
+    q, s, layer, tables, lens, slots = _decode_args(store)
+    with pytest.raises(HexcoreInvalidArgumentError, match="workspace: expected a Workspace"):
+        DecodePlan(cuda.to_device(q), s, tables, lens, slots, 17, workspace=5)
+    with pytest.raises(HexcoreInvalidArgumentError, match="store: expected a DeviceKVStore"):
+        DecodePlan(cuda.to_device(q), None, tables, lens, slots, 17)
+    inside = store.arrays["k_tails"].reshape(-1)[:64].reshape(1, 1, 64)  # float16 inside the store
+    with pytest.raises(HexcoreInvalidArgumentError, match="out: lies inside the store's memory"):
+        paged_decode(q, s, layer, tables, lens, slots, out=inside)
+    with pytest.raises(HexcoreInvalidArgumentError, match="block_tables: expected dtype int32"):
+        paged_decode(q, s, layer, np.array([["a", "b"]]), _ids(17), slots)  # (compared with ints before)
+
+
+@pytest.mark.parametrize("stream", ["abc", b"x", 1.5, True, -1, 2**64, object(), [0]])
+def test_streams_are_checked_on_the_simulator_as_on_a_gpu(store, stream):
+    from hexcore.cuda import seal
+    from hexcore.cuda.streams import resolve_stream
+
+    with pytest.raises(HexcoreInvalidArgumentError, match="stream: expected"):
+        resolve_stream(stream)
+    with pytest.raises(HexcoreInvalidArgumentError, match="stream: expected"):
+        seal(store, _ids(0), _ids(1), stream=stream)
+
+
+def test_gpu_stream_handles_are_checked_before_the_driver_sees_them():
+    pytest.importorskip("cuda.bindings.driver")
+    from hexcore.cuda.streams import stream_handle
+
+    for bad in (-1, 2**64, True):
+        with pytest.raises(HexcoreInvalidArgumentError, match=r"stream: expected a stream or a handle in \[0, 2\*\*64\)"):
+            stream_handle(bad)
+    assert int(stream_handle(5)) == 5
+
+
+def test_a_mirror_is_sized_like_a_cache_only():
+    from hexcore.host import BlockTableMirror
+
+    for bad in (None, 3, KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64)):
+        with pytest.raises(HexcoreInvalidArgumentError, match="cache: expected a PagedKVCache"):
+            BlockTableMirror.like(bad, LockFreeRingBuffer(4, 4))
+
+
+def test_names_that_are_not_strings_are_typed():
+    from hexcore.cuda.steps import capture
+
+    for bad in (np.array(["a", "b"]), ["auto"], None, 3):
+        with pytest.raises(HexcoreInvalidArgumentError, match="backend: expected one of"):
+            capture.choose_backend(bad)
+    for bad in ([], {}, None, 3, np.array(["llama-3-8b"])):
+        with pytest.raises(HexcoreConfigError, match="preset: expected one of"):
+            KVCacheConfig.from_preset(bad)
+
+
+def test_a_failed_growth_publishes_no_stale_events():
+    from hexcore.host import BlockTableMirror
+
+    cache = _cache(prefix_cache=True)
+    ring = LockFreeRingBuffer(64, 4)
+    cache.attach_event_ring(ring)
+    mirror = BlockTableMirror.like(cache, ring)
+    sid = cache.add_sequence()
+    cache.step(np.array([sid], np.int32), np.array([32], np.int32))
+    mirror.poll()
+    assert cache.try_grow_sequence(10**30, 1) == 3  # Status.INVALID_SEQUENCE
+    assert len(ring) == 0
+    mirror.poll()
+
+
+# -- the last reported findings (docs/adversarial.md), fixed at their roots ------------
+@pytest.mark.parametrize("status", [0.5, "0", 1.5, True, None, [0], float("inf"), 10**30, -1])
+def test_raise_for_status_follows_the_integer_rule(status):
+    from hexcore.errors import raise_for_status
+
+    with pytest.raises(HexcoreInvalidArgumentError, match="status"):
+        raise_for_status(status)
+    raise_for_status(np.int64(0))  # Status.OK as a numpy integer: quiet
+
+
+@pytest.mark.parametrize("config,num_blocks,match", [
+    (None, 3, "config: expected KVCacheConfig, got NoneType"),
+    ("llama-3-8b", 3, "config: expected KVCacheConfig, got str"),
+    (KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16), "x", "num_blocks: expected an int"),
+    (KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16), -1, r"num_blocks: expected an int in"),
+    (KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16), None, "num_blocks: expected an int")])
+def test_layout_check_arguments_are_typed(config, num_blocks, match):
+    from hexcore.cuda import device_layout_offsets, host_layout_offsets, layout_agrees
+
+    for call in (device_layout_offsets, host_layout_offsets, layout_agrees):
+        with pytest.raises(HexcoreInvalidArgumentError, match=match):
+            call(config, num_blocks)
+
+
+@pytest.mark.parametrize("ids", [None, float("nan"), 10**30, object(), "ab", [10**30], [[0]], [0.5]])
+def test_engine_step_ids_are_typed(ids):
+    from hexcore import Engine
+
+    engine = Engine(KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16), 8, 4, num_q_heads=1)
+    seq = engine.add()
+    before = engine.cache.seq_len(seq)
+    with pytest.raises(HexcoreInvalidArgumentError, match="seq_ids"):
+        engine.step(ids)
+    assert engine.cache.seq_len(seq) == before
+    engine.cache.check_invariants()
+
+
+@pytest.mark.parametrize("backend", [np.zeros((2, 2)), None, 3, b"numba"])
+def test_prefill_backend_is_typed(backend):
+    from hexcore.cuda import DeviceKVStore, prefill_attention
+
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16)
+    store = DeviceKVStore(cfg, 2, 1)
+    x = np.zeros((1, 1, 64), np.float16)
+    with pytest.raises(HexcoreInvalidArgumentError, match="backend"):
+        prefill_attention(x, x, x, store, 0, np.zeros(0, np.int32), 0, backend=backend)

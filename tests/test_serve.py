@@ -1,17 +1,62 @@
-"""The serving loop: block manager and kernels together, checked against exact attention."""
+"""The serving run: continuous batching over the Engine, checked against exact attention."""
 
+import numpy as np
 import pytest
 
-from hexcore import KVCacheConfig
-from hexcore.serve import serve
+from hexcore import HexcoreError, KVCacheConfig
+from hexcore.demo import demo_shape, format_summary, summarize, write_json
+from hexcore.serve import Server, Workload, exact_attention, synthetic_workload
 
 
-@pytest.mark.parametrize("dtype,bound", [("fp16", 2e-3), ("int4", 0.25)])
-def test_serving_steps_match_exact_attention(dtype, bound):
-    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype=dtype, group_size=32)
-    lines = []
-    report = serve(cfg, num_q_heads=2, max_seqs=3, num_blocks=32, steps=4, prompt_range=(6, 20), seed=1,
-                   log=lines.append)
-    assert report.steps == 4 and report.forks == 1 and report.tokens >= 8
-    assert report.max_rel_error <= bound, report
-    assert len(lines) == 4 and "sealed" in lines[0]
+def tiny(dtype="fp16"):
+    return KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype=dtype, group_size=32)
+
+
+def test_synthetic_workload_is_seeded_and_bounded(seed):
+    a = synthetic_workload(200, np.random.default_rng(seed), 20, 30, 5, 8, 1.5)
+    b = synthetic_workload(200, np.random.default_rng(seed), 20, 30, 5, 8, 1.5)
+    assert all(np.array_equal(x, y) for x, y in zip((a.arrivals, a.prompt_lens, a.output_lens),
+                                                     (b.arrivals, b.prompt_lens, b.output_lens)))
+    assert a.arrivals[0] == 0 and (np.diff(a.arrivals) >= 0).all() and a.arrivals[-1] > 50
+    assert 1 <= a.prompt_lens.min() and a.prompt_lens.max() <= 30 and a.output_lens.max() <= 8
+    assert 15 < a.prompt_lens.mean() < 25  # log-normal around its mean
+
+
+def test_exact_attention_matches_a_direct_softmax(rng):
+    q = rng.standard_normal((4, 8))
+    keys, values = rng.standard_normal((5, 2, 8)), rng.standard_normal((5, 2, 8))
+    got = exact_attention(q, keys, values, 0.5)
+    s = np.einsum("hd,nhd->hn", q, np.repeat(keys, 2, axis=1)) * 0.5
+    p = np.exp(s) / np.exp(s).sum(axis=1, keepdims=True)
+    assert np.allclose(got, np.einsum("hn,nhd->hd", p, np.repeat(values, 2, axis=1)))
+
+
+def test_serving_preempts_recomputes_and_matches_exact_attention():
+    """Three requests in a 2-block pool: the third is preempted when the pool runs dry,
+    recomputed later, and every output matches float64 attention over exact FP16 K/V."""
+    work = Workload(np.array([0, 0, 0]), np.array([15, 15, 14]), np.array([2, 2, 2]))
+    server = Server(tiny(), 2, num_blocks=2, max_seqs=3, workload=work, check_every=1, check_seqs=3,
+                    batch_buckets=(1, 2, 4))
+    report = server.run()
+    assert report.requests_finished == 3 and report.preemptions == 1 and report.recomputed_tokens == 1
+    assert report.decode_tokens == 6 and report.steps == 3 and report.peak_active_blocks == 2
+    assert report.seals == 3 and report.seal_hits == 3  # every seal was predicted and reserved
+    assert report.checked_outputs == 6 and report.max_error <= 2e-3, report.errors
+    assert report.mirror_mismatches == 0 and report.events_applied > 0
+    server.check_invariants()
+    assert server.cache.num_sequences == 0 and server.cache.num_free_blocks == 2
+    summary = summarize(demo_shape(True, kv_dtype="fp16"), report, {"available": False, "note": "test"})
+    text = format_summary(summary)
+    assert "3 of 3 (1 preemptions" in text and "100.0% of 3 seals" in text and "n/a (test)" in text
+
+
+def test_a_request_larger_than_the_pool_is_refused():
+    work = Workload(np.array([0]), np.array([40]), np.array([10]))
+    with pytest.raises(HexcoreError, match="num_blocks"):
+        Server(tiny(), 2, num_blocks=3, max_seqs=2, workload=work)
+
+
+def test_summary_json_writes_nan_as_null(tmp_path):
+    path = tmp_path / "s.json"
+    write_json({"a": float("nan"), "b": 1.5}, str(path))
+    assert path.read_text().replace(" ", "").replace("\n", "") == '{"a":null,"b":1.5}'

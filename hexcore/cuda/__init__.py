@@ -6,20 +6,24 @@ Importing this package loads numba.cuda; to run on the simulator, set
 - ``store``: DeviceKVStore, the cache in device memory; ``write``: append and seal;
   ``blocks``: copies and dequantization; ``launch``: launch descriptions; ``streams``:
   which stream a launch uses; ``device``: intrinsics with simulator twins.
-- ``attention/``: paged decode (``paged_decode``, ``DecodePlan``, ``DecodeOptions``).
+- ``attention/``: paged decode (``paged_decode``, ``DecodePlan``, ``DecodeOptions``) and
+  prefill over a cached prefix (``prefill_attention``, ``gather_prefix``), the persistent
+  checkpoint-and-yield decode (``persistent_decode``); ``timer``: the GPU's global timer.
+- ``integrity``: block checksums and guard words (used by ``hexcore.fault``).
 - ``steps/``: whole decode steps as CUDA graphs (``DecodeGraph``).
 """
 
 from __future__ import annotations
 
-from .attention import DecodeOptions, DecodePlan, paged_decode
+from .attention import (DecodeOptions, DecodePlan, PersistentDecode, PersistentStats, gather_prefix, paged_decode,
+                        persistent_decode, prefill_attention)
 from .blocks import copy_blocks, copy_tails, dequantize_blocks, prepare_copy_blocks, prepare_copy_tails
 from .launch import Launch, PreparedLaunch
 from .layout_check import device_layout_offsets, host_layout_offsets, layout_agrees
 from .steps import DecodeGraph, DecodeStep, StepBuffers, StepViews
 from .store import DeviceKVStore
 from .streams import resolve_stream
-from .write import append, prepare_append, prepare_seal, seal
+from .write import append, nonfinite_flags, prepare_append, prepare_seal, seal
 
 __all__ = [
     "DecodeGraph",
@@ -28,6 +32,8 @@ __all__ = [
     "DecodeStep",
     "DeviceKVStore",
     "Launch",
+    "PersistentDecode",
+    "PersistentStats",
     "PreparedLaunch",
     "StepBuffers",
     "StepViews",
@@ -36,9 +42,13 @@ __all__ = [
     "copy_tails",
     "dequantize_blocks",
     "device_layout_offsets",
+    "gather_prefix",
     "host_layout_offsets",
     "layout_agrees",
+    "nonfinite_flags",
     "paged_decode",
+    "persistent_decode",
+    "prefill_attention",
     "prepare_append",
     "prepare_copy_blocks",
     "prepare_copy_tails",

@@ -20,10 +20,10 @@ What is not checked, because it would need a device-to-host copy (a synchronisat
 the values of device id arrays, repeats and overlaps among device id arrays, and the
 device an array lives on when several GPUs are in use. The append, seal, copy and
 dequantize kernels skip ids out of range, so nothing is written outside the store (a
-wrong id gives a wrong result). The decode kernel does not yet: a device ``seq_lens``
-entry past its table or above the ``max_seq_len`` given, or a device block id or tail
-slot out of range, makes it read outside its arrays or the store (docs/adversarial.md:
-a kernel change, open).
+wrong id gives a wrong result). The decode kernel clamps each ``seq_lens`` entry to its
+table row and to the ``max_seq_len`` its grid and workspace were sized for, and skips
+block ids and tail slots out of range (``attention/kernel.py``), so it never reads
+outside its arrays or the store either.
 """
 
 from __future__ import annotations
@@ -213,9 +213,10 @@ def check_distinct_pairs(a, b, name: str) -> None:
 
 
 def check_outside_store(store, **arrays) -> None:
-    """Raise when a device array a launch reads lives inside ``store``'s memory: the launch
-    writes the store, so reading it in the same launch is a race (for instance ``k``
-    given as a view of the tails). Checked from addresses, nothing is read back."""
+    """Raise when a device array lives inside ``store``'s memory while the launch writes
+    one of the two: an input read by a launch that writes the store (for instance ``k``
+    given as a view of the tails), or an output written by a launch that reads it
+    (decode's ``out``), is a race. Checked from addresses, nothing is read back."""
     pool = store.pool
     pool_ary = getattr(pool, "_ary", None)  # the simulator's device arrays wrap numpy arrays
     for name, x in arrays.items():
@@ -232,7 +233,8 @@ def check_outside_store(store, **arrays) -> None:
             overlaps = start < other + int(pool.nbytes) and other < start + max(size, 1)
         if overlaps:
             raise HexcoreInvalidArgumentError(
-                f"{name}: lies inside the store's memory, which this launch writes (a race); pass a copy")
+                f"{name}: lies inside the store's memory, which this launch also uses (a race); pass a "
+                f"separate array")
 
 
 def _ids(values) -> str:

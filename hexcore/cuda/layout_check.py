@@ -6,7 +6,9 @@ import numpy as np
 from numba import cuda
 
 from .. import layout
+from .._checks import as_int
 from ..config import KVCacheConfig
+from ..errors import HexcoreInvalidArgumentError
 
 from .device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 
@@ -33,6 +35,13 @@ def _layout_offsets_kernel(out, dims):
     out[i, 3] = tail_offset(layer, block, head, token, dims[7], num_kv_heads, block_size, dims[5])
 
 
+def _checked(config, num_blocks) -> int:
+    """The config type and ``num_blocks`` (an int in [1, 2**20]) checked; returns num_blocks."""
+    if not isinstance(config, KVCacheConfig):
+        raise HexcoreInvalidArgumentError(f"config: expected KVCacheConfig, got {type(config).__name__}")
+    return as_int("num_blocks", num_blocks, 1, 1 << 20)
+
+
 def _dims(config: KVCacheConfig, num_blocks: int) -> np.ndarray:
     return np.array([config.num_layers, num_blocks, config.num_kv_heads, config.block_size,
                      config.row_bytes, config.head_dim, config.num_groups, num_blocks], np.int64)
@@ -44,6 +53,7 @@ def device_layout_offsets(config: KVCacheConfig, num_blocks: int) -> np.ndarray:
     Returns ``[num_layers, num_blocks, num_kv_heads, block_size, 4]`` int64: the code,
     key-meta, value-meta and tail byte offsets (block index used as the tail slot).
     """
+    num_blocks = _checked(config, num_blocks)
     shape = (config.num_layers, num_blocks, config.num_kv_heads, config.block_size)
     count = int(np.prod(shape))
     out = cuda.to_device(np.full((count, NUM_OFFSETS), -1, np.int64))
@@ -54,6 +64,7 @@ def device_layout_offsets(config: KVCacheConfig, num_blocks: int) -> np.ndarray:
 
 def host_layout_offsets(config: KVCacheConfig, num_blocks: int) -> np.ndarray:
     """The same offsets as :func:`device_layout_offsets`, computed on the CPU."""
+    num_blocks = _checked(config, num_blocks)
     d = _dims(config, num_blocks)
     layer, block, head, token = np.indices((config.num_layers, num_blocks, config.num_kv_heads, config.block_size))
     out = np.stack([

@@ -8,12 +8,14 @@ import numpy as np
 from numba import cuda
 
 from ..config import KVCacheConfig, KVDtype
-from ..errors import HexcoreConfigError
+from ..errors import HexcoreConfigError, HexcoreInvalidArgumentError
+from ..host.checksum import canary_word
 from .arrays import as_device_array
 from .device import SIMULATOR
 
 FP16_NAN_BITS = 0x7E00
 CODE_POISON = 0xFF
+GUARD_WORDS = 64  # words of each guard region: 256 bytes, a whole 16-lane run of 16-byte stores
 
 
 class DeviceKVStore:
@@ -29,10 +31,17 @@ class DeviceKVStore:
       group scales, mins. ``None`` for FP16.
     - ``k_tails``, ``v_tails``: float16 ``[L, max_seqs, H, block_size, head_dim]``.
 
-    Its device memory is exactly ``config.total_bytes(num_blocks, max_seqs)``.
+    The arrays hold exactly ``config.total_bytes(num_blocks, max_seqs)`` bytes (``nbytes``).
+    ``pool``, the one allocation they view, also holds a guard region of ``GUARD_WORDS``
+    uint32 words after each array (``guard_offsets``: their word offsets in ``pool``, in
+    array order), filled with ``canary_word(region, i)``: a write that runs off the end of
+    an array (or, for every array but the first, off its start) clobbers a guard, which
+    ``hexcore.cuda.integrity`` checks. The arrays' own addressing is unchanged by them.
     """
 
     def __init__(self, config: KVCacheConfig, num_blocks: int, max_seqs: int):
+        if not isinstance(config, KVCacheConfig):
+            raise HexcoreInvalidArgumentError(f"config: expected KVCacheConfig, got {type(config).__name__}")
         total = config.total_bytes(num_blocks, max_seqs)  # validates both counts
         self.config = config
         self.num_blocks = num_blocks
@@ -47,18 +56,30 @@ class DeviceKVStore:
                    ("v_tails", config.tail_shape(max_seqs), np.float16)]
         # One allocation, so a kernel takes the whole cache as one argument plus word
         # offsets; every array's size is a multiple of 16 bytes, so each view stays aligned.
-        self.pool = cuda.device_array(total // 4, np.uint32)
+        # [array][guard][array][guard]...: a guard region follows each array
+        self.pool = cuda.device_array(total // 4 + len(layout) * GUARD_WORDS, np.uint32)
         self.word_offsets: dict[str, int] = {}
+        guards = []
         self.k_meta = self.v_meta = None
         start = 0
         for name, shape, dtype in layout:
             words = int(np.prod(shape)) * np.dtype(dtype).itemsize // 4
             self.word_offsets[name] = start
             setattr(self, name, self.pool[start:start + words].view(dtype).reshape(shape))
-            start += words
-        assert start * 4 == total == self.nbytes, (start * 4, total, self.nbytes)
+            guards.append(start + words)
+            start += words + GUARD_WORDS
+        assert start * 4 == total + 4 * GUARD_WORDS * len(layout) and total == self.nbytes, (start, total)
+        self.guard_offsets: tuple[int, ...] = tuple(guards)
+        self.guard_names: tuple[str, ...] = tuple(name for name, _, _ in layout)  # the array each guard follows
+        self.fill_guards()
         # device constants launchers make on first use and reuse (never inside a capture)
         self.constants: dict = {}
+
+    def fill_guards(self) -> None:
+        """Write every guard region's canary pattern (done at construction; a test that
+        fills the whole ``pool`` calls it again)."""
+        for region, start in enumerate(self.guard_offsets):
+            self.pool[start:start + GUARD_WORDS].copy_to_device(guard_pattern(region))
 
     @property
     def arrays(self) -> dict:
@@ -106,10 +127,23 @@ class DeviceKVStore:
                 f"max_seqs={self.max_seqs}, {self.nbytes / (1 << 20):.1f} MiB)")
 
 
+def guard_pattern(region: int) -> np.ndarray:
+    """The uint32 ``[GUARD_WORDS]`` canary words of guard region ``region``."""
+    return np.array([canary_word(region, i) for i in range(GUARD_WORDS)], np.uint32)
+
+
 def flat_words(array):
-    """A contiguous device array viewed as a flat uint32 array (no copy)."""
+    """A contiguous device array viewed as a flat uint32 array (no copy).
+
+    Axes of extent 1 may carry any stride (numpy gives ``x[None]`` a stride of 0, and
+    ``cuda.to_device`` keeps it), which numba's ``reshape`` on a real GPU refuses as
+    "requires copying": such an array gets a flat view of the same memory instead."""
     array = as_device_array(array)
-    flat = array.reshape(array.size)
+    try:
+        flat = array.reshape(array.size)
+    except NotImplementedError:
+        flat = type(array)(shape=(array.size,), strides=(np.dtype(array.dtype).itemsize,), dtype=array.dtype,
+                           gpu_data=array.gpu_data)
     return flat.view(np.uint32)
 
 
@@ -126,4 +160,4 @@ def _fill_words(words, pattern: int) -> None:
     _fill_words_kernel[min(1024, (words.shape[0] + 255) // 256), 256](words, np.uint32(pattern))
 
 
-__all__ = ["DeviceKVStore", "KVDtype", "flat_words"]
+__all__ = ["GUARD_WORDS", "DeviceKVStore", "KVDtype", "flat_words", "guard_pattern"]

@@ -43,7 +43,7 @@ def resolve_stream(stream=None, *arrays) -> Stream:
     if isinstance(stream, Stream):
         return stream
     if SIMULATOR:
-        return Stream(0 if stream is None else stream, None)
+        return Stream(0 if stream is None else _simulated_stream(stream), None)
     if stream is None:
         if not any(type(a).__module__.startswith("torch") for a in arrays):
             raw = 0
@@ -59,6 +59,26 @@ def resolve_stream(stream=None, *arrays) -> Stream:
             _by_handle.clear()
         found = _by_handle[raw] = Stream(cuda.external_stream(raw) if raw else 0, stream_handle(raw))
     return found
+
+
+def _simulated_stream(stream):
+    # What the GPU path would accept, refused as it would refuse it (the simulator has no
+    # handles): a numba (simulator) stream, an int handle, or a stream-like object.
+    if isinstance(stream, bool) or not (_is_handle(stream) or type(stream).__module__.startswith("numba")
+                                        or hasattr(stream, "__cuda_stream__") or hasattr(stream, "cuda_stream")):
+        raise HexcoreInvalidArgumentError(f"stream: expected a numba or torch stream or a handle, got "
+                                          f"{type(stream).__name__} {_shown(stream)}")
+    return stream
+
+
+def _is_handle(stream) -> bool:
+    # an int CUstream value (0 is the default stream)
+    return type(stream) is int and 0 <= stream < 2**64
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
 
 
 def torch_current_stream() -> int:
@@ -83,8 +103,8 @@ def stream_handle(stream):
     if isinstance(stream, Stream):
         return stream.handle if stream.handle is not None else driver.CUstream(0)
     if stream is None or isinstance(stream, (bool, int)):
-        if isinstance(stream, bool):
-            raise HexcoreInvalidArgumentError(f"stream: expected a stream or handle, got {stream!r}")
+        if isinstance(stream, bool) or not (stream is None or _is_handle(int(stream))):
+            raise HexcoreInvalidArgumentError(f"stream: expected a stream or a handle in [0, 2**64), got {stream!r}")
         return driver.CUstream(int(stream or 0))
     if isinstance(stream, driver.CUstream):
         return stream

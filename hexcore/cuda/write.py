@@ -10,6 +10,27 @@ For a group with float32 extremes ``lo``, ``hi``: ``scale = f16((hi - lo) / leve
 ``min = f16(lo)``, ``q = clamp(floor((x - min) / scale + 0.5), 0, levels)`` in float32
 (``q = 0`` where ``scale == 0``), ``levels = 2**bits - 1``.
 
+Non-finite K/V (NaN, +-inf), which ``append`` takes as given (checking would read the
+tails back): the seal never faults on them and never turns them into plausible numbers.
+
+- INT4/INT2: a quantization group (a key channel over the block's tokens, or a value
+  group of one token) holding a NaN or an infinity is stored as NaN (scale and min NaN,
+  codes 0), so it dequantizes to NaN, as the float16 value would have propagated; every
+  other group of the block is quantized as usual. The quantizer clamps in float32
+  before its float-to-int conversion (NaN and -inf give 0, +inf ``levels``), so no
+  input reaches an undefined conversion (or ``math.floor(nan)`` on the simulator).
+- FP16: the copy keeps the values, NaN included.
+- Either way, ``seal(..., nonfinite=flags)`` reports it: ``flags`` (device int32
+  ``[layers sealed, num_seals]``, written by the launch, no reset needed) gets 1 where
+  that seal row held a non-finite K or V value at that layer, else 0. The host reads it
+  whenever it next synchronises (no extra synchronisation on the hot path).
+
+Per element this costs, in the quantized seal's parameter pass, two float32 operations
+(``sink += v - v``: 0 for a finite ``v``, NaN otherwise) and one branch per group; the
+packing pass is cheaper than before (a float32 clamp and a truncation instead of a
+``floor`` and an integer clamp). The FP16 seal tests each 32-bit word's two exponent
+fields only when ``nonfinite`` is given (a kernel specialisation), plus one barrier.
+
 Code order: codes are packed into little-endian 32-bit words in the order the decode
 kernel's tensor-core fragments read them: key rows with adjacent channels interleaved
 within each word, value blocks in fragment order (``hexcore/layout.py``:
@@ -19,7 +40,6 @@ within each word, value blocks in fragment order (``hexcore/layout.py``:
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 from numba import cuda, float32
@@ -45,12 +65,17 @@ THREADS = 128
 
 @cuda.jit(device=True)
 def _quantize(x, scale, lo, levels):
+    """``clamp(floor((x - lo) / scale + 0.5), 0, levels)`` (0 where ``scale <= 0``),
+    clamped in float32 before the conversion: a NaN (every comparison false) or -inf
+    gives 0 and +inf ``levels``, so the float-to-int conversion only sees [1, levels)."""
     if scale <= 0:
         return 0
-    q = np.int32(math.floor((x - lo) / scale + np.float32(0.5)))
-    if q < 0:
+    y = (x - lo) / scale + np.float32(0.5)
+    if not y >= np.float32(1):
         return 0
-    return min(q, levels)
+    if y >= np.float32(levels):
+        return levels
+    return np.int32(y)  # y in [1, levels): truncation is floor
 
 
 def _layer_range(layer, num_layers: int) -> tuple[int, int]:
@@ -158,7 +183,9 @@ def _row_range(rows, rows_in: int) -> tuple[int, int]:
 
 # -- seal -----------------------------------------------------------------------------
 @functools.cache
-def _seal_quantized_kernel(cfg: KVCacheConfig):
+def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False):
+    # report: write nonfinite[layer_in, s] (a specialisation: without it the flag array is
+    # never touched)
     H, BS, D, GS = cfg.num_kv_heads, cfg.block_size, cfg.head_dim, cfg.group_size
     bits, row, NG = cfg.kv_dtype.bits, cfg.row_bytes, cfg.num_groups
     levels = (1 << bits) - 1
@@ -170,27 +197,31 @@ def _seal_quantized_kernel(cfg: KVCacheConfig):
 
     @cuda.jit
     def kernel(k_tails, v_tails, k_codes, v_codes, k_meta, v_meta, slots, block_ids, first_layer, num_blocks,
-               max_seqs):
+               max_seqs, nonfinite):
         # tails, meta: flat float16; codes: flat uint32 words; one CTA per (seal, layer), a
-        # head at a time: its scales and mins (kept in shared memory), then its code words
+        # head at a time: its scales and mins (kept in shared memory), then its code words.
+        # nonfinite: int32 [layers, seals] (with report), 1 where a group was not finite
         s = cuda.blockIdx.x
         layer = first_layer + cuda.blockIdx.y
         slot = slots[s]
         block = block_ids[s]
+        if report and cuda.threadIdx.x == 0:
+            nonfinite[cuda.blockIdx.y, s] = 0  # ordered before any 1 by the barriers below
         if slot < 0 or slot >= max_seqs or block < 0 or block >= num_blocks:
             return
         s_key = cuda.shared.array(KEY_PARAMS, float32)  # [2, D]: scale, min as stored (float16)
         s_value = cuda.shared.array(VALUE_PARAMS, float32)  # [BS, 2, NG]
+        bad = False  # this thread saw a group holding a NaN or an infinity
         for h in range(H):
             tail = tail_offset(layer, slot, h, 0, max_seqs, H, BS, D) // 2
             for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):  # keys: per channel over the tokens
-                _write_params(k_tails, tail + d, D, BS, k_meta,
-                              key_meta_offset(layer, block, h, num_blocks, H, D) // 2 + d, D, levels, s_key, d)
+                bad |= _write_params(k_tails, tail + d, D, BS, k_meta,
+                                     key_meta_offset(layer, block, h, num_blocks, H, D) // 2 + d, D, levels, s_key, d)
             for work in range(cuda.threadIdx.x, BS * NG, cuda.blockDim.x):  # values: per token and group
                 t, g = work // NG, work % NG
-                _write_params(v_tails, tail + t * D + g * GS, 1, GS, v_meta,
-                              value_meta_offset(layer, block, h, t, num_blocks, H, BS, NG) // 2 + g, NG, levels,
-                              s_value, t * 2 * NG + g)
+                bad |= _write_params(v_tails, tail + t * D + g * GS, 1, GS, v_meta,
+                                     value_meta_offset(layer, block, h, t, num_blocks, H, BS, NG) // 2 + g, NG,
+                                     levels, s_value, t * 2 * NG + g)
             cuda.syncthreads()  # the head's scales and mins in shared memory
             run = code_offset(layer, block, h, 0, num_blocks, H, BS, row) // 4
             for w in range(cuda.threadIdx.x, run_words, cuda.blockDim.x):  # one 32-bit word per step
@@ -208,6 +239,8 @@ def _seal_quantized_kernel(cfg: KVCacheConfig):
                 k_codes[run + w] = kbits
                 v_codes[run + w] = vbits
             cuda.syncthreads()  # the shared metadata is free for the next head
+        if report and bad:
+            nonfinite[cuda.blockIdx.y, s] = 1
 
     return kernel
 
@@ -216,43 +249,75 @@ def _seal_quantized_kernel(cfg: KVCacheConfig):
 def _write_params(x, start, stride, count, meta, at, min_offset, levels, copy, copy_at):
     """Scale and min of ``count`` float16 values ``x[start + i * stride]``: ``meta[at]`` =
     f16((hi - lo) / levels), ``meta[at + min_offset]`` = f16(lo); the stored (rounded)
-    values also go to ``copy[copy_at]`` and ``copy[copy_at + min_offset]``."""
+    values also go to ``copy[copy_at]`` and ``copy[copy_at + min_offset]``. A group
+    holding a NaN or an infinity gets NaN for both (its codes then quantize to 0);
+    returns True for such a group."""
     lo = np.float32(x[start])
     hi = lo
+    # sink stays 0 while every value is finite, NaN after a NaN or an infinity (IEEE
+    # arithmetic: these kernels are compiled without fastmath, which would fold v - v to 0)
+    sink = lo - lo
     for i in range(1, count):
         v = np.float32(x[start + i * stride])
         lo = min(lo, v)
         hi = max(hi, v)
+        sink += v - v
+    bad = sink != np.float32(0)
+    if bad:
+        lo = sink
+        hi = sink
     meta[at] = (hi - lo) / np.float32(levels)
     meta[at + min_offset] = lo
     copy[copy_at] = np.float32(meta[at])
     copy[copy_at + min_offset] = np.float32(meta[at + min_offset])
+    return bad
+
+
+@cuda.jit(device=True)
+def _nonfinite_halves(w):
+    """True when either float16 of the 32-bit word ``w`` is NaN or infinite (its five
+    exponent bits all ones)."""
+    return (w & np.uint32(0x7C00)) == np.uint32(0x7C00) or (w & np.uint32(0x7C000000)) == np.uint32(0x7C000000)
 
 
 @functools.cache
-def _seal_fp16_kernel(num_kv_heads: int, block_size: int, head_dim: int):
+def _seal_fp16_kernel(num_kv_heads: int, block_size: int, head_dim: int, report: bool = False):
     words = num_kv_heads * block_size * head_dim // 2  # one (layer, block) run, as uint32
 
     @cuda.jit
-    def kernel(k_tails, v_tails, k_blocks, v_blocks, slots, block_ids, first_layer, num_blocks, max_seqs):
+    def kernel(k_tails, v_tails, k_blocks, v_blocks, slots, block_ids, first_layer, num_blocks, max_seqs,
+               nonfinite):
+        # nonfinite: int32 [layers, seals] (with report), 1 where a copied value is not finite
         s = cuda.blockIdx.x
         layer = first_layer + cuda.blockIdx.y
         slot = slots[s]
         block = block_ids[s]
+        if report and cuda.threadIdx.x == 0:
+            nonfinite[cuda.blockIdx.y, s] = 0  # ordered before any 1 by the barrier below
         if slot < 0 or slot >= max_seqs or block < 0 or block >= num_blocks:
             return
         src = (layer * max_seqs + slot) * words
         dst = (layer * num_blocks + block) * words
+        bad = False
         for w in range(cuda.threadIdx.x * 4, words, cuda.blockDim.x * 4):
             a0, a1, a2, a3 = load_u32x4(k_tails, src + w)
             k_blocks[dst + w], k_blocks[dst + w + 1], k_blocks[dst + w + 2], k_blocks[dst + w + 3] = a0, a1, a2, a3
             b0, b1, b2, b3 = load_u32x4(v_tails, src + w)
             v_blocks[dst + w], v_blocks[dst + w + 1], v_blocks[dst + w + 2], v_blocks[dst + w + 3] = b0, b1, b2, b3
+            if report:
+                bad |= (_nonfinite_halves(a0) or _nonfinite_halves(a1) or _nonfinite_halves(a2)
+                        or _nonfinite_halves(a3) or _nonfinite_halves(b0) or _nonfinite_halves(b1)
+                        or _nonfinite_halves(b2) or _nonfinite_halves(b3))
+        if report:
+            cuda.syncthreads()
+            if bad:
+                nonfinite[cuda.blockIdx.y, s] = 1
 
     return kernel
 
 
-def seal(store: DeviceKVStore, slots, block_ids, layer: int | None = None, stream=None) -> None:
+def seal(store: DeviceKVStore, slots, block_ids, layer: int | None = None, stream=None,
+         nonfinite=None) -> None:
     """Seal full tails into blocks (quantizing for INT4/INT2), all of a step's in one launch.
 
     Parameters
@@ -260,24 +325,38 @@ def seal(store: DeviceKVStore, slots, block_ids, layer: int | None = None, strea
     slots : int32 ``[num_seals]``: tail slots whose ``block_size`` tokens are complete.
     block_ids : int32 ``[num_seals]``: the distinct destination block of each.
     layer : one layer, or None for all layers (the default).
+    nonfinite : optional device int32 ``[layers, num_seals]`` (``layers`` = 1 for one
+        layer, ``num_layers`` for all; :func:`nonfinite_flags` makes one): the launch
+        writes 1 where seal ``s`` held a NaN or infinite K or V value at that layer, else 0
+        (the module docstring gives the policy). Read it after the step's next
+        synchronisation.
     """
-    seal_launch(store, slots, block_ids, layer).run(resolve_stream(stream, slots, block_ids))
+    seal_launch(store, slots, block_ids, layer, nonfinite).run(resolve_stream(stream, slots, block_ids))
 
 
-def prepare_seal(store: DeviceKVStore, slots, block_ids, layer: int | None = None) -> PreparedLaunch:
+def nonfinite_flags(store: DeviceKVStore, num_seals: int, layer: int | None = None):
+    """A device int32 ``[layers, num_seals]`` array for ``seal(..., nonfinite=)`` (zeros)."""
+    cfg = checked_store(store).config
+    _, count = _layer_range(layer, cfg.num_layers)
+    num_seals = as_int("num_seals", num_seals, 0, 2**31 - 1)
+    return cuda.to_device(np.zeros((count, num_seals), np.int32))
+
+
+def prepare_seal(store: DeviceKVStore, slots, block_ids, layer: int | None = None,
+                 nonfinite=None) -> PreparedLaunch:
     """``seal`` validated once and bound to fixed device buffers; ``run(stream)`` enqueues it.
 
     ``slots``, ``block_ids``: device int32 ``[rows]``; a row whose slot or block is -1
-    is padding (the kernel skips it). Capture-safe.
+    is padding (the kernel skips it; its ``nonfinite`` entries are 0). Capture-safe.
     """
-    device_only(slots=slots, block_ids=block_ids)
-    launch = seal_launch(store, slots, block_ids, layer)
+    device_only(slots=slots, block_ids=block_ids, nonfinite=nonfinite)
+    launch = seal_launch(store, slots, block_ids, layer, nonfinite)
     if launch.empty:
         raise HexcoreInvalidArgumentError("slots: a prepared seal needs at least one row, got 0")
     return launch.prepare()
 
 
-def seal_launch(store, slots, block_ids, layer=None) -> Launch:
+def seal_launch(store, slots, block_ids, layer=None, nonfinite=None) -> Launch:
     """Validate :func:`seal`'s arguments; the launch that does it."""
     cfg = checked_store(store).config
     first, count = _layer_range(layer, cfg.num_layers)
@@ -286,13 +365,21 @@ def seal_launch(store, slots, block_ids, layer=None) -> Launch:
     host = block_ids
     block_ids = checked_ids(block_ids, "block_ids", num, store.num_blocks)
     check_distinct(host, "block_ids")
-    check_outside_store(store, slots=slots, block_ids=block_ids)
+    report = nonfinite is not None
+    flags = checked(nonfinite, "nonfinite", np.int32, (count, num), align=4, output=True) if report else _no_flags()
+    check_outside_store(store, slots=slots, block_ids=block_ids, nonfinite=flags if report else None)
     if cfg.kv_dtype.is_quantized:
         f, w = store.flat, store.words
-        return Launch(_seal_quantized_kernel(cfg), (num, count), THREADS, (
+        return Launch(_seal_quantized_kernel(cfg, report), (num, count), THREADS, (
             f["k_tails"], f["v_tails"], w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"], slots, block_ids, first,
-            store.num_blocks, store.max_seqs))
+            store.num_blocks, store.max_seqs, flags))
     w = store.words
-    return Launch(_seal_fp16_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim), (num, count), THREADS, (
+    return Launch(_seal_fp16_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim, report), (num, count), THREADS, (
         w["k_tails"], w["v_tails"], w["k_codes"], w["v_codes"], slots, block_ids, first, store.num_blocks,
-        store.max_seqs))
+        store.max_seqs, flags))
+
+
+@functools.cache
+def _no_flags():
+    # the flag argument of a seal that reports nothing (never touched by the kernel)
+    return cuda.to_device(np.zeros((1, 1), np.int32))

@@ -6,10 +6,12 @@ failure, by reading the (unchanged) state.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .._checks import range_message
-from ..errors import HexcoreInvalidArgumentError, Status
+from ..errors import HexcoreInvalidArgumentError, HexcoreOOMError, Status
 from . import _blocks as core
 from . import _prefix as pcore
 from ._keys import lanes_after, root_key
@@ -57,6 +59,42 @@ def check_step_tokens(seq_ids, new_lens, tokens, token_starts) -> tuple:
         raise HexcoreInvalidArgumentError(
             f"token_starts: expected shape ({seq_ids.shape[0] + 1},) (B + 1), got {token_starts.shape}")
     return tokens, token_starts
+
+
+def state_bytes(num_blocks: int, max_seqs: int, max_blocks_per_seq: int, block_size: int,
+                prefix_cache: bool) -> int:
+    """Host bytes a PagedKVCache of these sizes allocates up front (its njit state: block
+    and slot arrays, two [max_seqs, max_blocks_per_seq] int32 tables; with the prefix cache
+    its blocks' keys and token ids, the key index and an event log)."""
+    total = 64 + 24 * num_blocks + 48 * max_seqs + 8 * max_seqs * max_blocks_per_seq
+    if prefix_cache:
+        index = 16 << max(4, (2 * num_blocks - 1).bit_length())
+        total += 256 + 64 * num_blocks + 4 * block_size * (num_blocks + max_seqs) + 64 * max_seqs + index
+        total += 32 * (3 * num_blocks + max_blocks_per_seq + 1) + 4 * max_blocks_per_seq  # log, scratch
+    return total
+
+
+def physical_memory_bytes() -> int | None:
+    """This machine's physical memory (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_state_size(num_blocks: int, max_seqs: int, max_blocks_per_seq: int, block_size: int,
+                     prefix_cache: bool) -> None:
+    """Raise HexcoreOOMError when a PagedKVCache of these sizes needs more host memory than
+    the machine has (numpy would raise a bare MemoryError, or an overcommitting kernel
+    hand out pages until the OOM killer steps in)."""
+    need = state_bytes(num_blocks, max_seqs, max_blocks_per_seq, block_size, prefix_cache)
+    have = physical_memory_bytes()
+    if have is not None and need > have:
+        raise HexcoreOOMError(
+            f"PagedKVCache(num_blocks={num_blocks}, max_seqs={max_seqs}, max_seq_len="
+            f"{max_blocks_per_seq * block_size}) needs {need / 2**30:.1f} GiB of host memory for its state "
+            f"(24 bytes a block, 8 a block-table entry: max_seqs * max_seq_len / block_size of them), more "
+            f"than this machine's {have / 2**30:.1f} GiB")
 
 
 def check_predictions(name: str, array) -> None:

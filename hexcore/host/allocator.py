@@ -28,16 +28,18 @@ import numpy as np
 
 from .._checks import INT_LIMIT, as_int, int_value, range_message
 from ..config import KVCacheConfig
-from ..errors import HexcoreInvalidArgumentError, HexcoreInvalidSequenceError, Status, raise_for_status
+from ..errors import (HexcoreInvalidArgumentError, HexcoreInvalidSequenceError, HexcoreOOMError, Status,
+                      raise_for_status)
 from . import _blocks as core
 from . import _prefix as pcore
 from ._event_ops import ALLOCATED, FORKED, FREED
 from ._step import OUT_LEN, OUT_STATUS, OUT_TAIL, StepResult, check_step, new_outputs, step
-from ._validation import (check_counts, check_ids, check_predictions, check_step_tokens, describe_seq_error,
-                          verify_state)
+from ._validation import (check_counts, check_ids, check_predictions, check_state_size, check_step_tokens,
+                          describe_seq_error, state_bytes, verify_state)
+from .metrics import as_collector
 from .prefix import (DEFAULT_PRIORITY, Admission, PrefixCacheMethods, PrefixState, as_tokens, check_namespace,
                      check_priority)
-from .ring import LockFreeRingBuffer
+from .ring import LockFreeRingBuffer, check_timeout
 
 __all__ = ["Admission", "PagedKVCache", "StepResult", "PREDICTION_OUTCOMES", "DEFAULT_MAX_SEQ_LEN"]
 
@@ -92,22 +94,29 @@ class PagedKVCache(PrefixCacheMethods):
         max_seq_len = as_int("max_seq_len", max_seq_len, low=1, high=_MAX_I32 + 1 - bs)
         if type(prefix_cache) is not bool:
             raise HexcoreInvalidArgumentError(f"prefix_cache: expected a bool, got {type(prefix_cache).__name__}")
+        metrics = as_collector("metrics", metrics)
+        check_state_size(num_blocks, max_seqs, -(-max_seq_len // bs), bs, prefix_cache)
         self.config, self.block_size, self.num_blocks, self.max_seqs = config, bs, num_blocks, max_seqs
         self.max_blocks_per_seq = -(-max_seq_len // bs)
         self.max_seq_len = self.max_blocks_per_seq * bs
         # state arrays, their mappings documented in _blocks.py and _step.py
-        self._blocks, self._seqs, self._tables, self._counters = core.new_state(
-            num_blocks, max_seqs, self.max_blocks_per_seq)
-        self._out_rows, self._out_tables, self._seals = new_outputs(
-            num_blocks, max_seqs, self.max_blocks_per_seq)
+        try:
+            self._blocks, self._seqs, self._tables, self._counters = core.new_state(
+                num_blocks, max_seqs, self.max_blocks_per_seq)
+            self._out_rows, self._out_tables, self._seals = new_outputs(
+                num_blocks, max_seqs, self.max_blocks_per_seq)
+            # the prefix cache's arrays (_prefix.py), None when it is off
+            self._prefix = (PrefixState(config, num_blocks, max_seqs, self.max_blocks_per_seq) if prefix_cache
+                            else None)
+        except MemoryError:  # within physical memory (checked above), but not free now
+            need = state_bytes(num_blocks, max_seqs, self.max_blocks_per_seq, bs, prefix_cache)
+            raise HexcoreOOMError(f"PagedKVCache: no free host memory for its {need} bytes of state") from None
         self._views: dict[int, tuple] = {}  # batch size -> read-only output views
         self._no_lens = np.zeros(0, np.int32)
         self._prediction_counts = np.zeros(len(PREDICTION_OUTCOMES), np.int64)  # when none are asked for
         self._ring_scratch = np.empty((1024, 2), np.int64)  # [row] -> a prediction popped from a ring
         self._metrics = metrics
         self._events = None  # an events.EventPublisher while an event ring is attached
-        # the prefix cache's arrays (_prefix.py), None when it is off
-        self._prefix = PrefixState(config, num_blocks, max_seqs, self.max_blocks_per_seq) if prefix_cache else None
         self._prefix_seen = [0, 0, 0]  # prefix (queries, hits, evictions) already recorded in metrics
         if metrics is not None:
             active, free, reserved, sequences, _, cached = self._gauges()
@@ -445,7 +454,11 @@ class PagedKVCache(PrefixCacheMethods):
             self._prefix.plog = pcore.new_log(self.num_blocks, self.max_blocks_per_seq)
 
     def flush_events(self, timeout: float | None = 0.0) -> int:
-        """Push events staged while the ring was full, waiting up to ``timeout`` s; events left."""
+        """Push events staged while the ring was full, waiting up to ``timeout`` s; events left.
+
+        ``timeout``: a finite number of seconds >= 0, or None to wait for room as long as
+        it takes (``ring.check_timeout``; anything else raises HexcoreInvalidArgumentError)."""
+        timeout = check_timeout("timeout", timeout)
         return 0 if self._events is None else self._events.flush(timeout)
 
     # -- queries ------------------------------------------------------------------------
@@ -520,6 +533,8 @@ class PagedKVCache(PrefixCacheMethods):
         except Exception:
             _reraise_unless_beyond_limit(seq_id, new_len)
             status, first, hits, misses = Status.INVALID_SEQUENCE, 0, 0, 0
+            if self._prefix is not None:  # the njit call raised before it reset the event log
+                self._prefix.pc[pcore.C_LOG] = 0
         if status and raising:
             if t0:
                 self._record(op, t0, oom=int(status == Status.OUT_OF_MEMORY))

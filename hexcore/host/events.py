@@ -54,7 +54,7 @@ from ._event_ops import (  # noqa: F401  (re-exported: the event kinds)
 from . import _keys
 from ._ring_ops import RING_CLOSED
 from .._checks import as_int, int_value
-from .ring import LockFreeRingBuffer
+from .ring import LockFreeRingBuffer, check_timeout
 
 __all__ = ["ALLOCATED", "SEALED", "FREED", "FORKED", "STORED", "REMOVED", "REUSED", "EVENT_WIDTH",
            "BlockTableMirror", "EventPublisher"]
@@ -102,7 +102,11 @@ class EventPublisher:
                    publish_records, records)
 
     def flush(self, timeout: float | None = None) -> int:
-        """Push staged events, waiting up to ``timeout`` s (None: forever) for room; pending after."""
+        """Push staged events, waiting up to ``timeout`` s (None: forever) for room; pending after.
+
+        ``timeout``: a finite number of seconds >= 0 or None (``ring.check_timeout``:
+        anything else raises HexcoreInvalidArgumentError before anything is pushed)."""
+        timeout = check_timeout("timeout", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.pending and not self.dropped:
             if self._done(_flush(self._buf, self._staging, self._state), 0) == 0:
@@ -208,6 +212,10 @@ class BlockTableMirror:
     @classmethod
     def like(cls, cache, ring: LockFreeRingBuffer, **kw) -> BlockTableMirror:
         """A mirror sized for ``cache`` (a PagedKVCache) reading ``ring``."""
+        from .allocator import PagedKVCache  # (allocator.py imports this module)
+
+        if not isinstance(cache, PagedKVCache):
+            raise HexcoreInvalidArgumentError(f"cache: expected a PagedKVCache, got {type(cache).__name__}")
         return cls(ring, cache.num_blocks, cache.max_seqs, cache.max_blocks_per_seq, **kw)
 
     def poll(self) -> int:
@@ -226,7 +234,10 @@ class BlockTableMirror:
         return int(self._stats[0]) - before
 
     def drain(self, timeout: float | None = None) -> int:
-        """Apply events until the ring is closed and empty (TimeoutError after ``timeout`` s)."""
+        """Apply events until the ring is closed and empty (TimeoutError after ``timeout`` s:
+        a finite number of seconds >= 0, or None to wait forever; anything else raises
+        HexcoreInvalidArgumentError before any event is applied)."""
+        timeout = check_timeout("timeout", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         applied = 0
         while not self.closed:

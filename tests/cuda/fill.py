@@ -59,6 +59,8 @@ def _store_blocks(host, layer, ids, k, v, cfg):
     """Write blocks k, v ``[n, H, BS, D]`` into the host copies; returns them as the cache
     holds them (float64, dequantized when quantized)."""
     n, H, BS, D = k.shape
+    if n == 0:  # nothing sealed: no codes to write
+        return k.astype(np.float64), v.astype(np.float64)
     if cfg.kv_dtype is KVDtype.FP16:
         host["k_codes"][layer, ids], host["v_codes"][layer, ids] = k, v
         return k.astype(np.float64), v.astype(np.float64)

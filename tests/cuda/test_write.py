@@ -235,3 +235,123 @@ def test_copy_errors_name_the_parameters():
         copy_tails(store, np.array([9], np.int32), one)
     with pytest.raises(HexcoreInvalidArgumentError, match=r"dst_blocks\[0\] = 7"):
         copy_blocks(store, one, np.array([7], np.int32))
+
+
+# -- non-finite K/V: the seal never faults, stores NaN groups and reports them -----------------
+def test_quantizer_never_converts_a_non_finite_value():
+    """``_quantize`` (called as Python: the simulator's path) on NaN, +-inf and extreme
+    finite values: codes in [0, levels], equal to floor-and-clamp wherever that is defined."""
+    from hexcore.cuda.write import _quantize
+
+    quantize = _quantize.py_func
+    f = np.float32
+    for levels in (3, 15):
+        assert quantize(f("nan"), f(0.1), f(0), levels) == 0
+        assert quantize(f("inf"), f(0.1), f(0), levels) == levels
+        assert quantize(f("-inf"), f(0.1), f(0), levels) == 0
+        assert quantize(f(1), f("nan"), f(0), levels) == 0
+        assert quantize(f(1), f(0.1), f("nan"), levels) == 0
+        assert quantize(f(1), f(0), f(0), levels) == 0
+        assert quantize(f(65504), f(6e-8), f(-65504), levels) == levels
+        x = np.linspace(-2, 3, 1001, dtype=np.float32)
+        scale, lo = f(0.25), f(-1)
+        want = np.clip(np.floor((x - lo) / scale + f(0.5)), 0, levels)
+        assert [quantize(v, scale, lo, levels) for v in x] == want.astype(int).tolist()
+
+
+def expected_nonfinite_seal(k, v, bits, group_size):
+    """The seal's policy for one block ``k``, ``v`` [H, BS, D] float16 that may hold NaN or
+    infinities: the reference quantization of every finite group; a group holding a
+    non-finite value gets NaN scale and min and codes 0. Returns (kc, km, vc, vm)."""
+    H, BS, D = k.shape
+    bad_k = ~np.isfinite(k).all(axis=1)  # [H, D]: a key group is a channel over the tokens
+    groups = v.reshape(H, BS, D // group_size, group_size)
+    bad_v = ~np.isfinite(groups).all(axis=-1)  # [H, BS, NG]
+    kc, km = ref.quantize_keys(np.where(np.isfinite(k), k, 0).astype(np.float16), bits)
+    vc, vm = ref.quantize_values(np.where(np.isfinite(v), v, 0).astype(np.float16), bits, group_size)
+    codes = ref.unpack_key_rows(kc, bits)
+    codes[np.broadcast_to(bad_k[:, None, :], codes.shape)] = 0
+    kc = ref.pack_key_rows(codes, bits)
+    km[np.broadcast_to(bad_k[:, None, :], km.shape)] = np.nan
+    codes = ref.unpack_value_block(vc, bits, group_size)
+    codes[np.repeat(bad_v, group_size, axis=-1)] = 0
+    vc = ref.pack_value_block(codes, bits, group_size)
+    vm[np.broadcast_to(bad_v[:, :, None, :], vm.shape)] = np.nan
+    return kc, km, vc, vm
+
+
+def check_nonfinite_seal(cfg, seed):
+    """Seal rows with NaN, +inf and -inf in K and V at layer 0 (row 0) and finite ones
+    elsewhere, with a padding row: bytes as the policy says, flags 1 exactly where a row
+    held a non-finite value, 0 for the padding row (pre-filled with 7)."""
+    from hexcore.cuda.write import nonfinite_flags
+
+    rng = np.random.default_rng(seed)
+    store = DeviceKVStore(cfg, num_blocks=5, max_seqs=4)
+    store.poison()
+    H, BS, D = cfg.num_kv_heads, cfg.block_size, cfg.head_dim
+    k, v = fill_tails(store, rng, [2, 0])
+    k[0, 0, 0, 3, 5], k[0, 0, H - 1, 0, D - 1], v[0, 0, 0, BS - 1, 7] = np.nan, np.inf, -np.inf
+    v[0, 0, H - 1, 2, D // 2] = np.nan
+    for t in (3, 0, BS - 1, 2):  # rewrite the poisoned tokens of layer 0, row 0 (slot 2)
+        append(store, np.ascontiguousarray(k[0, 0, :, t])[None], np.ascontiguousarray(v[0, 0, :, t])[None],
+               np.array([2], np.int32), np.array([t], np.int32), layer=0)
+    flags = nonfinite_flags(store, 3)
+    flags.copy_to_device(np.full((cfg.num_layers, 3), 7, np.int32))
+    seal(store, cuda.to_device(np.array([2, 0, -1], np.int32)), cuda.to_device(np.array([3, 1, -1], np.int32)),
+         nonfinite=flags)
+    want_flags = np.zeros((cfg.num_layers, 3), np.int32)
+    want_flags[0, 0] = 1
+    np.testing.assert_array_equal(flags.copy_to_host(), want_flags)
+    host = snapshot(store)
+    for l in range(cfg.num_layers):
+        for j, b in enumerate([3, 1]):
+            if cfg.kv_dtype is KVDtype.FP16:  # a copy: NaN and infinities kept, bit for bit
+                np.testing.assert_array_equal(host["k_codes"][l, b].view(np.uint16), k[l, j].view(np.uint16))
+                np.testing.assert_array_equal(host["v_codes"][l, b].view(np.uint16), v[l, j].view(np.uint16))
+                continue
+            kc, km, vc, vm = expected_nonfinite_seal(k[l, j], v[l, j], cfg.kv_dtype.bits, cfg.group_size)
+            np.testing.assert_array_equal(host["k_codes"][l, b], kc)
+            np.testing.assert_array_equal(host["k_meta"][l, b], km)
+            np.testing.assert_array_equal(host["v_codes"][l, b], vc)
+            np.testing.assert_array_equal(host["v_meta"][l, b], vm)
+    if cfg.kv_dtype is not KVDtype.FP16:
+        assert np.isnan(host["k_meta"][0, 3]).sum() == 4 and np.isnan(host["v_meta"][0, 3]).sum() == 4  # 2 groups each
+    # without flags: the same bytes (the report changes nothing else)
+    again = DeviceKVStore(cfg, num_blocks=5, max_seqs=4)
+    again.poison()
+    for name, array in again.arrays.items():
+        if "tails" in name:
+            array.copy_to_device(store.arrays[name].copy_to_host())
+    seal(again, np.array([2, 0], np.int32), np.array([3, 1], np.int32))
+    for name, array in snapshot(again).items():
+        np.testing.assert_array_equal(array.view(np.uint8), host[name].view(np.uint8), err_msg=name)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the simulator's inf - inf
+@pytest.mark.parametrize("cfg", SIM_CONFIGS, ids=ids)
+def test_seal_of_non_finite_values_stores_nan_groups_and_reports_them(cfg, seed):
+    check_nonfinite_seal(cfg, seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", GPU_CONFIGS, ids=ids)
+def test_seal_of_non_finite_values_gpu(cfg, seed):
+    check_nonfinite_seal(cfg, seed)
+
+
+def test_nonfinite_flags_are_checked():
+    from hexcore.cuda.write import nonfinite_flags, prepare_seal
+
+    store = DeviceKVStore(SIM_CONFIGS[1], num_blocks=3, max_seqs=2)
+    one = np.array([0], np.int32)
+    for bad, match in [(np.zeros((2, 1), np.int32), "host numpy array"), (cuda.to_device(np.zeros((1, 1), np.int32)),
+                                                                            r"shape \(2, 1\)"),
+                       (cuda.to_device(np.zeros((2, 1), np.int64)), "dtype int32"), ("x", "got str")]:
+        with pytest.raises(HexcoreInvalidArgumentError, match=f"nonfinite: .*{match}"):
+            seal(store, one, one, nonfinite=bad)
+    with pytest.raises(HexcoreInvalidArgumentError, match="nonfinite: lies inside"):
+        seal(store, one, one, layer=0, nonfinite=store.arrays["k_codes"].reshape(-1).view(np.int32)[:1].reshape(1, 1))
+    assert nonfinite_flags(store, 3).shape == (2, 3) and nonfinite_flags(store, 3, layer=1).shape == (1, 3)
+    with pytest.raises(HexcoreInvalidArgumentError, match="host numpy array"):
+        prepare_seal(store, cuda.to_device(one), cuda.to_device(one), nonfinite=np.zeros((2, 1), np.int32))

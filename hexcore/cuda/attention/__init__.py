@@ -1,10 +1,15 @@
 """Paged decode attention: the launcher (``paged_decode``, ``DecodePlan``), its options,
 and the tensor-core kernel (``kernel.py``, per-warp work in ``fragments.py``, sizes in
-``shape.py``, intrinsics in ``mma.py``)."""
+``shape.py``, intrinsics in ``mma.py``); prefill over a cached prefix (``prefill.py``:
+``prefill_attention``, ``gather_prefix``); the persistent checkpoint-and-yield decode
+(``persistent.py``: ``persistent_decode``, ``PersistentDecode``)."""
 
 from __future__ import annotations
 
 from .launcher import DecodePlan, Workspace, paged_decode
 from .options import DecodeOptions
+from .persistent import BudgetError, PersistentDecode, PersistentStats, persistent_decode
+from .prefill import gather_prefix, prefill_attention
 
-__all__ = ["DecodeOptions", "DecodePlan", "Workspace", "paged_decode"]
+__all__ = ["BudgetError", "DecodeOptions", "DecodePlan", "PersistentDecode", "PersistentStats", "Workspace",
+           "gather_prefix", "paged_decode", "persistent_decode", "prefill_attention"]

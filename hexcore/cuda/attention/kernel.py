@@ -13,6 +13,18 @@ split (a run of ``split_blocks`` virtual blocks of one sequence) for one KV head
    ``counters``; the last CTA of the (sequence, KV head, head group) merges every split
    into ``out`` and resets the counter for the next launch (Flash-Decoding, without a
    second launch).
+
+The work of one CTA is ``decode_item``, a device function of the item's (split, KV head,
+head group, sequence): the grid kernel calls it once with its block indices, the
+persistent kernel (``persistent.py``) once per item it takes from its queue.
+
+Device index arrays are trusted by the launcher (reading them back would synchronise),
+so the item keeps its reads inside its arrays: a ``seq_lens`` entry is clamped to
+``(table width + 1) * block_size - 1`` and to the tokens the grid and workspace were sized
+for (``max_splits * split_blocks * block_size``), and a block id outside
+``[0, num_blocks)`` or a tail slot outside ``[0, max_seqs)`` is skipped (its tokens do not
+count), as the append, seal and copy kernels skip such ids. A wrong id gives a wrong
+output, never a read outside the store.
 """
 
 from __future__ import annotations
@@ -23,8 +35,8 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from ..device import (cp_async_commit, cp_async_wait_all, cp_async_wait_one, exp2, load_cg_f32, prefetch_l2,
-                      shfl_xor, syncwarp)
+from ..device import (SIMULATOR, cp_async_commit, cp_async_wait_all, cp_async_wait_one, device_function, exp2,
+                      load_cg_f32, prefetch_l2, shfl_xor, syncwarp)
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 from .fragments import NEG_INF, warp_functions
 from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape
@@ -33,11 +45,46 @@ LOG2E = 1.4426950408889634
 MERGE_CHUNK = 64  # splits whose weights are staged in shared memory per merge round
 
 
+if SIMULATOR:
+    @cuda.jit(device=True)
+    def in_range(index, count):
+        """``0 <= index < count`` for a device-supplied id."""
+        return 0 <= index < count
+else:
+    @device_function
+    def in_range(index, count):
+        """``0 <= index < count`` for a device-supplied id (one unsigned compare)."""
+        return uint32(index) < uint32(count)
+
+
 @functools.cache
 def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
                   joint_softmax: bool = False):
     """The decode kernel of ``shape``, compiled on first launch (cached); the other
-    arguments are DecodeOptions fields of the same names."""
+    arguments are DecodeOptions fields of the same names. One CTA per work item: the grid
+    ``(splits, num_kv_heads * head_groups, batch)`` names the item's split, KV head and head
+    group, and sequence (``decode_item_function``)."""
+    decode_item = decode_item_function(shape, l2_prefetch, joint_softmax)
+    HG = shape.head_groups
+    options = {} if max_registers is None else {"max_registers": max_registers}
+
+    @cuda.jit(**options)
+    def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots, out,
+               part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale):
+        decode_item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots,
+                    out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale,
+                    cuda.blockIdx.x, cuda.blockIdx.y // HG, cuda.blockIdx.y % HG, cuda.blockIdx.z)
+
+    return kernel
+
+
+@functools.cache
+def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_softmax: bool = False):
+    """``decode_item(<the decode kernel's arguments>, split, h, hg, b)``: one work item, done by
+    the whole CTA (every thread calls it, and every thread returns from it together): the
+    split ``split`` of sequence ``b`` for KV head ``h`` and its query heads of head group
+    ``hg``, with the fused merge when it is the sequence's last split to finish. Shared by
+    the grid kernel (``decode_kernel``) and the persistent kernel (``persistent.py``)."""
     load_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish = warp_functions(shape, joint_softmax)
     H, D, BS, G = shape.H, shape.D, shape.BS, shape.G
     HG, NG, MT = shape.head_groups, shape.num_groups, shape.m_tiles
@@ -52,11 +99,12 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
     merge_splits = merge_function(D)
     PREFETCH = l2_prefetch == "all" or (l2_prefetch == "quantized" and QUANTIZED)
     RUN_BYTES, META_BYTES = BS * RW * 4, (4 * D, 4 * BS * NG)  # a block's code run; key, value metadata
-    options = {} if max_registers is None else {"max_registers": max_registers}
 
     @cuda.jit(device=True)
     def prefetch_block(pool, offsets, block, h, layer, num_blocks, lane):
         # lane 0..3 asks L2 for the block's key codes, value codes, key meta, value meta
+        if not in_range(block, num_blocks):
+            return
         if lane < 2:
             run = code_offset(layer, block, h, 0, num_blocks, H, BS, RW * 4) // 4
             prefetch_l2(pool, offsets[lane] + run, RUN_BYTES)
@@ -73,6 +121,8 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
         # with PREFETCH, a block's first chunk also asks L2 for the warp's block after it
         vb = first + WARPS * (j // CPB)
         block = block_tables[b, vb]
+        if not in_range(block, num_blocks):
+            return  # a block id outside the store: skipped (its chunks are not computed either)
         if PREFETCH and j % CPB == 0 and vb + WARPS < last:
             prefetch_block(pool, (k_codes, v_codes, k_meta, v_meta), block_tables[b, vb + WARPS], h, layer,
                            num_blocks, lane)
@@ -81,17 +131,18 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
                     k_meta + key_meta_offset(layer, block, h, num_blocks, H, D) // 4,
                     v_meta + value_meta_offset(layer, block, h, 0, num_blocks, H, BS, NG) // 4, (j % CPB) * CK, lane)
 
-    @cuda.jit(**options)
-    def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots, out,
-               part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale):
+    @device_function
+    def decode_item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots,
+                    out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale,
+                    split, h, hg, b):
         # pool: every store array as uint32 words; k_codes..v_tails: their word offsets.
         # q: [B, Hq, D] f16 as words; out: [B, Hq, D] f16 flat; part_o: [B*Hq, max_splits, D]
         # f32 flat; part_ml: [B*Hq, max_splits, 2] f32 flat; counters: [B * H * HG] int32
-        split, hg, b = cuda.blockIdx.x, cuda.blockIdx.y % HG, cuda.blockIdx.z
-        h = cuda.blockIdx.y // HG
         tid = cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
-        seq_len = seq_lens[b]
+        # device index arrays are not checked by the launcher: a length is clamped to what
+        # the table describes and what the grid and workspace were sized for
+        seq_len = max(0, min(seq_lens[b], (block_tables.shape[1] + 1) * BS - 1, max_splits * split_blocks * BS))
         n_sealed = seq_len // BS
         n_virtual = (seq_len + BS - 1) // BS
         n_splits = (n_virtual + split_blocks - 1) // split_blocks
@@ -143,9 +194,10 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
                 cp_async_wait_one()
                 syncwarp()  # chunk j is in the ring, every lane's copies
                 stage = base + (j % 2) * STAGE
-                if j % CPB == 0:
-                    corr = fold_keys(ring, stage + KMETA, lane, qh, qs)
-                chunk_codes(ring, stage, qs, corr, sc, o, stats, state, lane)
+                if in_range(block_tables[b, first + WARPS * (j // CPB)], num_blocks):
+                    if j % CPB == 0:
+                        corr = fold_keys(ring, stage + KMETA, lane, qh, qs)
+                    chunk_codes(ring, stage, qs, corr, sc, o, stats, state, lane)
                 syncwarp()  # every lane has read the stage before it is refilled
             cp_async_wait_all()
         else:
@@ -153,13 +205,17 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
                 if PREFETCH and vb + WARPS < min(vb1, n_sealed):  # the warp's next block, one block ahead
                     prefetch_block(pool, (k_codes, v_codes, k_meta, v_meta), block_tables[b, vb + WARPS], h, layer,
                                    num_blocks, lane)
-                rows = code_offset(layer, block_tables[b, vb], h, 0, num_blocks, H, BS, RW * 4) // 4
+                block = block_tables[b, vb]
+                if not in_range(block, num_blocks):
+                    continue  # a block id outside the store: skipped
+                rows = code_offset(layer, block, h, 0, num_blocks, H, BS, RW * 4) // 4
                 for k in range(KSB):
                     kstep_rows(pool, k_codes + rows, v_codes + rows, k, BS, lane, qh, kw, vw, sc, o, stats, state)
         tail = n_virtual - 1  # the tail, when there is one, is the sequence's last virtual block
-        if tail >= n_sealed and vb0 <= tail < vb1 and (tail - vb0) % WARPS == warp:
+        slot = tail_slots[b]
+        if tail >= n_sealed and vb0 <= tail < vb1 and (tail - vb0) % WARPS == warp and in_range(slot, max_seqs):
             ntail = seq_len - n_sealed * BS
-            rows = tail_offset(layer, tail_slots[b], h, 0, max_seqs, H, BS, D) // 4
+            rows = tail_offset(layer, slot, h, 0, max_seqs, H, BS, D) // 4
             for k in range((ntail + 15) // 16):
                 kstep_rows(pool, k_tails + rows, v_tails + rows, k, ntail, lane, qh, kw, vw, sc, o, stats, state)
         m_lo, l_lo, m_hi, l_hi = finish(o, stats, state, lane)
@@ -220,7 +276,7 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
         if tid == 0:
             counters[item] = 0  # ready for the next launch
 
-    return kernel
+    return decode_item
 
 
 def merge_function(D: int):

@@ -9,8 +9,9 @@ import math
 import numpy as np
 from numba import cuda
 
+from ..._checks import as_int
 from ...errors import HexcoreInvalidArgumentError
-from ..arrays import checked, checked_ids, device_only
+from ..arrays import check_outside_store, checked, checked_ids, checked_layer, checked_store, device_only
 from ..device import SIMULATOR
 from ..launch import Launch
 from ..store import DeviceKVStore, flat_words
@@ -117,7 +118,10 @@ class DecodePlan:
                  scale: float | None = None, workspace: Workspace | None = None,
                  options: DecodeOptions | None = None):
         device_only(q=q, block_tables=block_tables, seq_lens=seq_lens, tail_slots=tail_slots, out=out)
-        self.store, self.options = store, options or DEFAULT_OPTIONS
+        if workspace is not None and not isinstance(workspace, Workspace):
+            raise HexcoreInvalidArgumentError(
+                f"workspace: expected a Workspace or None, got {type(workspace).__name__}")
+        self.store, self.options = checked_store(store), options or DEFAULT_OPTIONS
         self._inputs = (q, block_tables, seq_lens, tail_slots)
         self._scale, self._max_seq_len, self._workspace = scale, max_seq_len, workspace or _workspace
         _, self.out = decode_launch(q, store, 0, block_tables, seq_lens, tail_slots, out, scale, max_seq_len,
@@ -126,8 +130,12 @@ class DecodePlan:
         self._layers: dict = {}
 
     def launch(self, layer: int):
-        """The layer's prepared launch, made on first use."""
-        prepared = self._layers.get(layer)
+        """The layer's prepared launch, made on first use (``layer``: an int in
+        ``[0, num_layers)``, numpy integers accepted)."""
+        prepared = self._layers.get(layer) if type(layer) is int else None
+        if prepared is None:
+            layer, _ = checked_layer(layer, self.store.config.num_layers)
+            prepared = self._layers.get(layer)
         if prepared is None:
             launch, _ = decode_launch(self._inputs[0], self.store, layer, *self._inputs[1:], self.out, self._scale,
                                       self._max_seq_len, self.options, self._workspace)
@@ -139,20 +147,18 @@ class DecodePlan:
 
         ``stream``: see ``streams.resolve_stream`` (torch's current stream by default when
         the plan was built from torch tensors)."""
-        (self._layers.get(layer) or self.launch(layer)).run(resolve_stream(stream, self._torch))
+        prepared = self._layers.get(layer) if type(layer) is int else None
+        (prepared or self.launch(layer)).run(resolve_stream(stream, self._torch))
         return self.out
 
 
 def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len,
                   options: DecodeOptions, workspace: Workspace) -> tuple[Launch, object]:
     """Validate paged_decode's arguments; returns (the launch, out)."""
-    if not isinstance(store, DeviceKVStore):
-        raise HexcoreInvalidArgumentError(f"store: expected a DeviceKVStore, got {type(store).__name__}")
-    cfg = store.config
+    cfg = checked_store(store).config
     if not isinstance(options, DecodeOptions):
         raise HexcoreInvalidArgumentError(f"options: expected DecodeOptions, got {type(options).__name__}")
-    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < cfg.num_layers:
-        raise HexcoreInvalidArgumentError(f"layer: expected an int in [0, {cfg.num_layers}), got {layer!r}")
+    layer, _ = checked_layer(layer, cfg.num_layers)
     reason = unsupported_reason(cfg.kv_dtype.bits, cfg.head_dim, cfg.block_size, cfg.group_size)
     if reason:
         raise HexcoreInvalidArgumentError(f"paged_decode does not support {reason}")
@@ -166,15 +172,17 @@ def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scal
     host_lens = seq_lens if isinstance(seq_lens, np.ndarray) else None
     seq_lens = checked_ids(seq_lens, "seq_lens", batch, capacity + 1)
     tail_slots = checked_ids(tail_slots, "tail_slots", batch, store.max_seqs)
-    if isinstance(block_tables, np.ndarray) and host_lens is not None:
-        _check_tables(block_tables, host_lens, cfg.block_size, store.num_blocks)
+    host_tables = block_tables if isinstance(block_tables, np.ndarray) else None
     block_tables = checked(block_tables, "block_tables", np.int32, (batch, max_blocks), align=4)
+    if host_tables is not None and host_lens is not None:
+        _check_tables(host_tables, host_lens, cfg.block_size, store.num_blocks)
     longest = int(host_lens.max(initial=0)) if host_lens is not None else None
     max_seq_len = _checked_max_seq_len(max_seq_len, longest, capacity)
     scale = _checked_scale(scale, cfg.head_dim)
     if out is None:
         out = cuda.device_array((batch, num_q_heads, cfg.head_dim), np.float16)
-    out = checked(out, "out", np.float16, (batch, num_q_heads, cfg.head_dim))
+    out = checked(out, "out", np.float16, (batch, num_q_heads, cfg.head_dim), output=True)
+    check_outside_store(store, out=out)
 
     shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
                         num_q_heads // cfg.num_kv_heads, cfg.group_size)
@@ -212,19 +220,22 @@ def _ctas_per_sm(kernel, args) -> int:
 def _checked_scale(scale, head_dim: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)) \
-            or not math.isfinite(float(scale)) or float(scale) <= 0:
+    try:  # (an int too large for a float overflows: not finite either)
+        value = float(scale) if isinstance(scale, (int, float, np.floating, np.integer)) else math.nan
+    except OverflowError:
+        value = math.inf
+    if isinstance(scale, (bool, np.bool_)) or not math.isfinite(value) or value <= 0:
         raise HexcoreInvalidArgumentError(f"scale: expected a positive finite number or None, got {scale!r}")
-    return float(scale)
+    return value
 
 
 def _checked_max_seq_len(max_seq_len, longest: int | None, capacity: int) -> int:
     if max_seq_len is None:
         return longest if longest is not None else capacity
-    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, (int, np.integer)) \
-            or not 0 <= max_seq_len <= capacity:
-        raise HexcoreInvalidArgumentError(
-            f"max_seq_len: expected an int in [0, {capacity}] (what block_tables can describe), got {max_seq_len!r}")
+    try:
+        max_seq_len = as_int("max_seq_len", max_seq_len, 0, capacity)
+    except HexcoreInvalidArgumentError as exc:
+        raise HexcoreInvalidArgumentError(f"{exc} (at most what block_tables can describe)") from None
     if longest is not None and longest > max_seq_len:
         raise HexcoreInvalidArgumentError(f"max_seq_len: {max_seq_len} is below the longest seq_lens entry {longest}")
     return int(max_seq_len)

@@ -86,7 +86,7 @@ def choose_backend(name: str) -> tuple:
     """(backend, torch module or None) for the backend asked for: one of BACKENDS;
     "auto" is torch when torch with CUDA is installed, else driver. The simulator has
     no graphs: every backend is eager there, and the first DecodeGraph says so."""
-    if name not in BACKENDS:
+    if not isinstance(name, str) or name not in BACKENDS:
         raise HexcoreInvalidArgumentError(f"backend: expected one of {BACKENDS}, got {name!r}")
     if SIMULATOR:
         if name != "eager" and not _warned:

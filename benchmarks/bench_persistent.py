@@ -1,0 +1,170 @@
+"""Persistent checkpoint-and-yield decode on the GPU: cost against paged_decode, cost per
+yield, what a competing stream sees, and %globaltimer's granularity. One JSON line per row.
+
+    python -m benchmarks.bench_persistent [--shapes all|quick] [--dtypes fp16,int4,int2] [--skip-latency]
+
+Rows:
+- ``timer``: the smallest nonzero step of ``%globaltimer`` seen by one thread over many reads.
+- ``no_yield``: GPU time (events) of ``PersistentDecode.enqueue(layer, 1)`` with a budget
+  no decode reaches (one slice, the reset included) against ``DecodePlan.run``; target
+  ratio <= 1.05; also the eager ``run`` (which reads the cursor back) per call.
+- ``yield_1ms``: the same with a 1 ms budget: slices, GPU time, cost per yield
+  ``(t - t_no_yield) / yields``, and the relaunch gap (GPU time minus the sum of slice
+  spans by %globaltimer, per yield).
+- ``latency``: a one-CTA kernel on a second stream, launched every ~0.2 ms while a ~50 ms
+  decode runs on the first: its launch-to-end latency (events; median, p99, max), with
+  the decode as one launch and in slices of 1 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from benchmarks.bench_decode import BS, D, QUICK, SHAPES
+
+
+def emit(row: dict) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def timer_granularity() -> dict:
+    from numba import cuda
+
+    from hexcore.cuda.timer import global_timer_ns
+
+    @cuda.jit
+    def reads(out):
+        for i in range(out.shape[0]):
+            out[i] = global_timer_ns()
+
+    out = cuda.device_array(1 << 16, np.int64)
+    reads[1, 1](out)
+    cuda.synchronize()
+    host = out.copy_to_host()
+    steps = np.diff(host)
+    nonzero = steps[steps > 0]
+    return dict(row="timer", reads=int(host.size), min_step_ns=int(nonzero.min()) if nonzero.size else 0,
+                median_step_ns=float(np.median(nonzero)) if nonzero.size else 0.0,
+                distinct=int(np.unique(host).size), span_ns=int(host[-1] - host[0]), monotonic=bool((steps >= 0).all()))
+
+
+def case(dtype, batch, hq, hkv, ctx, num_blocks=None):
+    """(store, q, tables, lens, slots): a filled store, shuffled tables (bench_decode's case)."""
+    from numba import cuda
+
+    from benchmarks.gpu_common import fill_store
+    from hexcore import KVCacheConfig
+    from hexcore.cuda import DeviceKVStore
+
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=hkv, head_dim=D, block_size=BS, kv_dtype=dtype)
+    per_seq = -(-ctx // BS)
+    pool = num_blocks or batch * per_seq
+    store = DeviceKVStore(cfg, num_blocks=pool, max_seqs=batch)
+    fill_store(store)
+    rng = np.random.default_rng(0)
+    ids = rng.permutation(pool) if pool == batch * per_seq else rng.integers(0, pool, batch * per_seq)
+    tables = cuda.to_device(ids.astype(np.int32).reshape(batch, per_seq))
+    lens = cuda.to_device(np.full(batch, ctx, np.int32))
+    slots = cuda.to_device(np.arange(batch, dtype=np.int32))
+    q = cuda.to_device(rng.standard_normal((batch, hq, D)).astype(np.float16))
+    return store, q, tables, lens, slots
+
+
+def cost_rows(dtype, shape) -> list[dict]:
+    from benchmarks.gpu_common import host_seconds_per_call, time_gpu
+    from hexcore.cuda import DecodePlan
+    from hexcore.cuda.attention.persistent import MAX_BUDGET_US, PersistentDecode
+
+    batch, hq, hkv, ctx = shape
+    store, q, tables, lens, slots = case(dtype, *shape)
+    base = dict(dtype=dtype, B=batch, Hq=hq, Hkv=hkv, ctx=ctx)
+    plan = DecodePlan(q, store, tables, lens, slots, max_seq_len=ctx)
+    t_plan = time_gpu(lambda: plan.run(0))
+    whole = PersistentDecode(q, store, tables, lens, slots, MAX_BUDGET_US, max_seq_len=ctx)
+    whole.run(0)
+    t_whole = time_gpu(lambda: whole.enqueue(0, 1))
+    assert whole.stats().drained and whole.stats().launches == 1
+    eager = host_seconds_per_call(lambda: whole.run(0), calls=50, until_done=True)
+    rows = [dict(row="no_yield", **base, paged_ms=t_plan * 1e3, persistent_ms=t_whole * 1e3, ratio=t_whole / t_plan,
+                 eager_run_ms=eager * 1e3, items=whole.num_items)]
+    sliced = PersistentDecode(q, store, tables, lens, slots, 1000.0, max_seq_len=ctx)
+    sliced.run(0)
+    stats = sliced.stats()
+    slices = stats.launches
+    t_sliced = time_gpu(lambda: sliced.enqueue(0, slices))
+    stats = sliced.stats()
+    yields = max(stats.yields, 1)
+    gap_us = (t_sliced * 1e6 - sum(stats.launch_us)) / max(stats.launches, 1)
+    rows.append(dict(row="yield_1ms", **base, launches=stats.launches, yields=stats.yields, items=stats.items,
+                     persistent_ms=t_sliced * 1e3, per_yield_us=(t_sliced - t_whole) * 1e6 / yields,
+                     relaunch_gap_us=gap_us, longest_launch_us=stats.longest_launch_us,
+                     longest_item_us=stats.longest_item_us, drained=stats.drained))
+    return rows
+
+
+def latency_rows() -> list[dict]:
+    """A small kernel's latency on another stream while a ~50 ms decode runs, with and without slices."""
+    from numba import cuda
+
+    from benchmarks.gpu_common import time_gpu
+    from hexcore.cuda import DecodePlan
+    from hexcore.cuda.attention.persistent import PersistentDecode
+
+    @cuda.jit
+    def tiny(x):
+        x[cuda.threadIdx.x] += 1
+
+    shape = (400, 32, 8, 131072)  # 215 GB of reads over an 8 GiB pool: about 50 ms at 4.4 TB/s
+    store, q, tables, lens, slots = case("fp16", *shape, num_blocks=65536)
+    plan = DecodePlan(q, store, tables, lens, slots, max_seq_len=shape[3])
+    decode_ms = time_gpu(lambda: plan.run(0), 1, 3, 1) * 1e3
+    sliced = PersistentDecode(q, store, tables, lens, slots, 1000.0, max_seq_len=shape[3])
+    sliced.run(0)
+    slices = sliced.stats().launches
+    other, x = cuda.stream(), cuda.device_array(32, np.float32)
+    tiny[1, 32, other](x)
+    rows = []
+    for mode, start in (("one launch", lambda: plan.run(0)), ("1 ms slices", lambda: sliced.enqueue(0, slices))):
+        cuda.synchronize()
+        start()
+        waits = []
+        t_end = time.perf_counter() + decode_ms / 1e3 * 0.9
+        while time.perf_counter() < t_end:
+            a, b = cuda.event(), cuda.event()
+            a.record(other)
+            tiny[1, 32, other](x)
+            b.record(other)
+            b.synchronize()
+            waits.append(cuda.event_elapsed_time(a, b) * 1e3)
+            time.sleep(0.0002)
+        cuda.synchronize()
+        waits.sort()
+        rows.append(dict(row="latency", mode=mode, decode_ms=decode_ms, samples=len(waits),
+                         median_us=statistics.median(waits), p99_us=waits[int(0.99 * (len(waits) - 1))],
+                         max_us=waits[-1]))
+    return rows
+
+
+def main(argv) -> None:
+    def arg(flag, default):
+        return argv[argv.index(flag) + 1] if flag in argv else default
+
+    shapes = QUICK if arg("--shapes", "all") == "quick" else SHAPES
+    dtypes = arg("--dtypes", "fp16,int4,int2").split(",")
+    emit(timer_granularity())
+    for shape in shapes:
+        for dtype in dtypes:
+            for row in cost_rows(dtype, shape):
+                emit(row)
+    if "--skip-latency" not in argv:
+        for row in latency_rows():
+            emit(row)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,362 @@
+"""Persistent checkpoint-and-yield decode: ``persistent_decode`` and ``PersistentDecode``.
+
+One long attention launch (a 128k context at large batch) can hold every SM for tens of
+milliseconds, and a GPU with a kernel-time watchdog kills a launch that runs too long. This
+decode runs in *slices*, each a launch that ends within a time budget:
+
+- The work is the decode kernel's items, ``(sequence, KV head, head group, split)``,
+  numbered into a queue (split fastest). A slice launches one CTA per resident CTA slot;
+  each CTA's thread 0 reads ``%globaltimer`` (``timer.py``) before it takes an item, and
+  takes one (``atomic add`` on the queue cursor) only while the slice's budget is not
+  spent, measured from the slice's first CTA (the first to swap its time into ``START``).
+  An item is ``kernel.decode_item``, the grid kernel's own work, so the numerics are
+  ``paged_decode``'s.
+- The checkpoint is the split-K workspace: a finished item has written its partial, and the
+  last split of a (sequence, head) to finish merges them (the merge counters live in device
+  memory, so this works across slices). The queue cursor is the resume point: an item is
+  taken once, and a CTA that took one finishes it, so work is never lost or repeated, and a
+  slice runs past its budget by at most its longest item.
+- The last CTA to leave a slice logs it (start, end, items, longest item) and clears the
+  slice's fields for the next one. A reset kernel clears the queue, the log and the merge
+  counters at the start of every call.
+
+Host side: ``persistent_decode`` (and ``PersistentDecode.run``) enqueue slices and read the
+cursor back until the queue is drained, so they synchronise with the stream.
+``PersistentDecode.enqueue(layer, slices)`` enqueues the reset and a fixed number of slices
+and reads nothing back: capture-safe (a CUDA graph of a fixed number of slices); a slice
+that finds the queue drained returns at once, and ``stats()`` says afterwards whether the
+slices were enough (``drained``). See docs/persistent.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import numpy as np
+from numba import cuda, int64
+
+from ...errors import HexcoreInvalidArgumentError
+from ..arrays import device_only
+from ..device import SIMULATOR
+from ..streams import resolve_stream
+from ..timer import global_timer_ns
+from . import launcher
+from .kernel import decode_item_function
+from .options import DEFAULT_OPTIONS, DecodeOptions
+from .shape import THREADS, DecodeShape
+
+# state: int64 [STATE_WORDS]
+CURSOR, LAUNCH, START, END, TAKEN, EXITED, LONGEST, LATEST = range(8)
+STATE_WORDS = 8
+# log: int64 [MAX_LOGGED, LOG_WORDS]: per slice its start, end, items, longest item and the
+# latest time an item was taken (all %globaltimer ns)
+LOG_WORDS = 5
+MAX_LOGGED = 1 << 15  # slices logged per call; later ones are counted only
+MAX_BUDGET_US = 1_000_000.0  # half the 2 s watchdog of a display GPU, room for the one-item overrun
+READ_BYTES_PER_US = 4.4e6  # HBM read rate the item-size model assumes (4.4 TB/s, measured on the H200)
+ITEM_SHARE = 0.25  # items are sized to at most this share of the budget (by that model)
+
+
+class BudgetError(HexcoreInvalidArgumentError):
+    """A time budget that is not a number in (0, MAX_BUDGET_US] or is shorter than one work item."""
+
+
+class PersistentStats(NamedTuple):
+    """What one persistent decode call did.
+
+    ``launches``: slices launched (a slice that found the queue drained counts); ``yields``:
+    slices that ended with work left in the queue; ``items``: work items of the call;
+    ``items_per_launch``, ``launch_us``: per logged slice, the items it took and its span by
+    ``%globaltimer`` (its first CTA's start to its last CTA's end); ``longest_launch_us``,
+    ``longest_item_us``: maxima over the call; ``latest_take_us``: per logged slice, how long
+    after its start its last item was taken (below ``budget_us``: the protocol's
+    invariant); ``drained``: every item was taken (always
+    true after ``run``); ``item_counts``: int32 ``[items]``, how often each item was taken
+    (with ``count_items``, else None).
+    """
+
+    launches: int
+    yields: int
+    items: int
+    items_per_launch: tuple
+    launch_us: tuple
+    longest_launch_us: float
+    longest_item_us: float
+    latest_take_us: tuple
+    budget_us: float
+    drained: bool
+    item_counts: np.ndarray | None
+
+
+@functools.cache
+def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
+                      joint_softmax: bool = False, count_items: bool = False):
+    """The slice kernel of ``shape``: the decode kernel's arguments, then ``state`` int64
+    ``[STATE_WORDS]``, ``log`` int64 ``[MAX_LOGGED * LOG_WORDS]``, ``item_counts`` int32 (``[items]``
+    with ``count_items``), ``budget_ns``, ``num_items``. Launched with a 1-D grid."""
+    decode_item = decode_item_function(shape, l2_prefetch, joint_softmax)
+    HG, YS = shape.head_groups, shape.H * shape.head_groups
+    options = {} if max_registers is None else {"max_registers": max_registers}
+
+    @cuda.jit(**options)
+    def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots, out,
+               part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale, state, log,
+               item_counts, budget_ns, num_items):
+        tid = cuda.threadIdx.x
+        # thread 0's clock, kept in shared memory so that nothing of it lives in registers
+        # across an item: now, start, last read, longest item, items taken, latest take, item
+        s = cuda.shared.array(7, int64)
+        if tid == 0:
+            s[0] = global_timer_ns()
+            begun = cuda.atomic.cas(state, START, 0, s[0])  # the slice starts with its first CTA
+            s[1] = s[0] if begun == 0 else begun
+            s[2] = s[3] = s[4] = s[5] = 0
+        while True:
+            if tid == 0:
+                take_item(state, s, budget_ns, num_items)
+            cuda.syncthreads()  # s[6] (the item, or -1) set
+            item = s[6]
+            if item < 0:
+                break
+            if count_items and tid == 0:
+                cuda.atomic.add(item_counts, item, 1)
+            split, rest = item % max_splits, item // max_splits
+            y, b = rest % YS, rest // YS
+            decode_item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens,
+                        tail_slots, out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks,
+                        max_splits, scale, split, y // HG, y % HG, b)
+            cuda.syncthreads()  # every thread is done with the item's shared memory (and s)
+        if tid == 0:
+            end_slice(state, log, global_timer_ns(), s[4], s[3], s[5])
+
+    return kernel
+
+
+@cuda.jit(device=True)
+def take_item(state, s, budget_ns, num_items):
+    """Thread 0: the next item into ``s[6]`` (-1: stop) if the slice's budget is not spent.
+    ``s``: now, start, last read, longest item, items taken, latest take (ns). The first
+    check uses the slice-start read, so a slice's first CTA always takes an item."""
+    if s[4] > 0 or s[2] > 0:
+        s[0] = global_timer_ns()
+    if s[4] > 0:
+        s[3] = max(s[3], s[0] - s[2])
+    s[2] = s[0]
+    s[6] = -1
+    if s[0] - s[1] < budget_ns:
+        i = cuda.atomic.add(state, CURSOR, 1)
+        if i < num_items:
+            s[6] = i
+            s[4] += 1
+            s[5] = s[0]
+
+
+@cuda.jit(device=True)
+def end_slice(state, log, end, taken, longest, latest):
+    """Thread 0 of a CTA leaving its slice: adds its items, end, longest item and latest
+    take; the slice's last CTA logs the slice and clears its fields for the next one."""
+    cuda.atomic.add(state, TAKEN, taken)
+    cuda.atomic.max(state, END, end)
+    cuda.atomic.max(state, LONGEST, longest)
+    cuda.atomic.max(state, LATEST, latest)
+    cuda.threadfence()
+    if cuda.atomic.add(state, EXITED, 1) == cuda.gridDim.x - 1:
+        cuda.threadfence()
+        n = cuda.atomic.add(state, LAUNCH, 1)
+        start, end = cuda.atomic.exch(state, START, 0), cuda.atomic.exch(state, END, 0)
+        taken, longest = cuda.atomic.exch(state, TAKEN, 0), cuda.atomic.exch(state, LONGEST, 0)
+        latest = cuda.atomic.exch(state, LATEST, 0)
+        cuda.atomic.exch(state, EXITED, 0)
+        if n < MAX_LOGGED:
+            at = LOG_WORDS * n
+            log[at], log[at + 1], log[at + 2], log[at + 3], log[at + 4] = start, end, taken, longest, latest
+
+
+@cuda.jit
+def reset_kernel(state, log, counters, item_counts):
+    """Zero the queue state, the merge counters and the item counts (the log is read only
+    up to the launch count, so it needs no clearing)."""
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    if i < state.shape[0]:
+        state[i] = 0
+    for j in range(i, counters.shape[0], stride):
+        counters[j] = 0
+    for j in range(i, item_counts.shape[0], stride):
+        item_counts[j] = 0
+
+
+_workspace = launcher.Workspace()  # its own: an abandoned call's counters never reach paged_decode's
+
+
+class PersistentDecode:
+    """``paged_decode`` in slices of at most ``budget_us`` microseconds each (plus one item).
+
+    Same arguments as ``DecodePlan`` (device arrays or CUDA tensors that keep their
+    addresses; their contents may change between runs), plus ``budget_us``: a slice's time
+    budget, a number in (0, 1e6] and at least the model's time of one item (else
+    :class:`BudgetError`). ``count_items`` makes every slice count the items it takes
+    (``stats().item_counts``). ``options.ctas_per_sm`` sets the slice grid (resident CTAs
+    per SM; default: the compiled kernel's occupancy).
+    """
+
+    def __init__(self, q, store, block_tables, seq_lens, tail_slots, budget_us, max_seq_len: int | None = None,
+                 out=None, scale: float | None = None, options: DecodeOptions | None = None,
+                 count_items: bool = False, workspace: launcher.Workspace | None = None):
+        device_only(q=q, block_tables=block_tables, seq_lens=seq_lens, tail_slots=tail_slots, out=out)
+        self.budget_us = checked_budget(budget_us)
+        self.options = options or DEFAULT_OPTIONS
+        self._inputs = (q, store, block_tables, seq_lens, tail_slots)
+        self._scale, self._max_seq_len, self._count = scale, max_seq_len, bool(count_items)
+        self._workspace = workspace or _workspace
+        launch, self.out = launcher.decode_launch(q, store, 0, block_tables, seq_lens, tail_slots, out, scale,
+                                                  max_seq_len, self.options, self._workspace)
+        self._torch = next((a for a in (q, block_tables, seq_lens, tail_slots, self.out)
+                            if type(a).__module__.startswith("torch")), None)
+        self._layers: dict = {}
+        self._state = cuda.to_device(np.zeros(STATE_WORDS, np.int64))
+        self._log = cuda.to_device(np.zeros(LOG_WORDS * MAX_LOGGED, np.int64))
+        self._counts = cuda.to_device(np.zeros(1, np.int32))
+        self._sized = self._size(launch, store)
+        if self._count:
+            self._counts = cuda.to_device(np.zeros(self.num_items, np.int32))
+
+    def _size(self, launch, store):
+        """(kernel, grid, split_blocks, splits, num_items): the grid kernel's split choice,
+        cut to items of at most ITEM_SHARE of the budget by the READ_BYTES_PER_US model."""
+        cfg, (splits, ys, batch) = store.config, launch.grid
+        shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
+                            self.out.shape[1] // cfg.num_kv_heads, cfg.group_size)
+        o = self.options
+        kernel = persistent_kernel(shape, o.max_registers, o.l2_prefetch, o.joint_softmax, self._count)
+        split_blocks = launch.args[18]
+        max_virtual = split_blocks * splits
+        probe = (*launch.args, self._state, self._log, self._counts, np.int64(1), np.int64(1))
+        resident = max(1, (o.ctas_per_sm or launcher._ctas_per_sm(kernel, probe)) * launcher._num_sms())
+        block_us = cfg.block_bytes_per_layer / cfg.num_kv_heads * resident / READ_BYTES_PER_US
+        one_item_us = (1 + o.split_overhead) * block_us
+        if self.budget_us < one_item_us:
+            raise BudgetError(f"budget_us: {self.budget_us} is below one work item (about {one_item_us:.3g} us for "
+                              f"one block of {resident} CTAs sharing {READ_BYTES_PER_US / 1e6:g} TB/s)")
+        fits = max(1, int(self.budget_us * ITEM_SHARE / block_us - o.split_overhead))
+        if split_blocks > fits:
+            split_blocks = fits
+            splits = -(-max_virtual // split_blocks)
+        return kernel, min(resident, splits * ys * batch), split_blocks, splits, splits * ys * batch
+
+    @property
+    def num_items(self) -> int:
+        """Work items of one call: batch * KV heads * head groups * splits."""
+        return self._sized[4]
+
+    def launches(self, layer: int):
+        """(reset, slice): the layer's prepared launches, made on first use."""
+        found = self._layers.get(layer)
+        if found is None:
+            q, store, tables, lens, slots = self._inputs
+            launch, _ = launcher.decode_launch(q, store, layer, tables, lens, slots, self.out, self._scale,
+                                               self._max_seq_len, self.options, self._workspace)
+            kernel, grid, split_blocks, splits, items = self._sized
+            batch, num_q_heads, head_dim = self.out.shape
+            heads = launch.grid[1] * batch  # merge counters: (sequence, KV head, head group)
+            args = list(launch.args)
+            args[12:15] = self._workspace.get(batch * num_q_heads, splits, head_dim, heads)
+            args[18], args[19] = split_blocks, splits
+            args += [self._state, self._log, self._counts, np.int64(round(self.budget_us * 1000)), np.int64(items)]
+            words = max(heads, self._counts.shape[0], STATE_WORDS)
+            reset = launcher.Launch(reset_kernel, min(64, -(-words // 256)), 256,
+                                    (self._state, self._log, args[14], self._counts))
+            one = launcher.Launch(kernel, grid, THREADS, tuple(args))
+            found = self._layers[layer] = (reset.prepare(self.options.launch_path),
+                                           one.prepare(self.options.launch_path))
+        return found
+
+    def enqueue(self, layer: int, slices: int, stream=None) -> None:
+        """Enqueue the reset and ``slices`` slices (no host read: capture-safe). Whether they
+        were enough shows in ``stats().drained``."""
+        from ..._checks import as_int
+
+        slices = as_int("slices", slices, 1, 1 << 20)
+        reset, one = self.launches(layer)
+        stream = resolve_stream(stream, self._torch)
+        reset.run(stream)
+        for _ in range(slices):
+            one.run(stream)
+
+    def run(self, layer: int, stream=None):
+        """Decode ``layer`` into ``self.out``: slices until the queue is drained (reads the
+        cursor back: synchronises with the stream). Returns ``self.out``."""
+        reset, one = self.launches(layer)
+        stream = resolve_stream(stream, self._torch)
+        reset.run(stream)
+        items, launched, cursor = self.num_items, 0, 0
+        batch = 1
+        while True:
+            for _ in range(batch):
+                one.run(stream)
+            launched += batch
+            cursor = min(items, int(self._read(self._state, stream)[CURSOR]))
+            if cursor >= items:
+                break
+            batch = min(64, max(1, math.ceil((items - cursor) * launched / max(cursor, 1))))  # at the rate so far
+        return self.out
+
+    def stats(self, stream=None) -> PersistentStats:
+        """What the last ``run`` or ``enqueue`` did (reads the log back: synchronises)."""
+        stream = resolve_stream(stream, self._torch)
+        state = self._read(self._state, stream)
+        launches = int(state[LAUNCH])
+        log = self._read(self._log, stream).reshape(MAX_LOGGED, LOG_WORDS)[:min(launches, MAX_LOGGED)]
+        done = np.cumsum(log[:, 2])
+        spans = (log[:, 1] - log[:, 0]) / 1e3
+        return PersistentStats(
+            launches=launches, yields=int((done < self.num_items).sum()), items=self.num_items,
+            items_per_launch=tuple(int(n) for n in log[:, 2]), launch_us=tuple(float(s) for s in spans),
+            longest_launch_us=float(spans.max(initial=0)), longest_item_us=float(log[:, 3].max(initial=0)) / 1e3,
+            latest_take_us=tuple(float(t) / 1e3 if n else 0.0 for t, n in zip(log[:, 4] - log[:, 0], log[:, 2])),
+            budget_us=self.budget_us, drained=int(state[CURSOR]) >= self.num_items,
+            item_counts=self._read(self._counts, stream)[:self.num_items] if self._count else None)
+
+    @staticmethod
+    def _read(array, stream):
+        host = array.copy_to_host(stream=stream.numba) if not SIMULATOR else array.copy_to_host()
+        if not SIMULATOR and stream.numba != 0:
+            stream.numba.synchronize()
+        return host
+
+
+def persistent_decode(q, store, layer: int, block_tables, seq_lens, tail_slots, budget_us, out=None,
+                      scale: float | None = None, max_seq_len: int | None = None, stream=None,
+                      options: DecodeOptions | None = None, count_items: bool = False):
+    """``paged_decode`` in launches of at most ``budget_us`` microseconds (plus one work item);
+    returns ``(out, PersistentStats)``. Host arrays are checked and copied once, as by
+    ``paged_decode``; device arrays are trusted (the kernel clamps bad ids, see kernel.py).
+
+    Parameters are ``paged_decode``'s (``q`` float16 ``[B, num_q_heads, head_dim]``,
+    ``block_tables`` int32 ``[B, max_blocks]``, ``seq_lens`` and ``tail_slots`` int32 ``[B]``,
+    ``out`` float16 like ``q``), plus ``budget_us``: each launch's time budget (a number in
+    (0, 1e6], at least one item's time, else :class:`BudgetError`) and ``count_items`` (see
+    :class:`PersistentStats`). Synchronises with the stream (it reads the queue cursor).
+    """
+    checked_budget(budget_us)
+    options = options or DEFAULT_OPTIONS
+    launcher.decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len, options,
+                           _workspace)  # host arrays are range-checked here, before they are copied
+    if isinstance(seq_lens, np.ndarray) and max_seq_len is None:
+        max_seq_len = int(seq_lens.max(initial=0))
+    q, block_tables, seq_lens, tail_slots = (cuda.to_device(np.ascontiguousarray(a)) if isinstance(a, np.ndarray)
+                                             else a for a in (q, block_tables, seq_lens, tail_slots))
+    plan = PersistentDecode(q, store, block_tables, seq_lens, tail_slots, budget_us, max_seq_len, out, scale,
+                            options, count_items)
+    plan.run(layer, stream)
+    return plan.out, plan.stats(stream)
+
+
+def checked_budget(budget_us) -> float:
+    """``budget_us`` as a float in (0, MAX_BUDGET_US], else BudgetError naming the value."""
+    if isinstance(budget_us, (bool, np.bool_)) or not isinstance(budget_us, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(float(budget_us)) or not 0 < float(budget_us) <= MAX_BUDGET_US:
+        raise BudgetError(f"budget_us: expected a number of microseconds in (0, {MAX_BUDGET_US:g}], got {budget_us!r}")
+    return float(budget_us)

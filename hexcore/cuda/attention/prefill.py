@@ -1,0 +1,272 @@
+"""Prefill over a cached prefix: the new tokens of a sequence attend causally over its
+cached prefix (sealed FP16/INT4/INT2 blocks and its FP16 tail, in the store) plus themselves.
+
+Two steps (``prefill_kernels.py``): a gather kernel dequantizes the prefix and copies the
+new tokens' K/V into a contiguous FP16 scratch ``[H, prefix_len + n_new, D]``, then
+
+- ``backend="sdpa"``: torch's ``scaled_dot_product_attention`` with a lower-right causal
+  mask (``torch.nn.attention.bias.causal_lower_right``) and ``enable_gqa`` (flash or
+  cuDNN kernels on tensor cores; torch is imported only here);
+- ``backend="numba"``: the extend kernel on CUDA cores (float32), so nothing but numba
+  is needed (and the simulator runs it);
+- ``backend="auto"`` (default): ``sdpa`` when torch with CUDA is importable on a real
+  GPU, else ``numba``.
+
+A prefix cached by ``PagedKVCache.admit`` is whole blocks; a prefix with a partial tail
+(a prompt prefilled in chunks, a conversation's next turn) reads ``prefix_len %
+block_size`` tokens from the sequence's tail slot. The new tokens are attended exactly
+(FP16, as the model computed them); their K/V are stored separately (``append``/``seal``
+or ``Engine.prefill``), after this reads the prefix.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from ..._checks import as_int
+from ...errors import HexcoreInvalidArgumentError
+from ..arrays import check_outside_store, checked, checked_layer, checked_store
+from ..device import SIMULATOR
+from ..streams import resolve_stream
+from .prefill_kernels import (EXTEND_THREADS, GATHER_THREADS, extend_grid, extend_kernel, gather_grid,
+                              gather_kernel)
+
+BACKENDS = ("auto", "sdpa", "numba")
+
+__all__ = ["BACKENDS", "gather_prefix", "prefill_attention", "sdpa_extend"]
+
+
+def gather_prefix(store, layer: int, block_table, prefix_len: int, tail_slot: int | None = None, k_new=None,
+                  v_new=None, k_out=None, v_out=None, stream=None):
+    """A sequence's cached prefix (and optionally its new tokens) as contiguous float16 K, V.
+
+    Parameters
+    ----------
+    store : the DeviceKVStore; ``layer`` selects the layer.
+    block_table : int32 ``[>= prefix_len // block_size]``: the sequence's sealed block ids
+        (host arrays are range-checked over the entries used; device ids out of range give NaN rows).
+    prefix_len : cached tokens to gather (an int >= 0).
+    tail_slot : the sequence's tail slot, read when ``prefix_len % block_size`` is not 0.
+    k_new, v_new : optional float16 ``[n_new, H, D]``: placed after the prefix.
+    k_out, v_out : optional float16 ``[H, prefix_len + n_new, D]`` device arrays to write
+        (allocated when None).
+
+    Returns ``(k_out, v_out)``: position ``p`` of head ``h`` is ``[h, p]``, sealed blocks
+    dequantized (float32, rounded to float16), tail and new tokens as stored.
+    """
+    cfg = checked_store(store).config
+    layer, _ = checked_layer(layer, cfg.num_layers)
+    prefix_len, table, slot = _checked_prefix(store, block_table, prefix_len, tail_slot)
+    n_new = 0
+    if k_new is not None or v_new is not None:
+        k_new, v_new, n_new = _checked_new(cfg, k_new, v_new)
+    launch_stream = resolve_stream(stream, block_table, k_new, v_new, k_out, v_out)
+    shape = (cfg.num_kv_heads, prefix_len + n_new, cfg.head_dim)
+    k_out = cuda.device_array(shape, np.float16) if k_out is None else k_out
+    v_out = cuda.device_array(shape, np.float16) if v_out is None else v_out
+    outs = checked(k_out, "k_out", np.float16, shape, output=True), checked(v_out, "v_out", np.float16, shape,
+                                                                            output=True)
+    check_outside_store(store, k_out=outs[0], v_out=outs[1])
+    _gather(store, layer, table, prefix_len, slot, k_new, v_new, *outs, launch_stream)
+    return k_out, v_out
+
+
+def prefill_attention(q, k_new, v_new, store, layer: int, block_table, prefix_len: int,
+                      tail_slot: int | None = None, *, out=None, scale: float | None = None, backend: str = "auto",
+                      stream=None):
+    """Causal attention of ``n_new`` new tokens over a sequence's cached prefix plus themselves.
+
+    Query ``i`` (absolute position ``prefix_len + i``) attends over the ``prefix_len``
+    cached positions and new positions ``0 .. i``; query head ``hq`` reads KV head
+    ``hq // (num_q_heads // H)`` (GQA/MQA).
+
+    Parameters
+    ----------
+    q : float16 ``[n_new, num_q_heads, D]``, ``num_q_heads`` a multiple of the store's KV heads.
+    k_new, v_new : float16 ``[n_new, H, D]``: the new tokens' keys and values.
+    store, layer, block_table, prefix_len, tail_slot : the cached prefix (see :func:`gather_prefix`).
+    out : optional float16 ``[n_new, num_q_heads, D]`` device array or CUDA tensor to write;
+        allocated when None (a torch tensor when ``q`` is one).
+    scale : softmax scale, ``1/sqrt(D)`` by default (a positive finite number).
+    backend : ``"auto"``, ``"sdpa"`` or ``"numba"`` (module docstring).
+    stream : the stream (``streams.resolve_stream``: torch's current one when an array is a tensor).
+
+    Returns ``out``. Bad arguments raise HexcoreInvalidArgumentError before anything is
+    launched. Allocates a scratch of ``2 * H * (prefix_len + n_new) * D`` float16 per call.
+    """
+    cfg = checked_store(store).config
+    layer, _ = checked_layer(layer, cfg.num_layers)
+    backend = _checked_backend(backend)
+    prefix_len, table, slot = _checked_prefix(store, block_table, prefix_len, tail_slot)
+    k_new, v_new, n_new = _checked_new(cfg, k_new, v_new)
+    q_in = q
+    q = checked(q, "q", np.float16, (n_new, None, cfg.head_dim))
+    num_q_heads = q.shape[1]
+    if num_q_heads == 0 or num_q_heads % cfg.num_kv_heads:
+        raise HexcoreInvalidArgumentError(
+            f"q: num_q_heads {num_q_heads} is not a positive multiple of num_kv_heads {cfg.num_kv_heads}")
+    scale = _checked_scale(scale, cfg.head_dim)
+    out_shape = (n_new, num_q_heads, cfg.head_dim)
+    if out is None:
+        out = _new_like(q_in, out_shape)
+    out_dev = checked(out, "out", np.float16, out_shape)
+    check_outside_store(store, out=out_dev)
+    launch_stream = resolve_stream(stream, q_in, k_new, v_new, out)
+    if n_new == 0:
+        return out
+    S = prefix_len + n_new
+    if backend == "sdpa":
+        _sdpa_path(store, layer, table, prefix_len, slot, (q_in, q), k_new, v_new, (out, out_dev), scale, stream,
+                   launch_stream)
+        return out
+    k_s = cuda.device_array((cfg.num_kv_heads, S, cfg.head_dim), np.float16, stream=launch_stream.numba)
+    v_s = cuda.device_array((cfg.num_kv_heads, S, cfg.head_dim), np.float16, stream=launch_stream.numba)
+    _gather(store, layer, table, prefix_len, slot, k_new, v_new, k_s, v_s, launch_stream)
+    group = num_q_heads // cfg.num_kv_heads
+    extend_kernel(cfg.head_dim, group)[extend_grid(n_new, group, cfg.num_kv_heads), EXTEND_THREADS,
+                                       launch_stream.numba](q, k_s, v_s, prefix_len, np.float32(scale), out_dev)
+    return out
+
+
+def sdpa_extend(q, k, v, scale: float | None = None):
+    """Causal extend attention with torch SDPA: ``q`` ``[n, Hq, D]`` over ``k``, ``v``
+    ``[H, S, D]`` (torch tensors, one device), query ``i`` seeing positions ``0 .. S - n + i``;
+    returns ``[n, Hq, D]`` (a strided view of SDPA's output)."""
+    import torch.nn.functional as F
+    from torch.nn.attention.bias import causal_lower_right
+
+    n, num_q_heads, _ = q.shape
+    num_kv_heads, S, _ = k.shape
+    mask = causal_lower_right(n, S)
+    result = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+                                            attn_mask=mask, scale=scale, enable_gqa=num_q_heads != num_kv_heads)
+    return result[0].transpose(0, 1)
+
+
+# -- the two paths --------------------------------------------------------------------
+def _gather(store, layer, table, prefix_len, slot, k_new, v_new, k_out, v_out, stream) -> None:
+    cfg = store.config
+    total = k_out.shape[1]
+    if total == 0:
+        return
+    if k_new is None:  # nothing past the prefix: any float16 array of the right rank serves
+        k_new = v_new = k_out
+    codes = store.words if cfg.kv_dtype.is_quantized else store.flat
+    meta = store.flat.get("k_meta", store.flat["k_tails"]), store.flat.get("v_meta", store.flat["v_tails"])
+    if table.shape[0] == 0:  # no sealed block is read; the kernel still takes an array
+        table = _placeholder_table(store)
+    gather_kernel(cfg)[gather_grid(cfg, total), GATHER_THREADS, stream.numba](
+        codes["k_codes"], codes["v_codes"], *meta, store.flat["k_tails"], store.flat["v_tails"], table, layer,
+        store.num_blocks, store.max_seqs, slot, prefix_len, k_new, v_new, k_out, v_out)
+
+
+def _sdpa_path(store, layer, table, prefix_len, slot, q, k_new, v_new, out, scale, stream, launch_stream) -> None:
+    import torch
+
+    cfg = store.config
+    (q, q_dev), (out, out_dev) = q, out  # (as given, as a numba device array)
+    q, out = (x if isinstance(x, torch.Tensor) else torch.as_tensor(dev, device="cuda")
+              for x, dev in ((q, q_dev), (out, out_dev)))
+    shape = (cfg.num_kv_heads, prefix_len + q.shape[0], cfg.head_dim)
+    with _torch_stream(torch, stream, launch_stream):
+        k_s = torch.empty(shape, dtype=torch.float16, device=q.device)
+        v_s = torch.empty(shape, dtype=torch.float16, device=q.device)
+        _gather(store, layer, table, prefix_len, slot, k_new, v_new, cuda.as_cuda_array(k_s),
+                cuda.as_cuda_array(v_s), launch_stream)
+        out.copy_(sdpa_extend(q, k_s, v_s, scale))
+
+
+def _torch_stream(torch, stream, launch_stream):
+    """torch's current stream unless the caller named another (then torch runs on it too)."""
+    import contextlib
+
+    if stream is None:
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.ExternalStream(int(launch_stream.handle)))
+
+
+# -- checks ---------------------------------------------------------------------------
+def _checked_prefix(store, block_table, prefix_len, tail_slot):
+    """(prefix_len, device table, tail slot or 0)."""
+    cfg = store.config
+    prefix_len = as_int("prefix_len", prefix_len, low=0)
+    num_sealed = prefix_len // cfg.block_size
+    length = tuple(getattr(block_table, "shape", ()))
+    if len(length) != 1 or length[0] < num_sealed:
+        raise HexcoreInvalidArgumentError(
+            f"block_table: expected shape (>= {num_sealed},) for prefix_len {prefix_len} (block_size "
+            f"{cfg.block_size}), got {length}")
+    if isinstance(block_table, np.ndarray):  # range-checked over the entries used; those are copied
+        if block_table.dtype != np.int32:
+            raise HexcoreInvalidArgumentError(f"block_table: expected dtype int32, got {block_table.dtype}")
+        used = block_table[:num_sealed]
+        bad = np.flatnonzero((used < 0) | (used >= store.num_blocks))
+        if bad.size:
+            raise HexcoreInvalidArgumentError(f"block_table[{bad[0]}] = {used[bad[0]]} is outside "
+                                              f"[0, {store.num_blocks}) for prefix_len {prefix_len}")
+        table = checked(np.ascontiguousarray(used), "block_table", np.int32, (None,), align=4) if num_sealed \
+            else _placeholder_table(store)
+    else:
+        table = checked(block_table, "block_table", np.int32, (None,), align=4)
+    if prefix_len % cfg.block_size == 0:
+        return prefix_len, table, 0
+    if tail_slot is None:
+        raise HexcoreInvalidArgumentError(
+            f"tail_slot: prefix_len {prefix_len} ends inside a tail (block_size {cfg.block_size}); give the "
+            f"sequence's tail slot")
+    return prefix_len, table, as_int("tail_slot", tail_slot, low=0, high=store.max_seqs - 1)
+
+
+def _checked_new(cfg, k_new, v_new):
+    k_new = checked(k_new, "k_new", np.float16, (None, cfg.num_kv_heads, cfg.head_dim))
+    n_new = k_new.shape[0]
+    v_new = checked(v_new, "v_new", np.float16, (n_new, cfg.num_kv_heads, cfg.head_dim))
+    return k_new, v_new, n_new
+
+
+def _checked_scale(scale, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)) \
+            or not math.isfinite(float(scale)) or float(scale) <= 0:
+        raise HexcoreInvalidArgumentError(f"scale: expected a positive finite number or None, got {scale!r}")
+    return float(scale)
+
+
+def _checked_backend(backend) -> str:
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise HexcoreInvalidArgumentError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "sdpa" if _torch_cuda() else "numba"
+    if backend == "sdpa" and not _torch_cuda():
+        raise HexcoreInvalidArgumentError("backend: 'sdpa' needs torch with CUDA on a GPU (not the simulator); "
+                                          "use 'numba'")
+    return backend
+
+
+def _torch_cuda() -> bool:
+    if SIMULATOR:
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _new_like(q, shape):
+    if type(q).__module__.startswith("torch"):
+        import torch
+
+        return torch.empty(shape, dtype=torch.float16, device=q.device)
+    return cuda.device_array(shape, np.float16)
+
+
+def _placeholder_table(store):
+    found = store.constants.get("prefill_table")
+    if found is None:
+        found = store.constants["prefill_table"] = cuda.to_device(np.zeros(1, np.int32))
+    return found

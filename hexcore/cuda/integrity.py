@@ -1,0 +1,255 @@
+"""Integrity on the GPU: block checksums of many sealed blocks in one launch, canary checks,
+and fault injection for tests and demos.
+
+One launch, ``grid (num_items + 1, ceil(L / W))``, ``W = min(WARPS, L)`` warps a CTA: warp
+``w`` of CTA ``(i, y)`` computes the digest of block ``block_ids[i]`` in layer ``y * W + w``
+exactly as ``hexcore.host.checksum`` defines it (lane ``j`` of the warp runs FNV-1a chain
+``j`` over 16-byte chunks ``j, j + 32, ...`` of each segment; lane 0 folds the 32 chains).
+The last CTA of the grid checks the store's guard regions (``DeviceKVStore.guard_offsets``).
+
+Modes (what ``out[i, layer]`` receives; ``sums`` is ``[num_blocks, L]`` uint32):
+
+- ``COMPUTE``: the digest;
+- ``RECORD``: the digest, also stored in ``sums[block, layer]`` (at seal);
+- ``VERIFY``: the digest XOR ``sums[block, layer]``: zero where the block is intact.
+
+``guard_bad[g]`` receives the number of words of guard region ``g`` that differ from
+their canary pattern. Items whose block id is out of range (-1 padding) are skipped and
+their ``out`` rows left as they were.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import cuda, uint32, uint64
+
+from ..config import KVCacheConfig
+from ..errors import HexcoreInvalidArgumentError
+from .._checks import as_int
+from ..host.checksum import FNV32_BASIS, FNV32_PRIME, LANES, canary_word
+from .arrays import checked, checked_ids, checked_store, device_only
+from .device import load_u32x4
+from .device_layout import code_offset, key_meta_offset, value_meta_offset
+from .launch import Launch, PreparedLaunch
+from .store import GUARD_WORDS, DeviceKVStore
+from .streams import resolve_stream
+
+COMPUTE, RECORD, VERIFY = 0, 1, 2
+MODES = {"compute": COMPUTE, "record": RECORD, "verify": VERIFY}
+WARPS = 4  # layers per CTA, a warp each
+_canary = cuda.jit(device=True)(canary_word)
+_PRIME = np.uint64(FNV32_PRIME)
+_MASK = np.uint64(0xFFFFFFFF)
+
+
+@cuda.jit(device=True, inline=True)
+def _step(h, w):
+    # in 64 bits then truncated (LLVM narrows it to one 32-bit multiply; the simulator's
+    # numpy scalars would warn on a uint32 overflow)
+    return uint32((uint64(h ^ w) * _PRIME) & _MASK)
+
+
+@cuda.jit(device=True, inline=True)
+def _absorb(h, pool, start, words, lane):
+    # chunks lane, lane + 32, ... of pool[start:start + words] into chain h, two loads in flight
+    chunks = words // 4
+    c = lane
+    while c + LANES < chunks:
+        a0, a1, a2, a3 = load_u32x4(pool, start + 4 * c)
+        b0, b1, b2, b3 = load_u32x4(pool, start + 4 * (c + LANES))
+        h = _step(_step(_step(_step(h, a0), a1), a2), a3)
+        h = _step(_step(_step(_step(h, b0), b1), b2), b3)
+        c += 2 * LANES
+    if c < chunks:
+        a0, a1, a2, a3 = load_u32x4(pool, start + 4 * c)
+        h = _step(_step(_step(_step(h, a0), a1), a2), a3)
+    return h
+
+
+@functools.cache
+def _checksum_kernel(cfg: KVCacheConfig):
+    L, H, BS, D, NG, row = cfg.num_layers, cfg.num_kv_heads, cfg.block_size, cfg.head_dim, cfg.num_groups, cfg.row_bytes
+    quantized = cfg.kv_dtype.is_quantized
+    code_words = cfg.code_bytes_per_block // 4  # one (layer, block) run of codes
+    key_meta_words, value_meta_words = cfg.key_meta_bytes_per_block // 4, cfg.value_meta_bytes_per_block // 4
+    W = _warps(cfg)
+    SHARED = W * LANES  # (a shared array's size must be one constant, not an expression)
+
+    @cuda.jit
+    def kernel(pool, k_at, v_at, km_at, vm_at, block_ids, num_blocks, sums, out, mode, guards, guard_bad):
+        # pool: the store's uint32 words; *_at: word offsets of its arrays; block_ids [n] int32;
+        # sums [num_blocks, L] uint32; out [n, L] uint32; guards [G] int64; guard_bad [G] uint32
+        lanes = cuda.shared.array(SHARED, uint32)  # [warp, lane] -> chain state
+        item = cuda.blockIdx.x
+        warp = cuda.threadIdx.x // LANES
+        lane = cuda.threadIdx.x % LANES
+        if item == block_ids.shape[0]:  # the guard CTA
+            g = cuda.threadIdx.x
+            if cuda.blockIdx.y == 0 and g < guards.shape[0]:
+                bad = 0
+                for i in range(GUARD_WORDS):
+                    bad += pool[guards[g] + i] != uint32(_canary(g, i))
+                guard_bad[g] = bad
+            return
+        layer = cuda.blockIdx.y * W + warp
+        block = block_ids[item]
+        valid = block >= 0 and block < num_blocks and layer < L
+        if valid:
+            h = uint32(FNV32_BASIS)
+            h = _absorb(h, pool, k_at + code_offset(layer, block, 0, 0, num_blocks, H, BS, row) // 4, code_words,
+                        lane)
+            h = _absorb(h, pool, v_at + code_offset(layer, block, 0, 0, num_blocks, H, BS, row) // 4, code_words,
+                        lane)
+            if quantized:
+                h = _absorb(h, pool, km_at + key_meta_offset(layer, block, 0, num_blocks, H, D) // 4,
+                            key_meta_words, lane)
+                h = _absorb(h, pool, vm_at + value_meta_offset(layer, block, 0, 0, num_blocks, H, BS, NG) // 4,
+                            value_meta_words, lane)
+            lanes[warp * LANES + lane] = h
+        cuda.syncthreads()  # every chain of the CTA's layers in shared memory
+        if valid and lane == 0:
+            d = uint32(FNV32_BASIS)
+            for j in range(LANES):
+                d = _step(d, lanes[warp * LANES + j])
+            if mode == 2:
+                out[item, layer] = d ^ sums[block, layer]
+            else:
+                out[item, layer] = d
+                if mode == 1:
+                    sums[block, layer] = d
+
+    return kernel
+
+
+def _warps(cfg: KVCacheConfig) -> int:
+    """Warps (layers) of one CTA."""
+    return min(WARPS, cfg.num_layers)
+
+
+def checksum_launch(store: DeviceKVStore, block_ids, sums, out, guard_bad, mode: str = "compute") -> Launch:
+    """Validate a checksum launch's arguments; the :class:`Launch` that does it.
+
+    Parameters
+    ----------
+    block_ids : int32 ``[n]`` (host ids are range-checked; device ids out of range are skipped).
+    sums : device uint32 ``[num_blocks, L]``: the recorded digests (read by ``verify``,
+        written by ``record``; unused by ``compute``).
+    out : device uint32 ``[n, L]``: see the module docstring.
+    guard_bad : device uint32 ``[len(store.guard_offsets)]``: bad words per guard region.
+    mode : ``"compute"``, ``"record"`` or ``"verify"``.
+    """
+    cfg = checked_store(store).config
+    if mode not in MODES:
+        raise HexcoreInvalidArgumentError(f"mode: expected one of {tuple(MODES)}, got {mode!r}")
+    ids = checked_ids(block_ids, "block_ids", None, store.num_blocks)
+    n, L = ids.shape[0], cfg.num_layers
+    sums = checked(sums, "sums", np.uint32, (store.num_blocks, L))
+    out = checked(out, "out", np.uint32, (n, L))
+    guard_bad = checked(guard_bad, "guard_bad", np.uint32, (len(store.guard_offsets),))
+    offsets = store.word_offsets
+    W = _warps(cfg)
+    return Launch(_checksum_kernel(cfg), (n + 1, -(-L // W)), W * LANES, (
+        store.pool, offsets["k_codes"], offsets["v_codes"], offsets.get("k_meta", 0), offsets.get("v_meta", 0), ids,
+        store.num_blocks, sums, out, MODES[mode], _guard_offsets(store), guard_bad))
+
+
+def _guard_offsets(store) -> object:
+    """The store's guard offsets as a device int64 array, made once per store."""
+    found = store.constants.get("guards")
+    if found is None:
+        found = store.constants["guards"] = cuda.to_device(np.array(store.guard_offsets, np.int64))
+    return found
+
+
+def prepare_checksum(store: DeviceKVStore, block_ids, sums, out, guard_bad, mode: str = "verify") -> PreparedLaunch:
+    """``checksum_launch`` bound to fixed device buffers: ``run(stream)`` enqueues it, with
+    no allocation, synchronisation or host read (capture-safe: it can ride in a graph).
+    Rows of ``block_ids`` set to -1 are padding."""
+    device_only(block_ids=block_ids, sums=sums, out=out, guard_bad=guard_bad)
+    return checksum_launch(store, block_ids, sums, out, guard_bad, mode).prepare()
+
+
+def checksum_blocks(store: DeviceKVStore, block_ids, stream=None) -> np.ndarray:
+    """The digests of sealed blocks, computed on the device: uint32 ``[n, L]`` on the host
+    (synchronises). ``block_ids``: int32 ``[n]`` host array of block ids."""
+    ids = checked_ids(block_ids, "block_ids", None, store.num_blocks)
+    n, L = ids.shape[0], checked_store(store).config.num_layers
+    out = cuda.to_device(np.zeros((n, L), np.uint32))
+    bad = cuda.device_array(len(store.guard_offsets), np.uint32)
+    stream = resolve_stream(stream, block_ids)
+    checksum_launch(store, ids, _unused_sums(store), out, bad, "compute").run(stream)
+    return to_host(out, stream)
+
+
+def check_guards(store: DeviceKVStore, stream=None) -> np.ndarray:
+    """Words of each guard region that differ from their canary: uint32 ``[G]`` (synchronises)."""
+    L = checked_store(store).config.num_layers
+    bad = cuda.to_device(np.zeros(len(store.guard_offsets), np.uint32))
+    none = cuda.to_device(np.zeros(0, np.int32))
+    stream = resolve_stream(stream)
+    checksum_launch(store, none, _unused_sums(store), cuda.device_array((0, L), np.uint32), bad, "compute").run(stream)
+    return to_host(bad, stream)
+
+
+def to_host(array, stream) -> np.ndarray:
+    """``array`` copied to the host once the work queued on ``stream`` (a resolved Stream) is done."""
+    numba_stream = stream.numba
+    if isinstance(numba_stream, int):
+        return array.copy_to_host()  # the default stream: a synchronous copy
+    host = array.copy_to_host(stream=numba_stream)
+    numba_stream.synchronize()
+    return host
+
+
+def _unused_sums(store):
+    """A ``sums`` argument for ``compute`` launches (which never read it), made once per store."""
+    found = store.constants.get("unused_sums")
+    if found is None:
+        found = store.constants["unused_sums"] = cuda.device_array((store.num_blocks, store.config.num_layers),
+                                                                   np.uint32)
+    return found
+
+
+# -- fault injection ------------------------------------------------------------------
+def flip_bits(store: DeviceKVStore, name: str, layer: int, unit: int, byte: int, mask: int = 1) -> None:
+    """XOR ``mask`` (1 to 0xFF) into one byte of the store, for tests and demos.
+
+    ``name``: one of ``store.arrays`` (``"k_codes"``, ``"v_meta"``, ``"k_tails"``...);
+    ``unit``: the block id (sealed arrays) or tail slot (tails); ``byte``: the offset within
+    that (layer, unit)'s run. A bit flip is ``mask = 1 << bit``, a byte ``0xFF``; a word is
+    four calls. Synchronous (a read-modify-write of one word through the host).
+    """
+    arrays = checked_store(store).arrays
+    if name not in arrays:
+        raise HexcoreInvalidArgumentError(f"name: expected one of {tuple(arrays)}, got {name!r}")
+    array = arrays[name]
+    L, units = array.shape[0], array.shape[1]
+    run = array.nbytes // (L * units)
+    layer = as_int("layer", layer, 0, L - 1)
+    unit = as_int("unit", unit, 0, units - 1)
+    byte = as_int("byte", byte, 0, run - 1)
+    mask = as_int("mask", mask, 1, 0xFF)
+    at = store.word_offsets[name] * 4 + (layer * units + unit) * run + byte
+    _xor_pool_byte(store, at, mask)
+
+
+def clobber_guard(store: DeviceKVStore, region: int, index: int = 0, value: int = 0) -> None:
+    """Overwrite word ``index`` of guard region ``region`` with ``value`` (a stray write)."""
+    region = as_int("region", region, 0, len(checked_store(store).guard_offsets) - 1)
+    index = as_int("index", index, 0, GUARD_WORDS - 1)
+    value = as_int("value", value, 0, 0xFFFFFFFF)
+    at = store.guard_offsets[region] + index
+    store.pool[at:at + 1].copy_to_device(np.array([value], np.uint32))
+
+
+def _xor_pool_byte(store, at: int, mask: int) -> None:
+    word = store.pool[at // 4:at // 4 + 1]
+    host = word.copy_to_host()
+    host[0] ^= np.uint32(mask << (8 * (at % 4)))
+    word.copy_to_device(host)
+
+
+__all__ = ["COMPUTE", "MODES", "RECORD", "VERIFY", "check_guards", "checksum_blocks", "checksum_launch",
+           "clobber_guard", "flip_bits", "prepare_checksum"]

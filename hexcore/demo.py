@@ -1,0 +1,207 @@
+"""``hexcore demo``: a serving run sized for the machine, with a progress bar and a summary.
+
+On a GPU the run uses a preset's attention shapes (llama-3-8b: 32 query heads, 8 KV
+heads, head_dim 128) over ``DEMO_LAYERS`` layers; on numba's CUDA simulator, which runs
+one Python thread per CUDA thread, tiny shapes and a handful of requests, so the run
+finishes in about a minute on a small CPU. The serving loop is :class:`hexcore.serve.Server`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+
+import numpy as np
+
+from .config import PRESETS, KVCacheConfig, KVDtype
+from .serve import Server, ServeReport, synthetic_workload
+
+DEMO_LAYERS = 4  # layers of the GPU run (a full model has 32: the shapes per layer are the real ones)
+MIB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoShape:
+    """Sizes of one demo run: the cache, the pool and the workload's distributions."""
+
+    where: str
+    config: KVCacheConfig
+    num_q_heads: int
+    num_blocks: int
+    max_seqs: int
+    prompt_mean: float
+    prompt_max: int
+    output_mean: float
+    output_max: int
+    arrivals_per_step: float
+    check_every: int
+    check_seqs: int
+    batch_buckets: tuple = (1, 2, 4, 8, 16, 32, 64)
+    sample_every: int = 16  # sampled verification: each block once in this many steps
+
+
+def demo_shape(simulated: bool, preset: str = "llama-3-8b", kv_dtype: str = "int4", block_size: int = 32,
+               layers: int = DEMO_LAYERS) -> DemoShape:
+    """The run's sizes: the preset's attention shapes on a GPU; tiny ones on the simulator."""
+    if simulated:
+        cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype=kv_dtype,
+                            group_size=32)
+        return DemoShape("CUDA simulator, tiny shapes (1 layer, 2 query heads / 1 KV head, head_dim 64)", cfg,
+                         2, num_blocks=4, max_seqs=4, prompt_mean=20, prompt_max=30, output_mean=5, output_max=8,
+                         arrivals_per_step=1.0, check_every=2, check_seqs=1, batch_buckets=(1, 2, 4),
+                         sample_every=2)
+    model = PRESETS[preset]
+    cfg = KVCacheConfig(num_layers=layers, num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
+                        block_size=block_size, kv_dtype=kv_dtype)
+    # a pool that holds ~48 average sequences: with 64 slots it runs dry, and preempts
+    prompt_mean, output_mean = 600, 128
+    num_blocks = int(48 * (prompt_mean + output_mean) / block_size)
+    return DemoShape(f"GPU, {preset} attention shapes ({model.num_q_heads} query heads / {model.num_kv_heads} "
+                     f"KV heads, head_dim {model.head_dim}), {layers} layers", cfg, model.num_q_heads, num_blocks,
+                     max_seqs=64, prompt_mean=prompt_mean, prompt_max=4000, output_mean=output_mean,
+                     output_max=512, arrivals_per_step=2.0, check_every=16, check_seqs=2)
+
+
+def default_requests(simulated: bool) -> int:
+    """Requests of a default run: 8 on the simulator, 256 on a GPU."""
+    return 8 if simulated else 256
+
+
+class _Progress:
+    """A tqdm bar over the tokens to generate (no bar when tqdm is not installed or off)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                print("(no progress bar: pip install 'hexcore-llm[demo]' for one)", file=sys.stderr)
+            else:
+                self.bar = tqdm(total=total, unit="tok", desc="serving", file=sys.stderr, dynamic_ncols=True)
+        self._done = 0
+
+    def __call__(self, report: ServeReport, server: Server) -> None:
+        if self.bar is not None and report.decode_tokens > self._done:
+            self.bar.update(report.decode_tokens - self._done)
+            self._done = report.decode_tokens
+            self.bar.set_postfix(running=len(server.running), waiting=len(server.waiting),
+                                 blocks=server.cache.num_active_blocks, refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run_demo(shape: DemoShape, num_requests: int, seed: int = 0, max_steps: int | None = None,
+             progress: bool = True) -> dict:
+    """Serve ``num_requests`` synthetic requests at ``shape``; the summary as a dict (see
+    :func:`summary_rows` for what each entry means)."""
+    rng = np.random.default_rng(seed)
+    workload = synthetic_workload(num_requests, rng, shape.prompt_mean, shape.prompt_max, shape.output_mean,
+                                  shape.output_max, shape.arrivals_per_step)
+    bar = _Progress(int(workload.output_lens.sum()), progress)
+    try:
+        fault = _fault_tolerance_available()
+        server = Server(shape.config, shape.num_q_heads, shape.num_blocks, shape.max_seqs, workload, seed=seed,
+                        check_every=shape.check_every, check_seqs=shape.check_seqs,
+                        batch_buckets=shape.batch_buckets, on_step=bar, fault_tolerance=fault,
+                        sample_every=shape.sample_every, inject_at=3)
+        report = server.run(max_steps)
+    finally:
+        bar.close()
+    if not fault:
+        return summarize(shape, report, {"available": False, "note": "hexcore.fault is not in this build"})
+    return summarize(shape, report, {"available": True, "injected": report.corruptions_injected,
+                                     "detected": report.corruptions_detected,
+                                     "migrated": report.sequences_migrated, "blocks_verified": report.blocks_verified,
+                                     "sample_every": shape.sample_every})
+
+
+def _fault_tolerance_available() -> bool:
+    try:
+        from .fault import FaultTolerantKVCache  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def summarize(shape: DemoShape, report: ServeReport, fault: dict) -> dict:
+    """The run's figures, JSON-ready."""
+    cfg = shape.config
+    fp16 = dataclasses.replace(cfg, kv_dtype=KVDtype.FP16)
+    steps = np.array(report.step_seconds) * 1e3
+    step_time = float(np.sum(report.step_seconds))
+    return {
+        "where": shape.where, "kv_dtype": cfg.kv_dtype.value, "layers": cfg.num_layers,
+        "num_blocks": shape.num_blocks, "max_seqs": shape.max_seqs, "block_size": cfg.block_size,
+        "requests": report.requests, "requests_finished": report.requests_finished,
+        "preemptions": report.preemptions, "recomputed_tokens": report.recomputed_tokens,
+        "steps": report.steps, "decode_tokens": report.decode_tokens, "prefill_tokens": report.prefill_tokens,
+        "peak_batch": report.peak_batch,
+        "decode_tokens_per_s": report.decode_tokens / step_time if step_time else math.nan,
+        "wall_tokens_per_s": report.decode_tokens / report.wall_seconds if report.wall_seconds else math.nan,
+        "wall_seconds": report.wall_seconds, "prefill_seconds": report.prefill_seconds,
+        "step_ms_p50": float(np.percentile(steps, 50)) if len(steps) else math.nan,
+        "step_ms_p99": float(np.percentile(steps, 99)) if len(steps) else math.nan,
+        "peak_active_blocks": report.peak_active_blocks, "peak_tokens": report.peak_tokens,
+        "peak_kv_bytes": report.peak_active_blocks * cfg.block_bytes,
+        "peak_kv_bytes_fp16": report.peak_active_blocks * fp16.block_bytes,
+        "seals": report.seals, "speculative_hits": report.seal_hits,
+        "speculative_hit_rate": report.seal_hits / report.seals if report.seals else math.nan,
+        "mispredicted": report.mispredicted,
+        "events_applied": report.events_applied, "mirror_mismatches": report.mirror_mismatches,
+        "fault_tolerance": fault,
+        "checked_outputs": report.checked_outputs,
+        "attention_error_mean": report.mean_error, "attention_error_max": report.max_error,
+    }
+
+
+def summary_rows(s: dict) -> list[tuple[str, str]]:
+    """(what, figure) rows of the closing table."""
+    ratio = s["peak_kv_bytes_fp16"] / s["peak_kv_bytes"] if s["peak_kv_bytes"] else math.nan
+    fault = s["fault_tolerance"]
+    corruptions = (f"{fault['detected']} of {fault['injected']} injected ({fault['migrated']} sequences migrated, "
+                   f"{fault['blocks_verified']:,} block checks, 1 in {fault['sample_every']} sampled)"
+                   if fault.get("available") else f"n/a ({fault['note']})")
+    return [
+        ("requests served", f"{s['requests_finished']} of {s['requests']} ({s['preemptions']} preemptions, "
+                            f"{s['recomputed_tokens']:,} tokens recomputed)"),
+        ("tokens", f"{s['decode_tokens']:,} decoded in {s['steps']:,} steps (batch up to {s['peak_batch']}), "
+                   f"{s['prefill_tokens']:,} prefilled"),
+        ("tokens/s", f"{s['decode_tokens_per_s']:,.0f} in decode steps, {s['wall_tokens_per_s']:,.0f} over "
+                     f"the whole run ({s['wall_seconds']:.1f} s)"),
+        ("step latency p50 / p99", f"{s['step_ms_p50']:.2f} / {s['step_ms_p99']:.2f} ms"),
+        ("peak blocks", f"{s['peak_active_blocks']:,} of {s['num_blocks']:,} ({s['peak_tokens']:,} tokens live)"),
+        (f"KV memory at peak ({s['kv_dtype']})", f"{_size(s['peak_kv_bytes'])} in sealed blocks; FP16 would "
+                                                 f"need {_size(s['peak_kv_bytes_fp16'])} ({ratio:.2f}x)"),
+        ("speculative allocation", f"{s['speculative_hit_rate']:.1%} of {s['seals']:,} seals hit a reserved "
+                                   f"block, {s['mispredicted']} mispredicted"),
+        ("block events", f"{s['events_applied']:,} applied by the mirror, {s['mirror_mismatches']} table "
+                         f"mismatches"),
+        ("corruptions detected", corruptions),
+        ("attention error vs FP16", f"mean {s['attention_error_mean']:.2e}, max {s['attention_error_max']:.2e} "
+                                    f"(rel. L2, {s['checked_outputs']} outputs vs float64 over exact FP16 K/V)"),
+    ]
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / MIB:,.1f} MiB" if nbytes >= MIB else f"{nbytes / 1024:,.1f} KiB"
+
+
+def format_summary(s: dict) -> str:
+    """The closing table as aligned text."""
+    rows = summary_rows(s)
+    width = max(len(what) for what, _ in rows)
+    lines = [f"served on {s['where']}, {s['kv_dtype']} KV cache:"]
+    lines += [f"  {what:<{width}}  {figure}" for what, figure in rows]
+    return "\n".join(lines)
+
+
+def write_json(summary: dict, path: str) -> None:
+    """The summary as JSON (NaN written as null)."""
+    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
+    with open(path, "w") as f:
+        json.dump(clean, f, indent=1)

@@ -1,0 +1,522 @@
+"""FaultTolerantKVCache: checksums, canaries, verification, scrubbing, migration, quarantine.
+
+A sealed block never changes, so the digests taken when it is sealed (one per layer,
+``hexcore.host.checksum``) hold for its whole life. This class keeps them on the device
+and checks blocks against them; it detects and contains corruption, it does not repair
+it: the error says which tokens of which sequences to recompute. ::
+
+    ft = FaultTolerantKVCache(cache, store, policy="sampled", sample_every=16)
+    result = cache.step(seq_ids)           # the block manager's step (or engine.step(...).result)
+    ...                                    # the device step appends and seals (DecodeGraph.step)
+    ft.record_seals(result)                # digests of the step's sealed blocks: one launch
+    ft.verify(seq_ids)                     # before attention reads them (policy: always, sampled, off)
+    ft.scrub()                             # a bounded slice of the whole cache, and the canaries
+    # on HexcoreCorruptionError as err: err.report.token_ranges = {seq_id: [(start, end), ...]}
+    moved = ft.migrate_sequence(seq_id)    # healthy blocks to fresh ones; bad ones quarantined
+    ft.refill(seq_id, logical, k, v)       # the recomputed K/V of a lost block: [L, block_size, H, D]
+
+Rules: records and checks run on the stream given (default: the default stream), after
+the seals they follow; the results are read back, so ``verify``, ``scrub`` and
+``migrate_sequence`` synchronise. ``prepare_verify`` gives the capture-safe form (a
+``PreparedLaunch`` over fixed device buffers) for a step graph. The cache must run with the
+prefix cache off and no event ring attached while sequences migrate (migration edits
+block tables in place). Quarantined blocks are held by *quarantine sequences*
+(``quarantine_seq_ids``): live sequences of the cache whose tables hold only bad blocks, so
+the blocks are never freed, forked or handed out again, and ``check_invariants()`` of the
+cache holds; never step or free them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._checks import as_int, int_value
+from .errors import (HexcoreConfigError, HexcoreCorruptionError, HexcoreError, HexcoreInvalidArgumentError,
+                     HexcoreInvalidSequenceError, HexcoreOOMError, Status)
+from .host import _blocks as core
+from .host import _step
+from .host.allocator import PagedKVCache
+from .host.checksum import block_checksum
+
+POLICIES = ("always", "sampled", "off")
+# Prometheus names of FaultTolerantKVCache.stats(), in the style of host/_prometheus.py
+PROMETHEUS_NAMES = {
+    "blocks_verified": "hexcore_blocks_verified_total",
+    "corruptions_found": "hexcore_corruptions_found_total",
+    "canary_violations": "hexcore_canary_violations_total",
+    "blocks_quarantined": "hexcore_blocks_quarantined",
+    "sequences_migrated": "hexcore_sequences_migrated_total",
+    "migration_seconds": "hexcore_migration_latency_seconds_sum",
+}
+
+
+@dataclass
+class CorruptionReport:
+    """What a failed check found.
+
+    ``block_ids``: corrupted (or lost, awaiting ``refill``) blocks; ``layers``: block id ->
+    the layers whose digest differs; ``token_ranges``: seq_id -> ``[(start, end), ...]``
+    token ranges to recompute (every live sequence holding a bad block, forks included);
+    ``guards``: the store arrays whose trailing guard region was overwritten.
+    """
+
+    block_ids: list = field(default_factory=list)
+    layers: dict = field(default_factory=dict)
+    token_ranges: dict = field(default_factory=dict)
+    guards: list = field(default_factory=list)
+
+    @property
+    def seq_ids(self) -> list:
+        """Sequences that lost tokens, ascending."""
+        return sorted(self.token_ranges)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing was found."""
+        return not self.block_ids and not self.guards
+
+    def message(self) -> str:
+        """One line naming blocks, layers, sequences, token ranges and guards."""
+        parts = []
+        if self.block_ids:
+            blocks = ", ".join(f"{b} (layers {self.layers.get(b, 'all')})" for b in self.block_ids)
+            parts.append(f"corrupted blocks {blocks}")
+            lost = "; ".join(f"seq {s} tokens " + ", ".join(f"[{a}, {e})" for a, e in r)
+                             for s, r in sorted(self.token_ranges.items()))
+            parts.append(f"lost: {lost or 'no live sequence'}")
+        if self.guards:
+            parts.append(f"guard regions overwritten after {', '.join(self.guards)}")
+        return "; ".join(parts)
+
+
+class FaultTolerantKVCache:
+    """Corruption detection and containment over a :class:`PagedKVCache` and its ``DeviceKVStore``.
+
+    Parameters
+    ----------
+    cache : the block manager (prefix cache off); ``store`` : its device store (same config,
+        ``num_blocks`` and ``max_seqs``).
+    policy : ``"always"`` (verify every block asked for), ``"sampled"`` (the blocks with
+        ``(block_id + call) % sample_every == 0``: every block once in ``sample_every``
+        calls), or ``"off"``.
+    sample_every : int in [1, 2**20].
+    scrub_blocks : int >= 1, blocks checked by one :meth:`scrub` call.
+    metrics : an optional ``MetricsCollector``: ``migrate_sequence`` is recorded as an op.
+    """
+
+    def __init__(self, cache: PagedKVCache, store, *, policy: str = "always", sample_every: int = 16,
+                 scrub_blocks: int = 1024, metrics=None):
+        from numba import cuda
+
+        from .cuda.store import DeviceKVStore
+        from .host.metrics import as_collector
+
+        if not isinstance(cache, PagedKVCache):
+            raise HexcoreInvalidArgumentError(f"cache: expected PagedKVCache, got {type(cache).__name__}")
+        if not isinstance(store, DeviceKVStore):
+            raise HexcoreInvalidArgumentError(f"store: expected DeviceKVStore, got {type(store).__name__}")
+        if (store.config, store.num_blocks, store.max_seqs) != (cache.config, cache.num_blocks, cache.max_seqs):
+            raise HexcoreConfigError(
+                f"store: expected the cache's config, num_blocks {cache.num_blocks} and max_seqs {cache.max_seqs}, "
+                f"got num_blocks {store.num_blocks}, max_seqs {store.max_seqs}"
+                f"{'' if store.config == cache.config else ' and another config'}")
+        if cache.prefix_cache_enabled:
+            raise HexcoreConfigError("cache: FaultTolerantKVCache needs the prefix cache off")
+        self.policy, self.sample_every = _checked_policy(policy), as_int("sample_every", sample_every, 1, 1 << 20)
+        self.scrub_blocks = as_int("scrub_blocks", scrub_blocks, 1)
+        self.metrics = as_collector("metrics", metrics)
+        self.cache, self.store, self.config = cache, store, cache.config
+        L = self.config.num_layers
+        # sums: [block_id, layer] -> digest recorded at seal (device); recorded: [block_id] -> bool
+        self.sums = cuda.to_device(np.zeros((cache.num_blocks, L), np.uint32))
+        self.recorded = np.zeros(cache.num_blocks, bool)
+        self._out = cuda.device_array((cache.num_blocks, L), np.uint32)  # [item, layer] launch results
+        self._guard_bad = cuda.device_array(len(store.guard_offsets), np.uint32)
+        self._bad: dict[int, list] = {}  # block_id -> layers: found corrupted, not yet quarantined
+        self._lost: dict[int, tuple] = {}  # block_id -> (seq_id, logical): replaced a bad block, awaits refill
+        self.quarantined: list[int] = []  # block ids, in quarantine order
+        self.quarantine_seq_ids: list[int] = []
+        self._calls = 0
+        self._scrub_at = 0
+        self._stats = dict.fromkeys(PROMETHEUS_NAMES, 0)
+        self.last_report = CorruptionReport()
+
+    # -- recording ------------------------------------------------------------------
+    def record_seals(self, result, stream=None) -> None:
+        """Record the digests of a step's sealed blocks (``result``: a ``StepResult``), one
+        launch, after the step's seal on ``stream``."""
+        if result.num_sealed:
+            self.record(np.ascontiguousarray(result.seal_blocks), stream)
+
+    def record(self, block_ids, stream=None) -> None:
+        """Record the digests of sealed blocks (int32 ``[n]`` host array), one launch."""
+        ids = self._block_ids(block_ids)
+        if ids.size:
+            self._launch(ids, "record", stream)
+            self.recorded[ids] = True
+            for b in ids.tolist():
+                self._bad.pop(b, None)
+                self._lost.pop(b, None)
+
+    # -- checking -------------------------------------------------------------------
+    def verify(self, seq_ids, stream=None) -> int:
+        """Check the sealed blocks of ``seq_ids`` (int32 ``[B]``, live sequences) by the policy,
+        and the canaries; the number of blocks checked. Raises HexcoreCorruptionError (its
+        ``report``: a :class:`CorruptionReport`) on a mismatch, a lost block or a canary."""
+        report, checked = self._verify(seq_ids, stream)
+        _raise_if_bad(report)
+        return checked
+
+    def try_verify(self, seq_ids, stream=None) -> Status:
+        """:meth:`verify` returning a Status: OK, CORRUPTED (``last_report`` says what),
+        INVALID_SEQUENCE or INVALID_ARGUMENT."""
+        return _try(lambda: _raise_if_bad(self._verify(seq_ids, stream)[0]))
+
+    def scrub(self, max_blocks: int | None = None, stream=None) -> int:
+        """Check the next ``max_blocks`` (default ``scrub_blocks``) recorded live blocks, going
+        round the whole cache over successive calls, and the canaries; the number checked.
+        Raises HexcoreCorruptionError like :meth:`verify`."""
+        budget = self.scrub_blocks if max_blocks is None else as_int("max_blocks", max_blocks, 1)
+        live = self._candidates()
+        order = np.concatenate([live[live >= self._scrub_at], live[live < self._scrub_at]])
+        ids = order[:budget].astype(np.int32)
+        self._scrub_at = int(ids[-1]) + 1 if ids.size and ids.size < order.size else 0
+        report = self._check(ids, stream)
+        _raise_if_bad(report)
+        return int(ids.size)
+
+    def try_scrub(self, max_blocks: int | None = None, stream=None) -> Status:
+        """:meth:`scrub` returning a Status (CORRUPTED: see ``last_report``)."""
+        return _try(lambda: self.scrub(max_blocks, stream))
+
+    def prepare_verify(self, block_ids, out):
+        """The capture-safe verify launch over fixed device buffers (``hexcore.cuda.integrity``):
+        ``block_ids`` int32 ``[n]`` (-1 rows are padding), ``out`` uint32 ``[n, L]``, zero
+        where a block matches its recorded digests. Read ``out`` after the step and pass it to
+        :meth:`check_results`."""
+        from .cuda.integrity import prepare_checksum
+
+        return prepare_checksum(self.store, block_ids, self.sums, out, self._guard_bad, "verify")
+
+    def check_results(self, block_ids, out) -> None:
+        """Raise HexcoreCorruptionError for the rows of a prepared verify's ``out`` (host
+        uint32 ``[n, L]``) that are not zero; ``block_ids``: its host int32 ``[n]``."""
+        ids = np.asarray(block_ids)
+        report = self._report(ids, np.asarray(out), np.zeros(0, np.uint32))
+        _raise_if_bad(report)
+
+    # -- containment ----------------------------------------------------------------
+    def migrate_sequence(self, seq_id: int, stream=None) -> dict:
+        """Move ``seq_id``'s healthy blocks to fresh ones (one device copy, tables changed at
+        once) and quarantine its bad ones; returns ``{"moved": n, "lost": [(logical, block,
+        (start, end)), ...]}``: each lost logical block has a fresh block that
+        :meth:`refill` must fill (until then :meth:`verify` reports it). Other sequences
+        sharing a bad block keep it (they are reported) until migrated too.
+        Raises HexcoreOOMError (nothing changed) without enough free blocks."""
+        from .cuda.blocks import copy_blocks
+
+        t0 = time.perf_counter_ns()
+        cache = self.cache
+        seq_id = cache._live("seq_id", seq_id)
+        if cache._events is not None:
+            raise HexcoreConfigError("migrate_sequence: detach the cache's event ring first (tables change in place)")
+        old = cache.block_table(seq_id)
+        known = self._check(old[self.recorded[old]], stream, raise_guards=False)  # fresh digests of this table
+        bad = {b for b in old.tolist() if b in self._bad or b in self._lost}  # (unrecorded blocks move unchecked)
+        bad |= set(known.block_ids)
+        need = len(old) + (0 if self._holder_room() >= len(bad - set(self.quarantined)) else 1)
+        if cache.num_free_blocks < len(old) or (need > len(old) and cache.num_sequences >= cache.max_seqs):
+            raise HexcoreOOMError(f"migrate_sequence: seq {seq_id} needs {len(old)} free blocks and a sequence "
+                                  f"slot for quarantine, have {cache.num_free_blocks} blocks; nothing changed")
+        new = _take_blocks(cache, len(old))
+        healthy = np.array([b not in bad for b in old.tolist()], bool)
+        if healthy.any():
+            src, dst = old[healthy], new[healthy]
+            before = self._launch(src, "compute", stream)  # (the recorded ones were just verified)
+            copy_blocks(self.store, src, dst, stream=stream)
+            if not np.array_equal(self._launch(dst, "record", stream), before):  # the copies' digests
+                _release_blocks(cache, new)
+                raise HexcoreCorruptionError(f"migrate_sequence: the copy of seq {seq_id}'s blocks did not verify; "
+                                             "nothing changed")
+            self.recorded[dst] = self.recorded[src]
+        _swap_table(cache, seq_id, new)
+        for b in sorted(bad):
+            self._quarantine(b)
+        bs = self.config.block_size
+        lost = []
+        for j in np.flatnonzero(~healthy).tolist():
+            self._lost[int(new[j])] = (seq_id, j)
+            lost.append((j, int(new[j]), (j * bs, (j + 1) * bs)))
+        elapsed = time.perf_counter_ns() - t0
+        self._stats["sequences_migrated"] += 1
+        self._stats["migration_seconds"] += elapsed / 1e9
+        if self.metrics is not None:
+            self.metrics.observe("migrate_sequence", elapsed, allocated=len(old))
+        return {"moved": int(healthy.sum()), "lost": lost}
+
+    def refill(self, seq_id: int, logical: int, k, v, stream=None) -> None:
+        """Write recomputed K/V into a lost block of ``seq_id`` (see :meth:`migrate_sequence`)
+        through a quarantine sequence's tail and a seal, then record it.
+
+        ``k``, ``v``: float16 ``[L, block_size, H, D]``: the block's tokens, in every layer.
+        """
+        from .cuda import append, seal
+
+        seq_id = self.cache._live("seq_id", seq_id)
+        logical = as_int("logical", logical, 0)
+        table = self.cache.block_table(seq_id)
+        block = int(table[logical]) if logical < len(table) else -1
+        if self._lost.get(block) != (seq_id, logical):
+            raise HexcoreInvalidArgumentError(f"logical: block {logical} of seq {seq_id} is not awaiting a refill")
+        slot = self.quarantine_seq_ids[0]  # its tail slot is never used by a sequence
+        bs = self.config.block_size
+        append(self.store, k, v, np.full(bs, slot, np.int32), np.arange(bs, dtype=np.int32), stream=stream)
+        seal(self.store, np.array([slot], np.int32), np.array([block], np.int32), stream=stream)
+        self.record(np.array([block], np.int32), stream)
+
+    # -- fault injection (tests, demos) ------------------------------------------------
+    def flip_bit(self, name: str, layer: int, unit: int, byte: int, bit: int = 0) -> None:
+        """Flip one bit of the store: ``name`` an array (``"k_codes"``, ``"v_meta"``, ``"k_tails"``...),
+        ``unit`` its block id or tail slot, ``byte`` the offset in that (layer, unit)'s run."""
+        from .cuda.integrity import flip_bits
+
+        flip_bits(self.store, name, layer, unit, byte, 1 << as_int("bit", bit, 0, 7))
+
+    def flip_byte(self, name: str, layer: int, unit: int, byte: int) -> None:
+        """Invert one byte of the store (see :meth:`flip_bit`)."""
+        from .cuda.integrity import flip_bits
+
+        flip_bits(self.store, name, layer, unit, byte, 0xFF)
+
+    def flip_word(self, name: str, layer: int, unit: int, word: int) -> None:
+        """Invert one 32-bit word of the store (``word``: its index in the run)."""
+        from .cuda.integrity import flip_bits
+
+        word = as_int("word", word, 0)
+        for i in range(4):
+            flip_bits(self.store, name, layer, unit, 4 * word + i, 0xFF)
+
+    def clobber_canary(self, region: int, index: int = 0, value: int = 0) -> None:
+        """Overwrite one guard word (``region``: index in ``store.guard_names``)."""
+        from .cuda.integrity import clobber_guard
+
+        clobber_guard(self.store, region, index, value)
+
+    # -- state ----------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Counters: blocks_verified, corruptions_found, canary_violations, blocks_quarantined,
+        sequences_migrated, migration_seconds (names in ``PROMETHEUS_NAMES``)."""
+        return dict(self._stats, blocks_quarantined=len(self.quarantined))
+
+    def check_invariants(self) -> None:
+        """The cache's invariants, and: every quarantined block is held by a quarantine
+        sequence, off the free stack, and in no other table. AssertionError if not."""
+        cache = self.cache
+        cache.check_invariants()
+        held = np.concatenate([cache.block_table(h) for h in self.quarantine_seq_ids] or [np.zeros(0, np.int32)])
+        assert sorted(held.tolist()) == sorted(self.quarantined), (held, self.quarantined)
+        free = cache._blocks[core.FREE_STACK, :cache.num_free_blocks]
+        assert not np.isin(free, self.quarantined).any(), "a quarantined block is on the free stack"
+
+    # -- internals --------------------------------------------------------------------
+    def _verify(self, seq_ids, stream) -> tuple:
+        ids = self._tables_of(seq_ids)
+        self._calls += 1
+        if self.policy == "off":
+            ids = ids[:0]
+        elif self.policy == "sampled":
+            ids = ids[(ids.astype(np.int64) + self._calls) % self.sample_every == 0]
+        held = set(self.quarantined)
+        lost = [b for b in ids.tolist() if b in self._lost or b in self._bad or b in held]
+        report = self._check(ids[self.recorded[ids]], stream)
+        if lost:
+            self._add_blocks(report, lost)
+        return report, int(ids.size)
+
+    def _tables_of(self, seq_ids) -> np.ndarray:
+        """The distinct block ids of the tables of ``seq_ids`` (int32 [B] of live sequences)."""
+        _step_check(seq_ids, self.cache.max_seqs)
+        cache = self.cache
+        rows = []
+        for i, s in enumerate(seq_ids.tolist()):
+            if not cache.is_live(s) or s in self.quarantine_seq_ids:
+                raise HexcoreInvalidSequenceError(f"seq_ids[{i}]: sequence {s} is not live")
+            rows.append(cache._tables[s, :cache._seqs[core.LEN, s] // cache.block_size])
+        return np.unique(np.concatenate(rows)) if rows else np.zeros(0, np.int32)
+
+    def _candidates(self) -> np.ndarray:
+        """Recorded blocks referenced by a live table, not quarantined (ascending ids)."""
+        live = self.cache._blocks[core.REFS] > 0
+        live[self.quarantined] = False
+        return np.flatnonzero(live & self.recorded)
+
+    def _check(self, ids, stream, raise_guards: bool = True) -> CorruptionReport:
+        ids = np.ascontiguousarray(ids, np.int32)
+        out = self._launch(ids, "verify", stream)
+        bad_guards = self._guard_bad.copy_to_host()
+        report = self._report(ids, out, bad_guards if raise_guards else np.zeros(0, np.uint32))
+        self._stats["blocks_verified"] += int(ids.size)
+        return report
+
+    def _report(self, ids, out, bad_guards) -> CorruptionReport:
+        report = CorruptionReport()
+        rows = np.flatnonzero(out.any(axis=1)) if out.size else np.zeros(0, np.int64)
+        for r in rows.tolist():
+            b = int(ids[r])
+            if b < 0:
+                continue
+            layers = np.flatnonzero(out[r]).tolist()
+            if b not in self._bad:
+                self._stats["corruptions_found"] += 1
+            self._bad[b] = layers
+        self._add_blocks(report, [int(ids[r]) for r in rows.tolist() if ids[r] >= 0])
+        report.guards = [self.store.guard_names[g] for g in np.flatnonzero(bad_guards).tolist()]
+        self._stats["canary_violations"] += len(report.guards)
+        self.last_report = report
+        return report
+
+    def _add_blocks(self, report: CorruptionReport, blocks) -> None:
+        cache, bs = self.cache, self.config.block_size
+        for b in blocks:
+            if b in report.block_ids:
+                continue
+            report.block_ids.append(b)
+            report.layers[b] = self._bad.get(b, "quarantined" if b in self.quarantined else "lost")
+            for s in np.flatnonzero(cache._seqs[core.LEN] >= 0).tolist():
+                if s in self.quarantine_seq_ids:
+                    continue
+                for j in np.flatnonzero(cache._tables[s] == b).tolist():
+                    report.token_ranges.setdefault(s, []).append((j * bs, (j + 1) * bs))
+        self.last_report = report
+
+    def _launch(self, ids, mode: str, stream) -> np.ndarray:
+        """Run a checksum launch over host ids; ``out[:n]`` on the host."""
+        from .cuda.integrity import checksum_launch, to_host
+        from .cuda.streams import resolve_stream
+
+        stream = resolve_stream(stream)
+        out = self._out[:ids.size]
+        checksum_launch(self.store, ids, self.sums, out, self._guard_bad, mode).run(stream)
+        return to_host(out, stream) if ids.size else np.zeros((0, self.config.num_layers), np.uint32)
+
+    def _block_ids(self, block_ids) -> np.ndarray:
+        _step_check(block_ids, None, "block_ids")
+        bad = np.flatnonzero((block_ids < 0) | (block_ids >= self.cache.num_blocks))
+        if bad.size:
+            raise HexcoreInvalidArgumentError(f"block_ids[{bad[0]}] = {block_ids[bad[0]]} is outside "
+                                              f"[0, {self.cache.num_blocks})")
+        return block_ids
+
+    def _holder_room(self) -> int:
+        if not self.quarantine_seq_ids:
+            return 0
+        h = self.quarantine_seq_ids[-1]
+        return self.cache.max_blocks_per_seq - int(self.cache._seqs[core.LEN, h]) // self.config.block_size
+
+    def _quarantine(self, block: int) -> None:
+        """Add a reference to ``block`` from a quarantine sequence (so it is never freed)."""
+        if block in self.quarantined:
+            return
+        cache = self.cache
+        if self._holder_room() == 0:
+            self.quarantine_seq_ids.append(cache.add_sequence())
+        h = self.quarantine_seq_ids[-1]
+        _hold(cache, h, block)
+        self.quarantined.append(block)
+        self._bad.pop(block, None)
+        self._lost.pop(block, None)
+        self.recorded[block] = False
+
+
+# -- block-table edits (njit-free: a migration is rare; the allocator has no hook for them) --
+def _take_blocks(cache: PagedKVCache, count: int) -> np.ndarray:
+    """Pop ``count`` blocks off the free stack as LIVE with no references yet (checked by the caller)."""
+    blocks, counters = cache._blocks, cache._counters
+    top = int(counters[core.NUM_FREE])
+    ids = blocks[core.FREE_STACK, top - count:top][::-1].copy()
+    counters[core.NUM_FREE] = top - count
+    blocks[core.STATE, ids] = core.LIVE
+    return ids.astype(np.int32)
+
+
+def _release_blocks(cache: PagedKVCache, ids) -> None:
+    """Undo :func:`_take_blocks`."""
+    blocks, counters = cache._blocks, cache._counters
+    top = int(counters[core.NUM_FREE])
+    blocks[core.FREE_STACK, top:top + len(ids)] = ids[::-1]
+    blocks[core.STATE, ids] = core.FREE
+    counters[core.NUM_FREE] = top + len(ids)
+
+
+def _swap_table(cache: PagedKVCache, seq_id: int, new) -> None:
+    """Point ``seq_id``'s table at ``new`` (taken blocks), dropping its references to the old ones."""
+    blocks, counters, tables = cache._blocks, cache._counters, cache._tables
+    n = len(new)
+    old = tables[seq_id, :n].copy()
+    tables[seq_id, :n] = new
+    blocks[core.REFS, new] = 1
+    freed = 0
+    for b in old.tolist()[::-1]:
+        blocks[core.REFS, b] -= 1
+        if blocks[core.REFS, b] == 0:
+            top = int(counters[core.NUM_FREE])
+            blocks[core.FREE_STACK, top] = b
+            blocks[core.STATE, b] = core.FREE
+            counters[core.NUM_FREE] = top + 1
+            freed += 1
+    counters[core.NUM_LIVE] += n - freed
+    stale = cache._out_rows[_step.ROW_SEQ] == seq_id  # step output rows copy only new blocks: recopy this one
+    cache._out_rows[_step.ROW_SEQ, stale] = -1
+
+
+def _hold(cache: PagedKVCache, holder: int, block: int) -> None:
+    """Append ``block`` to quarantine sequence ``holder``'s table (one more reference)."""
+    blocks, seqs, counters = cache._blocks, cache._seqs, cache._counters
+    j = int(seqs[core.LEN, holder]) // cache.block_size
+    if blocks[core.REFS, block] == 0:  # free (a lost block's replacement never is): take it off the stack
+        stack = blocks[core.FREE_STACK, :int(counters[core.NUM_FREE])]
+        at = int(np.flatnonzero(stack == block)[0])
+        stack[at:-1] = stack[at + 1:].copy()
+        counters[core.NUM_FREE] -= 1
+        counters[core.NUM_LIVE] += 1
+        blocks[core.STATE, block] = core.LIVE
+    blocks[core.REFS, block] += 1
+    cache._tables[holder, j] = block
+    seqs[core.LEN, holder] = (j + 1) * cache.block_size
+
+
+def _step_check(ids, max_len, name: str = "seq_ids") -> None:
+    from .host._validation import check_ids
+
+    check_ids(name, ids, max_len)
+
+
+def _checked_policy(policy) -> str:
+    if policy not in POLICIES:
+        raise HexcoreInvalidArgumentError(f"policy: expected one of {POLICIES}, got {policy!r}")
+    return policy
+
+
+def _raise_if_bad(report: CorruptionReport) -> None:
+    if not report.ok:
+        err = HexcoreCorruptionError(report.message())
+        err.report = report
+        raise err
+
+
+def _try(call) -> Status:
+    try:
+        call()
+    except HexcoreCorruptionError:
+        return Status.CORRUPTED
+    except HexcoreInvalidSequenceError:
+        return Status.INVALID_SEQUENCE
+    except HexcoreInvalidArgumentError:
+        return Status.INVALID_ARGUMENT
+    return Status.OK
+
+
+__all__ = ["POLICIES", "PROMETHEUS_NAMES", "CorruptionReport", "FaultTolerantKVCache", "block_checksum"]

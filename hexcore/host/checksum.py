@@ -1,0 +1,199 @@
+"""FNV-1a checksums: the published byte hashes, and the block checksum of a sealed block.
+
+``fnv1a_32(data)``, ``fnv1a_64(data)``: FNV-1a over bytes (``numba.njit``), matching the
+published vectors (``fnv1a_32(b"a") == 0xE40C292C``, ``fnv1a_64(b"a") == 0xAF63DC4C8601EC8C``).
+
+The block checksum
+------------------
+A sealed block never changes, so a checksum taken when it is sealed holds for its whole
+life. Per (block, layer) the checksum covers the block's *segments* in this order --
+``k_codes``, ``v_codes``, ``k_meta``, ``v_meta`` (FP16 caches have only the first two) --
+each segment being that (layer, block)'s contiguous run of the store array, read as
+little-endian uint32 words (every run is a multiple of 16 bytes)::
+
+    lane[0 .. 31] = FNV32_BASIS                        # 32 independent FNV-1a chains
+    for segment in (k_codes, v_codes, k_meta, v_meta):  # the ones the cache has
+        for c in range(len(segment) // 4):             # 16-byte chunks, in order
+            for w in segment[4c : 4c + 4]:            # chunk c goes to lane c % 32
+                lane[c % 32] = (lane[c % 32] ^ w) * FNV32_PRIME  mod 2**32
+    digest = FNV32_BASIS                               # then FNV-1a over the lanes
+    for x in lane[0 .. 31]:
+        digest = (digest ^ x) * FNV32_PRIME  mod 2**32
+
+That is the (block, layer) *digest* (:func:`layer_digest`); a GPU warp computes it with
+lane ``i`` of the warp owning chain ``i`` and reading 16 bytes at a time, so the chains
+run in parallel and the loads are coalesced. A block's digests form ``[num_layers]``
+uint32; the one-number *block checksum* (:func:`block_checksum`) is FNV-1a, word-wise,
+over the layer digests in layer order. The cache keeps the ``[num_blocks, num_layers]``
+digests, so a mismatch also names the layer.
+
+What it guarantees: each FNV-1a step ``h -> (h ^ w) * p`` is a bijection of ``h`` for a
+fixed ``w`` and of ``w`` for a fixed ``h`` (``p`` is odd), so a change of any *one* word
+of a (block, layer) -- every single-bit flip included -- changes its lane's final state
+and then the digest, with certainty. Changes of several words are detected with
+probability about ``1 - 2**-32`` per layer, except a known weakness of word-wise FNV:
+two flips of bit 31 in the same lane cancel (bit 31 of ``h ^ w`` only reaches bit 31
+of the product).
+
+Canary words (:func:`canary_word`) are the fixed pattern of the store's guard regions.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+FNV32_BASIS = 0x811C9DC5
+FNV32_PRIME = 0x01000193
+FNV64_BASIS = 0xCBF29CE484222325
+FNV64_PRIME = 0x100000001B3
+MASK32 = 0xFFFFFFFF
+LANES = 32  # independent chains of a block checksum (one warp)
+CHUNK_WORDS = 4  # words a lane takes at a time (one 16-byte load)
+
+
+def fnv32_step(h, w):
+    """One word-wise FNV-1a step: ``(h ^ w) * FNV32_PRIME mod 2**32`` (ints in [0, 2**32))."""
+    return ((h ^ w) * FNV32_PRIME) & MASK32
+
+
+def canary_word(region, index):
+    """Word ``index`` of guard region ``region``: a fixed pattern that differs per word and
+    per region (so a guard copied over another is seen too), never 0 or all ones."""
+    x = ((region * 0x10000 + index) * 0x9E3779B1 + 0x7F4A7C15) & MASK32
+    return (x ^ (x >> 15)) | 0x00010001
+
+
+canary_word_njit = numba.njit(cache=True)(canary_word)
+_PRIME = np.uint64(FNV32_PRIME)
+_MASK = np.uint64(MASK32)
+
+
+@numba.njit(cache=True, inline="always")
+def _step(h, w):
+    # uint64 h, w (numba mixes uint64 and int64 into float64: every operand is uint64)
+    return ((h ^ w) * _PRIME) & _MASK
+
+
+@numba.njit(cache=True)
+def _fnv1a_32(data):
+    h = np.uint64(FNV32_BASIS)
+    for b in data:
+        h = _step(h, np.uint64(b))
+    return h
+
+
+@numba.njit(cache=True)
+def _fnv1a_64(data):
+    h = np.uint64(FNV64_BASIS)
+    for b in data:
+        h = (h ^ np.uint64(b)) * np.uint64(FNV64_PRIME)  # uint64 arithmetic wraps mod 2**64
+    return h
+
+
+def _as_bytes(data) -> np.ndarray:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return np.frombuffer(bytes(data), np.uint8)
+    if isinstance(data, np.ndarray):
+        if not data.flags.c_contiguous:
+            data = np.ascontiguousarray(data)
+        return data.reshape(-1).view(np.uint8)
+    from ..errors import HexcoreInvalidArgumentError
+
+    raise HexcoreInvalidArgumentError(f"data: expected bytes or a numpy array, got {type(data).__name__}")
+
+
+def fnv1a_32(data) -> int:
+    """FNV-1a 32 of ``data`` (bytes, or a numpy array's bytes in memory order)."""
+    return int(_fnv1a_32(_as_bytes(data)))
+
+
+def fnv1a_64(data) -> int:
+    """FNV-1a 64 of ``data`` (bytes, or a numpy array's bytes in memory order)."""
+    return int(_fnv1a_64(_as_bytes(data)))
+
+
+@numba.njit(cache=True)
+def _absorb(lanes, words):
+    # the chunks of one segment into the 32 lanes (chunk c -> lane c % 32)
+    for c in range(words.shape[0] // CHUNK_WORDS):
+        lane = c % LANES
+        h = lanes[lane]
+        for j in range(CHUNK_WORDS):
+            h = _step(h, np.uint64(words[c * CHUNK_WORDS + j]))
+        lanes[lane] = h
+
+
+@numba.njit(cache=True)
+def _fold(lanes):
+    h = np.uint64(FNV32_BASIS)
+    for i in range(lanes.shape[0]):
+        h = _step(h, np.uint64(lanes[i]))
+    return h
+
+
+@numba.njit(cache=True)
+def _digests(k_codes, v_codes, k_meta, v_meta, has_meta, out):
+    # each argument [L, words] uint32; out [L] uint32
+    lanes = np.empty(LANES, np.uint64)
+    for layer in range(k_codes.shape[0]):
+        lanes[:] = FNV32_BASIS
+        _absorb(lanes, k_codes[layer])
+        _absorb(lanes, v_codes[layer])
+        if has_meta:
+            _absorb(lanes, k_meta[layer])
+            _absorb(lanes, v_meta[layer])
+        out[layer] = _fold(lanes)
+
+
+def _layer_words(name: str, array, num_layers: int) -> np.ndarray:
+    array = np.ascontiguousarray(array)
+    if array.shape[:1] != (num_layers,) or (array.nbytes // max(1, num_layers)) % (4 * CHUNK_WORDS):
+        from ..errors import HexcoreInvalidArgumentError
+
+        raise HexcoreInvalidArgumentError(
+            f"{name}: expected [{num_layers}, ...] with a multiple of 16 bytes per layer, got {array.dtype} "
+            f"{array.shape}")
+    return array.view(np.uint8).reshape(num_layers, -1).view(np.uint32)
+
+
+def layer_digests(k_codes, v_codes, k_meta=None, v_meta=None) -> np.ndarray:
+    """Digests of one sealed block, a layer each (the scheme in the module docstring).
+
+    Parameters
+    ----------
+    k_codes, v_codes : ``[L, H, block_size, row]`` -- the block's codes in each layer, any
+        dtype (uint8 codes, float16 for FP16 caches): e.g. ``store.k_codes[:, block]``
+        copied to the host.
+    k_meta, v_meta : ``[L, H, 2, D]`` and ``[L, H, block_size, 2, num_groups]`` float16, or
+        None (FP16 caches, which have no metadata).
+
+    Returns uint32 ``[L]``.
+    """
+    num_layers = int(np.shape(k_codes)[0]) if np.ndim(k_codes) else -1
+    words = [_layer_words(n, a, num_layers) for n, a in (("k_codes", k_codes), ("v_codes", v_codes))]
+    has_meta = k_meta is not None or v_meta is not None
+    if has_meta:
+        words += [_layer_words(n, a, num_layers) for n, a in (("k_meta", k_meta), ("v_meta", v_meta))]
+    else:
+        words += words[:2]
+    out = np.empty(num_layers, np.uint32)
+    _digests(*words, has_meta, out)
+    return out
+
+
+def layer_digest(*segments) -> int:
+    """The digest of one (block, layer) from its segments (uint32 word arrays, in order)."""
+    lanes = np.full(LANES, FNV32_BASIS, np.uint64)
+    for segment in segments:
+        _absorb(lanes, np.ascontiguousarray(segment).reshape(-1).view(np.uint32))
+    return int(_fold(lanes))
+
+
+def block_checksum(digests) -> int:
+    """The one-number checksum of a block: FNV-1a, word-wise, over its ``[L]`` layer digests."""
+    return int(_fold(np.asarray(digests, np.uint32).astype(np.uint64)))
+
+
+__all__ = ["CHUNK_WORDS", "FNV32_BASIS", "FNV32_PRIME", "FNV64_BASIS", "FNV64_PRIME", "LANES", "block_checksum",
+           "canary_word", "fnv1a_32", "fnv1a_64", "fnv32_step", "layer_digest", "layer_digests"]

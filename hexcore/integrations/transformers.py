@@ -1,0 +1,295 @@
+"""hexcore as the KV cache of a Hugging Face transformers model.
+
+Importing this module registers the attention implementation ``"hexcore"`` (with the
+matching ``AttentionMaskInterface`` entry, SDPA's masks), so::
+
+    import hexcore.integrations.transformers  # registers "hexcore"
+    from hexcore.integrations.transformers import HexcoreCache
+
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="hexcore",
+                                             torch_dtype=torch.float16).cuda()
+    cache = HexcoreCache(model.config, kv_dtype="int4", max_tokens=65536, max_seqs=8)
+    out = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=32)
+
+How a ``generate()`` call runs on it (one :class:`hexcore.Engine` per cache):
+
+- **prefill** (the prompt, ``T`` tokens per row, left padding allowed): each layer's
+  attention is SDPA over the prompt's own K/V; the real (unpadded) K/V of each row are
+  staged, and after the last layer each row's prompt goes into the store with
+  ``Engine.prefill`` (append + seal for all layers at once, a tail's worth per launch).
+- **decode** (one token per row): layer 0's ``update`` runs the block manager's step
+  (``Engine.step``: one njit call, index arrays copied to the device asynchronously); each
+  layer writes its K/V and query into the step's buffers and ``EngineStep.attend(layer)``
+  enqueues append, seal and paged decode on torch's current stream. No host
+  synchronisation per layer.
+- **beam search** (``reorder_cache``), ``batch_select_indices`` and
+  ``batch_repeat_interleave``: rows map onto ``Engine.fork`` (sealed blocks shared by
+  reference, the tail copied with the next step) and ``Engine.finish``; no block copies.
+- **finished rows**: :meth:`HexcoreCache.release` frees a row's blocks (its later
+  attention outputs are zeros); :meth:`HexcoreCache.release_finished` is a stopping
+  criterion that does it for rows that produced an end-of-sequence token.
+
+Refused with a typed error (``HexcoreConfigError`` at construction,
+``HexcoreInvalidArgumentError`` at run time): sliding-window, chunked or other non-full
+attention layers, encoder-decoder models, softcapped or biased attention, a softmax
+scale other than the configured one, head_dim other than 64 or 128, ``crop`` of tokens
+(assisted decoding) and more than one new token per row after the prompt (chunked
+prefill). docs/transformers.md says why.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.cache_utils import Cache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
+
+from .._checks import as_int
+from ..config import KVCacheConfig
+from ..engine import Engine
+from ..errors import HexcoreConfigError, HexcoreInvalidArgumentError
+from ._hf_parts import HexcoreLayer, Prefill, ReleaseFinished, model_kv_shape, read_buffer, write_buffer
+
+ATTN_IMPLEMENTATION = "hexcore"
+
+_handoff = threading.local()  # update() -> attention function of the same layer: (cache, layer, key)
+
+
+# -- the cache ---------------------------------------------------------------------------
+class HexcoreCache(Cache):
+    """A transformers ``Cache`` whose keys and values live in a hexcore :class:`~hexcore.Engine`.
+
+    Parameters
+    ----------
+    config : the model's config (``model.config``); its decoder must be full attention.
+    kv_dtype : "fp16", "int4" or "int2": how sealed blocks are stored (tails are FP16).
+    max_tokens : tokens the sealed pool holds, all rows together (blocks of ``block_size``).
+    max_seqs : rows at once, forks included (beam search needs ``batch * num_beams``, plus
+        the forks of one reorder); each costs one FP16 tail per layer.
+    block_size, group_size : hexcore's block size and INT value group (``KVCacheConfig``).
+    max_seq_len : longest row (default: what the pool holds, up to 131072).
+    options : DecodeOptions for the decode kernel.
+
+    Attributes: ``engine`` (the Engine), ``kv_config`` (its KVCacheConfig), ``rows`` (the
+    sequence id of each batch row, -1 for a released row).
+    """
+
+    def __init__(self, config, kv_dtype="int4", max_tokens: int = 32768, max_seqs: int = 16, *,
+                 block_size: int = 32, group_size: int = 64, max_seq_len: int | None = None, options=None):
+        shape = model_kv_shape(config)
+        block_size = as_int("block_size", block_size, 16, 256)
+        max_tokens = as_int("max_tokens", max_tokens, 1)
+        self.kv_config = KVCacheConfig(num_layers=shape["num_layers"], num_kv_heads=shape["num_kv_heads"],
+                                       head_dim=shape["head_dim"], block_size=block_size, kv_dtype=kv_dtype,
+                                       group_size=min(as_int("group_size", group_size, 1), shape["head_dim"]))
+        self.engine = Engine(self.kv_config, -(-max_tokens // block_size), as_int("max_seqs", max_seqs, 1),
+                             shape["num_q_heads"], max_seq_len=max_seq_len, scale=shape["scale"], options=options)
+        self.scale, self.capacity = shape["scale"], self.engine.cache.max_seq_len
+        window = shape["sliding_window"]
+        if window is not None and window < self.capacity:
+            raise HexcoreConfigError(f"config.sliding_window: {window} is shorter than the cache's longest row "
+                                     f"{self.capacity}; hexcore serves full attention only (pass max_seq_len <= "
+                                     f"{window} or use a config without a sliding window)")
+        super().__init__(layers=[HexcoreLayer(self, layer) for layer in range(shape["num_layers"])])
+        self.rows: list[int] = []
+        self._length = 0  # tokens per row as transformers counts them (padding included)
+        self._prefill = None  # the prompt being staged (a Prefill)
+        self._step = None  # the decode step in progress (an EngineStep) and its live rows
+        self._live = None
+
+    # -- what transformers asks -------------------------------------------------------
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Tokens per row, prompt padding included (transformers' positions)."""
+        return self._length
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        """-1: the cache grows block by block (bounded by ``max_tokens`` and ``max_seq_len``)."""
+        return -1
+
+    def get_mask_sizes(self, query_length, layer_idx: int = 0) -> tuple[int, int]:
+        """(kv_length, kv_offset) of the mask for ``query_length`` new tokens (an int, or
+        the ``cache_position`` tensor of older transformers)."""
+        if isinstance(query_length, torch.Tensor):
+            query_length = int(query_length.shape[0])
+        return self._length + int(query_length), 0
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        """Take layer ``layer_idx``'s new K/V, ``[B, num_kv_heads, T, head_dim]``.
+
+        A prompt (empty cache) is returned as it is: the attention function runs SDPA over
+        it and stages it. One token per row after that: written into the decode step's
+        buffers; the attention function attends over the store."""
+        batch, tokens = int(key_states.shape[0]), int(key_states.shape[2])
+        if layer_idx == 0:
+            self._begin(batch, tokens, key_states.device)
+        if self._step is not None:
+            views = self._step.buffers
+            rows = self._live
+            write_buffer(views.k[layer_idx], key_states[:, :, 0] if rows is None else key_states[rows, :, 0])
+            write_buffer(views.v[layer_idx], value_states[:, :, 0] if rows is None else value_states[rows, :, 0])
+        _handoff.cache, _handoff.layer, _handoff.key = self, layer_idx, key_states
+        return key_states, value_states
+
+    def _begin(self, batch: int, tokens: int, device) -> None:
+        # layer 0 of a forward: a prompt, or a decode step of every live row
+        if self._prefill is not None:
+            raise HexcoreInvalidArgumentError("update: the prompt's K/V never reached the store (the model must "
+                                              "be loaded with attn_implementation='hexcore')")
+        if not self.rows:
+            self._prefill = Prefill(self, batch, tokens)
+        elif tokens != 1:
+            raise HexcoreInvalidArgumentError(
+                f"update: {tokens} new tokens per row on a non-empty cache; hexcore decodes one token per row "
+                f"after the prompt (chunked prefill and assisted decoding are not supported)")
+        elif batch != len(self.rows):
+            raise HexcoreInvalidArgumentError(f"update: batch {batch} differs from the cache's {len(self.rows)} rows")
+        else:
+            live = [i for i, seq in enumerate(self.rows) if seq >= 0]
+            self._step = self.engine.step([self.rows[i] for i in live])
+            self._live = None if len(live) == batch else torch.tensor(live, dtype=torch.long, device=device)
+        self._length += tokens
+
+    # -- attention (called by hexcore_attention) ----------------------------------------
+    def _attend(self, layer: int, query):
+        """Paged decode of layer ``layer`` for ``query`` ``[B, num_q_heads, 1, head_dim]``:
+        the output ``[B, 1, num_q_heads, head_dim]`` (zeros for released rows)."""
+        step, rows = self._step, self._live
+        write_buffer(step.buffers.q[layer], query[:, :, 0] if rows is None else query[rows, :, 0])
+        out = read_buffer(step.attend(layer), query).to(query.dtype)
+        if layer == self.kv_config.num_layers - 1:
+            self._step = self._live = None
+        if rows is None:
+            return out.unsqueeze(1)
+        full = query.new_zeros((query.shape[0], 1, query.shape[1], query.shape[3]))
+        full[rows, 0] = out
+        return full
+
+    def _stage_prompt(self, layer: int, key, value, mask) -> None:
+        prefill = self._prefill
+        if prefill is None:
+            raise HexcoreInvalidArgumentError(f"attention: layer {layer} saw a prompt the cache did not expect")
+        prefill.stage(layer, key, value, mask)
+        if layer == self.kv_config.num_layers - 1:
+            self._prefill = None
+            prefill.commit()
+
+    # -- rows: beam search, selection, release ------------------------------------------
+    def reorder_cache(self, beam_idx) -> None:
+        """Row ``i`` continues old row ``beam_idx[i]`` (beam search): a row's first use keeps
+        its sequence, later uses fork it (shared blocks), unused rows are freed. Reads
+        ``beam_idx`` on the host (one synchronisation per call)."""
+        self._reindex([int(i) for i in beam_idx.tolist()])
+
+    def batch_select_indices(self, indices) -> None:
+        """Keep the rows ``indices`` (in that order); the others are freed."""
+        self._reindex([int(i) for i in torch.as_tensor(indices).tolist()])
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Each row ``repeats`` times in a row (forks: no copies of sealed blocks)."""
+        repeats = as_int("repeats", repeats, 1)
+        self._reindex([i for i in range(len(self.rows)) for _ in range(repeats)])
+
+    def _reindex(self, order: list) -> None:
+        old = self.rows
+        bad = [i for i in order if not 0 <= i < len(old)]
+        if bad:
+            raise HexcoreInvalidArgumentError(f"rows: index {bad[0]} is outside the cache's {len(old)} rows")
+        if self._step is not None or self._prefill is not None:
+            raise HexcoreInvalidArgumentError("rows: cannot reorder in the middle of a forward pass")
+        keep = {old[i] for i in order} - {-1}
+        for seq in old:
+            if seq >= 0 and seq not in keep:
+                self.engine.finish(seq)  # first, so their slots serve the forks below
+        seen, rows = set(), []
+        for i in order:
+            seq = old[i]
+            if seq >= 0 and seq in seen:
+                seq = self.engine.fork(seq)
+            seen.add(old[i])
+            rows.append(seq)
+        self.rows = rows
+
+    def release(self, rows) -> None:
+        """Free the blocks of batch rows ``rows`` (finished sequences). Their attention
+        outputs are zeros from then on (generate() pads what such rows produce)."""
+        for row in rows:
+            row = as_int("row", row, 0, len(self.rows) - 1)
+            if self.rows[row] >= 0:
+                self.engine.finish(self.rows[row])
+                self.rows[row] = -1
+
+    def release_finished(self, eos_token_id) -> ReleaseFinished:
+        """A stopping criterion for ``generate(stopping_criteria=[...])`` that releases each
+        row the step it emits ``eos_token_id`` (an int or a list); it never stops anything."""
+        return ReleaseFinished(self, eos_token_id)
+
+    def crop(self, max_length: int) -> None:
+        """Only ``crop(0)`` (nothing removed) is served: sealed blocks are immutable and the
+        block manager does not shrink a sequence, so assisted decoding is not supported."""
+        if int(max_length) != 0:
+            raise HexcoreInvalidArgumentError(
+                f"crop: removing tokens ({max_length}) is not supported by hexcore (sealed blocks are immutable); "
+                f"assisted and speculative decoding need another cache")
+
+    def reset(self) -> None:
+        """Free every row; the cache is empty (ready for another generate())."""
+        for seq in self.rows:
+            if seq >= 0:
+                self.engine.finish(seq)
+        self.rows, self._length, self._prefill, self._step, self._live = [], 0, None, None, None
+
+    @property
+    def is_compileable(self) -> bool:
+        """False: decode steps run hexcore's own launches (torch.compile cannot trace them)."""
+        return False
+
+
+# -- the attention function --------------------------------------------------------------
+def hexcore_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """The ``"hexcore"`` attention implementation (transformers' attention-function signature).
+
+    ``query`` ``[B, num_q_heads, T, D]``, ``key``/``value`` as the cache's ``update``
+    returned them. With a HexcoreCache: a prompt is SDPA over its own K/V (then staged
+    for the store); a decode step is hexcore's paged decode. Without one (another cache,
+    or none): plain SDPA. Returns ``(output [B, T, num_q_heads, D], None)``.
+    """
+    cache = getattr(_handoff, "cache", None)
+    layer = getattr(module, "layer_idx", None)
+    if cache is None or getattr(_handoff, "key", None) is not key or _handoff.layer != layer:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    _handoff.cache = _handoff.key = None
+    _check_supported(cache, dropout, scaling, kwargs)
+    if cache._step is None:
+        out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                     **kwargs)
+        cache._stage_prompt(layer, key, value, attention_mask)
+        return out
+    return cache._attend(layer, query), None
+
+
+def _check_supported(cache: HexcoreCache, dropout, scaling, kwargs) -> None:
+    if dropout:
+        raise HexcoreInvalidArgumentError(f"attention: dropout {dropout} is not supported (inference only)")
+    if scaling is not None and not math.isclose(float(scaling), cache.scale, rel_tol=1e-6):
+        raise HexcoreInvalidArgumentError(f"attention: softmax scale {scaling} differs from the cache's "
+                                          f"{cache.scale} (from the config)")
+    for name in ("softcap", "position_bias", "sinks", "s_aux"):
+        if kwargs.get(name) is not None:
+            raise HexcoreInvalidArgumentError(f"attention: {name} is not supported by hexcore's paged decode")
+    window = kwargs.get("sliding_window")
+    if window is not None and window < cache.capacity:
+        raise HexcoreInvalidArgumentError(f"attention: sliding_window {window} is not supported (full attention)")
+
+
+def register() -> None:
+    """Register ``"hexcore"`` with transformers' attention and mask interfaces (done on import)."""
+    AttentionInterface.register(ATTN_IMPLEMENTATION, hexcore_attention)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+
+
+register()

@@ -1,0 +1,243 @@
+"""Persistent checkpoint-and-yield decode against paged_decode and the float64 reference.
+
+On the simulator a SimulatedClock (every timer read advances it) forces slices to yield
+after a few items, so the checkpoint and resume path runs in CI; every item carries a
+counter. The `gpu` tests run the same on a real GPU, and check on an H200 that every
+launch of a >= 20 ms decode with a 200 us budget ends within the budget plus one item.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from hexcore import HexcoreInvalidArgumentError, KVCacheConfig
+from hexcore.cuda import DecodeOptions, paged_decode
+from hexcore.cuda.attention.persistent import BudgetError, PersistentDecode, persistent_decode
+from hexcore.cuda.timer import SimulatedClock, global_timer_ns, use_clock
+from tests import reference as ref
+from tests.cuda.fill import random_cache
+
+TOLERANCE = 2e-3
+SPLIT = DecodeOptions(ctas_per_sm=64, min_split_blocks=1)  # one-block splits (items) on the simulator's one SM
+STEP_NS = 10_000  # each timer read advances the simulated clock 10 us
+BUDGET_US = 15  # so the first CTA of a slice takes two items (reads at 0 and 10 us), and the others none
+
+
+def _run_both(cfg, group, seq_lens, rng, options=SPLIT, **kwargs):
+    """(persistent out, stats, paged_decode out, reference) for one random cache."""
+    store, tables, tails, keys, values = random_cache(cfg, seq_lens, rng)
+    q = rng.standard_normal((len(seq_lens), cfg.num_kv_heads * group, cfg.head_dim)).astype(np.float16)
+    lens = np.array(seq_lens, np.int32)
+    outs = [cuda.to_device(np.full(q.shape, np.nan, np.float16)) for _ in range(2)]
+    paged_decode(q, store, 0, tables, lens, tails, out=outs[0], options=options)
+    with use_clock(SimulatedClock(STEP_NS)):
+        _, stats = persistent_decode(q, store, 0, tables, lens, tails, out=outs[1], options=options, **kwargs)
+    expect = ref.decode_attention(q, keys, values, 1 / math.sqrt(cfg.head_dim))
+    return outs[1].copy_to_host(), stats, outs[0].copy_to_host(), expect
+
+
+SIM_CASES = [  # (kv_dtype, head_dim, block_size, group, seq_lens, group_size): every dtype, MHA/GQA/two head groups
+    ("fp16", 64, 16, 1, [37, 0], 64),
+    ("int4", 64, 16, 2, [35], 32),
+    ("int2", 64, 16, 8, [33], 64),
+    ("fp16", 64, 16, 9, [5], 64),
+]
+
+
+@pytest.mark.parametrize("dtype,head_dim,block_size,group,seq_lens,group_size", SIM_CASES)
+def test_persistent_equals_paged_decode(dtype, head_dim, block_size, group, seq_lens, group_size, rng):
+    """Same splits, same per-item code: the outputs are bit-identical to paged_decode's,
+    whatever the slices, and within tolerance of the reference."""
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=head_dim, block_size=block_size, kv_dtype=dtype,
+                        group_size=group_size)
+    got, stats, paged, expect = _run_both(cfg, group, seq_lens, rng, budget_us=BUDGET_US)
+    assert not np.isnan(got).any(), "an output element was not written"
+    assert np.array_equal(got, paged)
+    assert ref.relative_l2(got, expect) <= TOLERANCE
+    assert stats.drained and sum(stats.items_per_launch) == stats.items
+
+
+def test_every_item_once_across_many_yields(rng):
+    """A simulated clock that forces a yield every two items: each of the 8 items (2 KV
+    heads x 4 one-block splits) is taken exactly once, every slice took its last item inside
+    the budget, and the result is right."""
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="fp16")
+    got, stats, paged, expect = _run_both(cfg, 1, [60], rng, budget_us=BUDGET_US, count_items=True)
+    assert stats.items == 8 and np.array_equal(stats.item_counts, np.ones(8, np.int32)), stats.item_counts
+    assert stats.items_per_launch[:4] == (2, 2, 2, 2) and stats.yields == 3, stats
+    assert sum(stats.items_per_launch) == stats.items
+    assert all(0 <= t < BUDGET_US for t in stats.latest_take_us), stats.latest_take_us
+    assert stats.longest_item_us > 0 and stats.longest_launch_us > 0
+    assert np.array_equal(got, paged) and ref.relative_l2(got, expect) <= TOLERANCE
+
+
+def test_fixed_slices_report_whether_they_drained(rng):
+    """``enqueue`` (the capture-safe form) runs a fixed number of slices; too few leave the
+    queue undrained and say so, enough give the full result; a second call resets the queue."""
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="fp16")
+    store, tables, tails, keys, values = random_cache(cfg, [60], rng)
+    q = rng.standard_normal((1, 1, 64)).astype(np.float16)
+    args = [cuda.to_device(a) for a in (q, tables, np.array([60], np.int32), tails)]
+    plan = PersistentDecode(args[0], store, *args[1:], budget_us=BUDGET_US, max_seq_len=60, options=SPLIT,
+                            count_items=True)
+    with use_clock(SimulatedClock(STEP_NS)):
+        plan.enqueue(0, slices=1)
+        short = plan.stats()
+        plan.enqueue(0, slices=plan.num_items + 1)  # a slice takes at least one item
+        full = plan.stats()
+    assert not short.drained and short.launches == 1 and short.yields == 1
+    assert full.drained and full.launches == plan.num_items + 1 and full.items_per_launch[-1] == 0
+    assert np.array_equal(full.item_counts, np.ones(plan.num_items, np.int32))
+    expect = ref.decode_attention(q, keys, values, 1 / 8)
+    assert ref.relative_l2(plan.out.copy_to_host(), expect) <= TOLERANCE
+
+
+@pytest.mark.parametrize("budget", [0, -5, float("nan"), float("inf"), 2e6, True, "100", None])
+def test_bad_budgets_raise_before_launch(budget):
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16)
+    store = _store(cfg)
+    out = cuda.to_device(np.full((1, 1, 64), np.nan, np.float16))
+    with pytest.raises(BudgetError, match="budget_us"):
+        persistent_decode(np.zeros((1, 1, 64), np.float16), store, 0, np.zeros((1, 1), np.int32),
+                          np.array([3], np.int32), np.array([0], np.int32), budget_us=budget, out=out)
+    assert np.isnan(out.copy_to_host()).all()
+
+
+def test_budget_below_one_item_names_the_item_time():
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16)
+    with pytest.raises(BudgetError, match="below one work item"):
+        persistent_decode(np.zeros((1, 1, 64), np.float16), _store(cfg), 0, np.zeros((1, 1), np.int32),
+                          np.array([3], np.int32), np.array([0], np.int32), budget_us=1e-6)
+    assert issubclass(BudgetError, HexcoreInvalidArgumentError)
+
+
+def test_other_bad_arguments_are_paged_decodes_errors():
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16)
+    with pytest.raises(HexcoreInvalidArgumentError, match="layer"):
+        persistent_decode(np.zeros((1, 1, 64), np.float16), _store(cfg), 3, np.zeros((1, 1), np.int32),
+                          np.array([3], np.int32), np.array([0], np.int32), budget_us=100)
+    with pytest.raises(HexcoreInvalidArgumentError, match="host numpy array"):
+        PersistentDecode(np.zeros((1, 1, 64), np.float16), _store(cfg), cuda.to_device(np.zeros((1, 1), np.int32)),
+                         cuda.to_device(np.array([3], np.int32)), cuda.to_device(np.array([0], np.int32)), 100)
+
+
+def test_simulated_clock_drives_the_timer():
+    @cuda.jit
+    def read(out):
+        out[cuda.threadIdx.x] = global_timer_ns()
+
+    out = cuda.to_device(np.zeros(2, np.int64))
+    with use_clock(SimulatedClock(5, start_ns=100)) as clock:
+        read[1, 2](out)
+    assert sorted(out.copy_to_host()) == [105, 110] and clock.reads == 2
+
+
+def _store(cfg):
+    from hexcore.cuda import DeviceKVStore
+
+    store = DeviceKVStore(cfg, num_blocks=2, max_seqs=1)
+    store.pool.copy_to_device(np.zeros(store.pool.shape, np.uint32))
+    return store
+
+
+# ---- real GPU --------------------------------------------------------------------------
+
+GPU_MATRIX = [(dtype, group) for dtype in ("fp16", "int4", "int2") for group in (1, 4, 8, 12)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,group", GPU_MATRIX)
+def test_persistent_matches_reference_gpu(dtype, group, rng):
+    """Every dtype and GQA ratio (12: two head groups), a 200 us budget: counts all one,
+    within tolerance of the reference; bit-identical to paged_decode with a budget that
+    leaves the splits alone."""
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=4, head_dim=128, block_size=32, kv_dtype=dtype, group_size=64)
+    lens = [int(rng.integers(1, 8192)), 0, 300, 32 * 7, 8192, 1]
+    store, tables, tails, keys, values = random_cache(cfg, lens, rng)
+    q = rng.standard_normal((len(lens), 4 * group, 128)).astype(np.float16)
+    expect = ref.decode_attention(q, keys, values, 1 / math.sqrt(128))
+    out, stats = persistent_decode(q, store, 0, tables, np.array(lens, np.int32), tails, budget_us=200,
+                                   count_items=True)
+    assert np.array_equal(stats.item_counts, np.ones(stats.items, np.int32))
+    assert ref.relative_l2(out.copy_to_host(), expect) <= TOLERANCE
+    paged = paged_decode(q, store, 0, tables, np.array(lens, np.int32), tails).copy_to_host()
+    out, stats = persistent_decode(q, store, 0, tables, np.array(lens, np.int32), tails, budget_us=1e6)
+    assert np.array_equal(out.copy_to_host(), paged) and stats.launches == 1
+
+
+def _big_case(batch=192, ctx=131072, num_blocks=65536):
+    """llama-3-8b heads (32/8), FP16, block 32: ``batch`` sequences of ``ctx`` tokens over a
+    pool of ``num_blocks`` random blocks (8 GiB, far above L2): about 23 ms on an H200."""
+    from benchmarks.gpu_common import fill_store
+    from hexcore.cuda import DeviceKVStore
+
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=8, head_dim=128, block_size=32, kv_dtype="fp16")
+    store = DeviceKVStore(cfg, num_blocks=num_blocks, max_seqs=batch)
+    fill_store(store)
+    rng = np.random.default_rng(0)
+    tables = cuda.to_device(rng.integers(0, num_blocks, (batch, ctx // 32), dtype=np.int32))
+    lens = cuda.to_device(np.full(batch, ctx, np.int32))
+    slots = cuda.to_device(np.arange(batch, dtype=np.int32))
+    q = cuda.to_device(rng.standard_normal((batch, 32, 128)).astype(np.float16))
+    return store, q, tables, lens, slots, ctx
+
+
+@pytest.mark.gpu
+def test_every_launch_ends_within_budget_plus_one_item_gpu():
+    """A >= 20 ms decode with a 200 us budget: every slice, by %globaltimer (first CTA's start
+    to last CTA's end) and by events around it, ends within the budget plus its longest
+    item (plus 5 us of timer granularity, and 40 us of launch overhead for events); every
+    item taken once; the result equals paged_decode's output at the same splits."""
+    from benchmarks.gpu_common import time_gpu
+
+    store, q, tables, lens, slots, ctx = _big_case()
+    whole = time_gpu(lambda: paged_decode(q, store, 0, tables, lens, slots, max_seq_len=ctx), 1, 3, 1)
+    assert whole >= 20e-3, f"the workload ran {whole * 1e3:.1f} ms, below 20 ms"
+    budget = 200.0
+    plan = PersistentDecode(q, store, tables, lens, slots, budget, max_seq_len=ctx, count_items=True)
+    reset, one = plan.launches(0)
+    reset.run(0)
+    event_us = []
+    while not plan.stats().drained:
+        start, stop = cuda.event(), cuda.event()
+        start.record()
+        one.run(0)
+        stop.record()
+        stop.synchronize()
+        event_us.append(cuda.event_elapsed_time(start, stop) * 1e3)
+    stats = plan.stats()
+    log = np.array(list(zip(stats.launch_us, stats.latest_take_us)))
+    assert np.array_equal(stats.item_counts, np.ones(stats.items, np.int32))
+    assert stats.launches >= 20, stats.launches
+    assert (log[:, 1] < budget).all(), "an item was taken after the budget"
+    assert max(stats.launch_us) <= budget + stats.longest_item_us + 5, (max(stats.launch_us), stats.longest_item_us)
+    assert max(event_us) <= budget + stats.longest_item_us + 40, (max(event_us), stats.longest_item_us)
+    print(f"\n{stats.launches} launches, longest {stats.longest_launch_us:.1f} us (events {max(event_us):.1f} us), "
+          f"longest item {stats.longest_item_us:.1f} us, decode alone {whole * 1e3:.2f} ms")
+
+
+@pytest.mark.gpu
+def test_fixed_slices_capture_into_a_graph_gpu(rng):
+    """``enqueue`` is capture-safe: a torch CUDA graph of the reset and N slices, replayed
+    after new query values, gives the new result."""
+    torch = pytest.importorskip("torch")
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=128, block_size=32, kv_dtype="int4")
+    store, tables, tails, keys, values = random_cache(cfg, [5000, 700], rng)
+    q_host = rng.standard_normal((2, 8, 128)).astype(np.float16)
+    q, d_tables = cuda.to_device(q_host), cuda.to_device(tables)
+    lens, slots = cuda.to_device(np.array([5000, 700], np.int32)), cuda.to_device(tails)
+    plan = PersistentDecode(q, store, d_tables, lens, slots, budget_us=100, max_seq_len=5000)
+    plan.run(0)
+    slices = plan.stats().launches + 4
+    side, graph = torch.cuda.Stream(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        plan.enqueue(0, slices, stream=side)
+    q_host = rng.standard_normal(q_host.shape).astype(np.float16)
+    q.copy_to_device(q_host)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert plan.stats().drained
+    expect = ref.decode_attention(q_host, keys, values, 1 / math.sqrt(128))
+    assert ref.relative_l2(plan.out.copy_to_host(), expect) <= TOLERANCE

@@ -1,0 +1,182 @@
+"""Prefill over a cached prefix against a float64 reference over the dequantized cache.
+
+Every check: fresh random inputs (seed shown on failure), the output poisoned with NaN
+before the launch, the store poisoned (NaN / 0xFF) outside the sequence's blocks and tail
+slots, table entries past the prefix pointing at a never-written block; relative L2 error
+at most 2e-3 (the scratch holds dequantized keys rounded to float16).
+"""
+
+import math
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from hexcore import HexcoreInvalidArgumentError, KVCacheConfig
+from hexcore.cuda import gather_prefix, prefill_attention
+from tests import reference as ref
+from tests.cuda.fill import random_cache
+
+TOLERANCE = 2e-3
+
+
+def extend_reference(q, keys, values, k_new, v_new, scale):
+    """float64 causal extend attention: ``q`` [n, Hq, D]; ``keys``, ``values`` [H, P, D] float64
+    (the cached prefix); ``k_new``, ``v_new`` [n, H, D]. Query i sees the prefix and new 0..i."""
+    n, Hq, D = q.shape
+    k = np.concatenate([keys, k_new.transpose(1, 0, 2).astype(np.float64)], axis=1)
+    v = np.concatenate([values, v_new.transpose(1, 0, 2).astype(np.float64)], axis=1)
+    group, P = Hq // k.shape[0], keys.shape[1]
+    out = np.zeros((n, Hq, D))
+    for i in range(n):
+        for hq in range(Hq):
+            s = k[hq // group, :P + i + 1] @ q[i, hq].astype(np.float64) * scale
+            p = np.exp(s - s.max())
+            out[i, hq] = (p / p.sum()) @ v[hq // group, :P + i + 1]
+    return out
+
+
+def make_case(cfg, prefix_len, n_new, group, rng, layer=0):
+    """A poisoned store holding one sequence's prefix (and another sequence, which must not be
+    read); (store, table, slot, keys, values, q, k_new, v_new)."""
+    store, tables, tails, keys, values = random_cache(cfg, [prefix_len, cfg.block_size + 3], rng, layer=layer)
+    H, D = cfg.num_kv_heads, cfg.head_dim
+    q = rng.standard_normal((n_new, H * group, D)).astype(np.float16)
+    k_new = rng.standard_normal((n_new, H, D)).astype(np.float16)
+    v_new = rng.standard_normal((n_new, H, D)).astype(np.float16)
+    return store, tables[0], int(tails[0]), keys[0], values[0], q, k_new, v_new
+
+
+def check_prefill(cfg, prefix_len, n_new, group, rng, backend="numba"):
+    store, table, slot, keys, values, q, k_new, v_new = make_case(cfg, prefix_len, n_new, group, rng)
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+    prefill_attention(q, k_new, v_new, store, 0, table, prefix_len, slot, out=out, backend=backend)
+    got = out.copy_to_host()
+    assert not np.isnan(got).any(), "an output element was not written (or NaN was read)"
+    expect = extend_reference(q, keys, values, k_new, v_new, 1 / math.sqrt(cfg.head_dim))
+    err = ref.relative_l2(got, expect)
+    assert err <= TOLERANCE, f"relative L2 error {err:.2e}"
+
+
+SIM_CASES = [  # (kv_dtype, head_dim, group_size, group, prefix_len, n_new)
+    ("fp16", 64, 64, 1, 32, 5),  # whole blocks
+    ("fp16", 64, 64, 3, 37, 9),  # a partial tail
+    ("int4", 64, 32, 4, 16, 20),  # more new tokens than prefix; two CTAs of rows
+    ("int4", 64, 16, 1, 21, 3),
+    ("int2", 64, 64, 3, 48, 7),
+    ("int2", 64, 32, 4, 5, 4),  # the prefix is a tail alone
+    ("int4", 64, 64, 3, 0, 6),  # no prefix: plain causal attention
+]
+
+
+@pytest.mark.parametrize("dtype,head_dim,group_size,group,prefix_len,n_new", SIM_CASES)
+def test_prefill_matches_reference(dtype, head_dim, group_size, group, prefix_len, n_new, rng):
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=head_dim, block_size=16, kv_dtype=dtype,
+                        group_size=group_size)
+    check_prefill(cfg, prefix_len, n_new, group, rng)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "int4", "int2"])
+def test_gather_gives_the_dequantized_prefix_then_the_new_tokens(dtype, rng):
+    cfg = KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype=dtype, group_size=32)
+    store, table, slot, keys, values, _, k_new, v_new = make_case(cfg, 35, 3, 1, rng, layer=1)  # layer 0: poison
+    k_out = cuda.to_device(np.full((2, 38, 64), np.nan, np.float16))
+    v_out = cuda.to_device(np.full((2, 38, 64), np.nan, np.float16))
+    gather_prefix(store, 1, table, 35, slot, k_new, v_new, k_out=k_out, v_out=v_out)
+    for got, prefix, new in ((k_out, keys, k_new), (v_out, values, v_new)):
+        got = got.copy_to_host()
+        np.testing.assert_array_equal(got[:, 35:], new.transpose(1, 0, 2))
+        np.testing.assert_allclose(got[:, :35].astype(np.float64), prefix, rtol=1e-3, atol=1e-3)
+        np.testing.assert_array_equal(got[:, 32:35], prefix[:, 32:35].astype(np.float16))  # the tail, exact
+
+
+def test_device_arrays_give_what_host_arrays_give(rng):
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="int4", group_size=64)
+    store, table, slot, keys, values, q, k_new, v_new = make_case(cfg, 32, 2, 2, rng)
+    host = prefill_attention(q, k_new, v_new, store, 0, table, 32, backend="numba").copy_to_host()
+    device = prefill_attention(cuda.to_device(q), cuda.to_device(k_new), cuda.to_device(v_new), store, 0,
+                               cuda.to_device(table), 32, backend="numba").copy_to_host()
+    np.testing.assert_array_equal(host, device)
+
+
+def test_sdpa_extend_matches_reference_on_cpu(rng):
+    """The SDPA path's mask and GQA on torch's CPU kernels (the gather is tested above)."""
+    torch = pytest.importorskip("torch")
+    n, H, group, D, P = 5, 2, 3, 64, 21
+    q = rng.standard_normal((n, H * group, D))
+    k, v = rng.standard_normal((H, P + n, D)), rng.standard_normal((H, P + n, D))
+    from hexcore.cuda.attention.prefill import sdpa_extend
+
+    got = sdpa_extend(*(torch.from_numpy(x) for x in (q, k, v))).numpy()
+    expect = extend_reference(q, k[:, :P], v[:, :P], k[:, P:].transpose(1, 0, 2), v[:, P:].transpose(1, 0, 2),
+                              1 / math.sqrt(D))
+    assert ref.relative_l2(got, expect) <= 1e-10
+
+
+def test_bad_arguments_raise_and_leave_out_unwritten(rng):
+    cfg = KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
+    store, table, slot, _, _, q, k_new, v_new = make_case(cfg, 20, 3, 2, rng)
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+    good = dict(q=q, k_new=k_new, v_new=v_new, store=store, layer=0, block_table=table, prefix_len=20, tail_slot=slot,
+                out=out, backend="numba")
+    cases = [
+        (dict(layer=2), r"layer: expected an int in \[0, 2\), got 2"),
+        (dict(prefix_len=-1), r"prefix_len: expected an int >= 0, got -1"),
+        (dict(prefix_len=2.0), "prefix_len: expected an int, got float"),
+        (dict(prefix_len=16 * len(table) + 16), r"block_table: expected shape \(>= \d+,\) for prefix_len"),
+        (dict(block_table=np.array([store.num_blocks], np.int32)), r"block_table\[0\] = .* is outside"),
+        (dict(block_table=table.astype(np.int64)), "block_table: expected dtype int32, got int64"),
+        (dict(tail_slot=None), "tail_slot: prefix_len 20 ends inside a tail"),
+        (dict(tail_slot=store.max_seqs), "tail_slot: expected an int in"),
+        (dict(q=q.astype(np.float32)), "q: expected dtype float16, got float32"),
+        (dict(q=q[:, :3]), "q: num_q_heads 3 is not a positive multiple of num_kv_heads 2"),
+        (dict(q=q[:2]), r"q: expected shape \(3, '\*', 64\), got \(2, 4, 64\)"),
+        (dict(v_new=v_new[:2]), r"v_new: expected shape \(3, 2, 64\)"),
+        (dict(k_new=k_new[..., :32]), r"k_new: expected shape \('\*', 2, 64\)"),
+        (dict(out=np.zeros(q.shape, np.float16)), "out: an output must be a device array"),
+        (dict(out=cuda.to_device(np.zeros((3, 4, 32), np.float16))), r"out: expected shape \(3, 4, 64\)"),
+        (dict(scale=0.0), "scale: expected a positive finite number"),
+        (dict(backend="flash"), "backend: expected one of"),
+        (dict(backend="sdpa"), "backend: 'sdpa' needs torch with CUDA"),
+        (dict(store=store.config), "store: expected a DeviceKVStore, got KVCacheConfig"),
+    ]
+    for change, message in cases:
+        with pytest.raises(HexcoreInvalidArgumentError, match=message):
+            prefill_attention(**{**good, **change})
+    assert np.isnan(out.copy_to_host()).all()
+    bad_out = store.v_tails.reshape(store.v_tails.size)[:q.size].reshape(q.shape)
+    with pytest.raises(HexcoreInvalidArgumentError, match="out: lies inside the store's memory"):
+        prefill_attention(**{**good, "out": bad_out})
+
+
+# -- GPU --------------------------------------------------------------------------------
+GPU_CASES = [(dtype, head_dim, group, prefix_len, n_new)
+             for dtype in ("fp16", "int4", "int2")
+             for head_dim, group, prefix_len, n_new in ((128, 4, 2048, 64), (64, 1, 333, 200), (128, 3, 16, 1))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["numba", "sdpa"])
+@pytest.mark.parametrize("dtype,head_dim,group,prefix_len,n_new", GPU_CASES)
+def test_prefill_matches_reference_gpu(backend, dtype, head_dim, group, prefix_len, n_new, rng):
+    if backend == "sdpa":
+        pytest.importorskip("torch")
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=head_dim, block_size=32, kv_dtype=dtype,
+                        group_size=64)
+    check_prefill(cfg, prefix_len, n_new, group, rng, backend)
+
+
+@pytest.mark.gpu
+def test_prefill_with_torch_tensors_runs_on_the_current_stream(rng):
+    torch = pytest.importorskip("torch")
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=128, block_size=32, kv_dtype="int4", group_size=64)
+    store, table, slot, keys, values, q, k_new, v_new = make_case(cfg, 100, 30, 4, rng)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        tq, tk, tv = (torch.from_numpy(x).cuda() for x in (q, k_new, v_new))
+        for backend in ("numba", "sdpa"):
+            out = prefill_attention(tq, tk, tv, store, 0, table, 100, slot, backend=backend)
+            assert isinstance(out, torch.Tensor)
+            got = out.cpu().numpy()
+            expect = extend_reference(q, keys, values, k_new, v_new, 1 / math.sqrt(128))
+            assert ref.relative_l2(got, expect) <= TOLERANCE

@@ -1,0 +1,154 @@
+"""Block checksums on the device against the CPU definition; bit flips and canaries found."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from hexcore import KVCacheConfig
+from hexcore.cuda import integrity, seal
+from hexcore.cuda.store import GUARD_WORDS, DeviceKVStore
+from hexcore.errors import HexcoreInvalidArgumentError
+from hexcore.host.checksum import layer_digests
+
+
+def random_store(cfg, rng, num_blocks=5, max_seqs=2) -> DeviceKVStore:
+    """A store whose arrays hold random words (guards intact)."""
+    store = DeviceKVStore(cfg, num_blocks, max_seqs)
+    store.pool.copy_to_device(rng.integers(0, 1 << 32, store.pool.shape[0], dtype=np.uint32))
+    store.fill_guards()
+    return store
+
+
+def cpu_digests(store, block) -> np.ndarray:
+    """The CPU checksum of a host copy of ``block`` (uint32 [L])."""
+    a = {name: array.copy_to_host()[:, block] for name, array in store.arrays.items() if "tails" not in name}
+    return layer_digests(a["k_codes"], a["v_codes"], a.get("k_meta"), a.get("v_meta"))
+
+
+def config(kv_dtype, num_layers=2):
+    return KVCacheConfig(num_layers=num_layers, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype=kv_dtype)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp16", "int4", "int2"])
+def test_gpu_checksum_matches_cpu(rng, kv_dtype):
+    store = random_store(config(kv_dtype, num_layers=3), rng)
+    ids = np.array([4, 0, 2], np.int32)
+    got = integrity.checksum_blocks(store, ids)
+    assert got.shape == (3, 3) and got.dtype == np.uint32
+    for row, block in enumerate(ids):
+        assert np.array_equal(got[row], cpu_digests(store, block)), (kv_dtype, block)
+
+
+def test_record_then_verify_finds_planted_flips(rng):
+    cfg = config("int4")
+    store = random_store(cfg, rng)
+    L = cfg.num_layers
+    ids = np.arange(5, dtype=np.int32)
+    sums = cuda.to_device(np.zeros((5, L), np.uint32))
+    out = cuda.to_device(np.full((5, L), 0xDEAD, np.uint32))
+    bad = cuda.to_device(np.full(len(store.guard_offsets), 7, np.uint32))
+    integrity.checksum_launch(store, ids, sums, out, bad, "record").run()
+    assert np.array_equal(sums.copy_to_host(), np.stack([cpu_digests(store, b) for b in ids]))
+    # one flip in each of four blocks, one per segment, random layer and position
+    planted = {}
+    for block, name in zip((0, 1, 3, 4), ("k_codes", "v_codes", "k_meta", "v_meta")):
+        array = store.arrays[name]
+        run = array.nbytes // (L * array.shape[1])
+        layer, byte, bit = int(rng.integers(L)), int(rng.integers(run)), int(rng.integers(8))
+        integrity.flip_bits(store, name, layer, block, byte, 1 << bit)
+        planted[block] = layer
+    integrity.checksum_launch(store, ids, sums, out, bad, "verify").run()
+    delta = out.copy_to_host()
+    found = {int(b): int(np.flatnonzero(delta[b])[0]) for b in np.flatnonzero(delta.any(axis=1))}
+    assert found == planted
+    assert (delta != 0).sum() == 4  # one layer each
+    assert not bad.copy_to_host().any()
+
+
+def test_padding_rows_are_skipped(rng):
+    cfg = config("fp16")
+    store = random_store(cfg, rng)
+    ids = cuda.to_device(np.array([-1, 3, 99], np.int32))
+    out = cuda.to_device(np.full((3, cfg.num_layers), 0xDEAD, np.uint32))
+    sums = cuda.device_array((5, cfg.num_layers), np.uint32)
+    bad = cuda.device_array(len(store.guard_offsets), np.uint32)
+    integrity.prepare_checksum(store, ids, sums, out, bad, "compute").run(0)
+    got = out.copy_to_host()
+    assert (got[[0, 2]] == 0xDEAD).all()
+    assert np.array_equal(got[1], cpu_digests(store, 3))
+
+
+def test_canaries_catch_a_write_past_each_array(rng):
+    store = random_store(config("int2"), rng)
+    assert not integrity.check_guards(store).any()
+    # the word just past the end of the tails (the last array), and the last word of another guard
+    integrity.clobber_guard(store, len(store.guard_offsets) - 1, 0, 0x12345678)
+    integrity.clobber_guard(store, 1, GUARD_WORDS - 1, 0)
+    bad = integrity.check_guards(store)
+    assert bad.tolist() == [0, 1, 0, 0, 0, 1]
+    assert store.guard_names == ("k_codes", "v_codes", "k_meta", "v_meta", "k_tails", "v_tails")
+    assert store.guard_offsets[0] == store.word_offsets["k_codes"] + store.k_codes.nbytes // 4
+
+
+def test_kernels_stay_inside_their_arrays(rng):
+    # a seal of every tail into the first and last blocks leaves every guard intact
+    store = random_store(config("int4"), rng)
+    for tails in (store.k_tails, store.v_tails):
+        tails.copy_to_device(rng.standard_normal(tails.shape).astype(np.float16))
+    seal(store, np.array([0, 1], np.int32), np.array([0, 4], np.int32))
+    assert not integrity.check_guards(store).any()
+
+
+def test_store_checks_its_config():
+    with pytest.raises(HexcoreInvalidArgumentError, match="config: expected KVCacheConfig, got NoneType"):
+        DeviceKVStore(None, 4, 2)
+
+
+def test_bad_arguments_raise_typed_errors(rng):
+    cfg = config("int4")
+    store = random_store(cfg, rng)
+    sums = cuda.device_array((5, cfg.num_layers), np.uint32)
+    out = cuda.device_array((1, cfg.num_layers), np.uint32)
+    bad = cuda.device_array(len(store.guard_offsets), np.uint32)
+    ids = np.array([0], np.int32)
+    with pytest.raises(HexcoreInvalidArgumentError, match="mode: expected one of"):
+        integrity.checksum_launch(store, ids, sums, out, bad, "check")
+    with pytest.raises(HexcoreInvalidArgumentError, match="sums"):
+        integrity.checksum_launch(store, ids, cuda.device_array((4, cfg.num_layers), np.uint32), out, bad)
+    with pytest.raises(HexcoreInvalidArgumentError, match="block_ids"):
+        integrity.checksum_launch(store, np.array([5], np.int32), sums, out, bad)
+    with pytest.raises(HexcoreInvalidArgumentError, match="name: expected one of"):
+        integrity.flip_bits(store, "codes", 0, 0, 0)
+    with pytest.raises(HexcoreInvalidArgumentError, match=r"byte: expected an int in \[0, 1023\], got 1024"):
+        integrity.flip_bits(store, "k_codes", 0, 0, 1024)
+    with pytest.raises(HexcoreInvalidArgumentError, match="region"):
+        integrity.clobber_guard(store, 6)
+    with pytest.raises(HexcoreInvalidArgumentError, match="block_ids"):
+        integrity.prepare_checksum(store, ids, sums, out, bad)  # a host array: prepared launches take device ones
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["fp16", "int4", "int2"])
+def test_gpu_checksum_matches_cpu_on_hardware(kv_dtype):
+    # a real-size config on the GPU: many blocks, sampled bit flips, all found
+    rng = np.random.default_rng(14)
+    cfg = KVCacheConfig.from_preset("llama-3-8b", kv_dtype=kv_dtype, block_size=32)
+    store = random_store(cfg, rng, num_blocks=64, max_seqs=4)
+    ids = np.arange(64, dtype=np.int32)
+    got = integrity.checksum_blocks(store, ids)
+    for block in rng.choice(64, 6, replace=False):
+        assert np.array_equal(got[block], cpu_digests(store, block)), block
+    sums = cuda.to_device(got)
+    out = cuda.device_array((64, cfg.num_layers), np.uint32)
+    bad = cuda.device_array(len(store.guard_offsets), np.uint32)
+    flipped = rng.choice(64, 16, replace=False)
+    for block in flipped:
+        name = rng.choice(list(k for k in store.arrays if "tails" not in k))
+        run = store.arrays[name].nbytes // (cfg.num_layers * 64)
+        integrity.flip_bits(store, str(name), int(rng.integers(cfg.num_layers)), int(block), int(rng.integers(run)),
+                            1 << int(rng.integers(8)))
+    integrity.checksum_launch(store, ids, sums, out, bad, "verify").run()
+    assert sorted(np.flatnonzero(out.copy_to_host().any(axis=1)).tolist()) == sorted(flipped.tolist())
+    assert not bad.copy_to_host().any()

@@ -1,0 +1,193 @@
+"""FaultTolerantKVCache: record at seal, verify, scrub, canaries, migrate, quarantine, refill."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hexcore import FaultTolerantKVCache, KVCacheConfig, PagedKVCache, Status
+from hexcore.cuda import DeviceKVStore, paged_decode, seal
+from hexcore.errors import (HexcoreConfigError, HexcoreCorruptionError, HexcoreInvalidArgumentError,
+                            HexcoreInvalidSequenceError, HexcoreOOMError)
+
+CFG = KVCacheConfig(num_layers=2, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="int4")
+BS = CFG.block_size
+
+
+class Rig:
+    """A cache, its store and a FaultTolerantKVCache; grows sequences a sealed block at a time
+    with random tails, keeping each sealed block's FP16 source for refills."""
+
+    def __init__(self, rng, num_blocks=12, max_seqs=4, **kwargs):
+        self.rng = rng
+        self.cache = PagedKVCache(CFG, num_blocks, max_seqs)
+        self.store = DeviceKVStore(CFG, num_blocks, max_seqs)
+        self.store.poison()
+        self.ft = FaultTolerantKVCache(self.cache, self.store, **kwargs)
+        self.sources = {}  # (seq_id, logical) -> (k, v) float16 [L, BS, H, D] sealed there
+
+    def grow(self, seq_id, blocks=1):
+        for _ in range(blocks):
+            shape = self.store.k_tails.shape  # [L, max_seqs, H, BS, D]
+            k = self.rng.standard_normal(shape).astype(np.float16)
+            v = self.rng.standard_normal(shape).astype(np.float16)
+            self.store.k_tails.copy_to_device(k)
+            self.store.v_tails.copy_to_device(v)
+            ids = np.array([seq_id], np.int32)
+            new_len = np.array([self.cache.seq_len(seq_id) // BS * BS + BS], np.int32)
+            result = self.cache.step(ids, new_len)
+            result.raise_for_status()
+            seal(self.store, result.seal_slots, result.seal_blocks)
+            self.ft.record_seals(result)
+            logical = int(result.seal_logical[0])
+            self.sources[(seq_id, logical)] = tuple(x[:, seq_id].transpose(0, 2, 1, 3).copy() for x in (k, v))
+
+    def block(self, block_id):
+        """Host copies of every sealed array of ``block_id`` (name -> [L, ...])."""
+        return {n: a.copy_to_host()[:, block_id] for n, a in self.store.arrays.items() if "tails" not in n}
+
+
+def seqs(*ids):
+    return np.array(ids, np.int32)
+
+
+def test_verify_names_every_sequence_block_and_token_range(rng):
+    rig = Rig(rng)
+    a = rig.cache.add_sequence()
+    rig.grow(a, 3)
+    b = rig.cache.fork_sequence(a)
+    rig.grow(b, 1)
+    assert rig.ft.verify(seqs(a, b)) == 4
+    bad = int(rig.cache.block_table(a)[1])
+    rig.ft.flip_bit("k_meta", 1, bad, 5, 3)
+    with pytest.raises(HexcoreCorruptionError, match=rf"blocks {bad} \(layers \[1\]\).*seq {a} tokens \[16, 32\)") \
+            as info:
+        rig.ft.verify(seqs(a))
+    report = info.value.report
+    assert report.block_ids == [bad] and report.layers == {bad: [1]}
+    assert report.token_ranges == {a: [(16, 32)], b: [(16, 32)]}  # the fork shares it: reported too
+    assert rig.ft.try_verify(seqs(b)) is Status.CORRUPTED
+    assert rig.ft.stats()["corruptions_found"] == 1
+
+
+@pytest.mark.parametrize("name, byte", [("k_codes", 0), ("v_codes", 511), ("v_meta", 63)])
+def test_a_flipped_byte_or_word_is_found_by_scrub(rng, name, byte):
+    rig = Rig(rng, scrub_blocks=2)
+    a = rig.cache.add_sequence()
+    rig.grow(a, 3)
+    target = int(rig.cache.block_table(a)[2])
+    rig.ft.flip_byte(name, 0, target, byte)
+    assert rig.ft.scrub() == 2  # blocks 0, 1: clean
+    with pytest.raises(HexcoreCorruptionError, match=f"corrupted blocks {target} "):
+        rig.ft.scrub()
+    rig.ft.flip_byte(name, 0, target, byte)  # undone: the scrub goes round again, clean
+    assert rig.ft.try_scrub(3) is Status.OK
+
+
+def test_a_clobbered_canary_is_found_by_verify_and_scrub(rng):
+    rig = Rig(rng)
+    a = rig.cache.add_sequence()
+    rig.grow(a, 1)
+    rig.ft.clobber_canary(4, 0, 1)  # the word after the last K tail
+    with pytest.raises(HexcoreCorruptionError, match="guard regions overwritten after k_tails"):
+        rig.ft.verify(seqs(a))
+    assert rig.ft.try_scrub() is Status.CORRUPTED
+    assert rig.ft.last_report.guards == ["k_tails"] and rig.ft.last_report.seq_ids == []
+
+
+def test_policies(rng):
+    rig = Rig(rng, policy="sampled", sample_every=4)
+    a = rig.cache.add_sequence()
+    rig.grow(a, 4)
+    assert [rig.ft.verify(seqs(a)) for _ in range(4)] == [1, 1, 1, 1]  # each block once in 4 calls
+    rig.ft.policy = "off"
+    assert rig.ft.verify(seqs(a)) == 0
+
+
+def test_migrate_moves_healthy_blocks_and_quarantines_the_bad(rng):
+    rig = Rig(rng, num_blocks=8, max_seqs=4)
+    cache, ft = rig.cache, rig.ft
+    a = cache.add_sequence()
+    rig.grow(a, 3)
+    b = cache.fork_sequence(a)
+    q = rng.standard_normal((1, 1, CFG.head_dim)).astype(np.float16)
+
+    def attend(seq_id, layer):
+        table = np.full((1, 4), -1, np.int32)
+        row = cache.block_table(seq_id)
+        table[0, :len(row)] = row
+        return paged_decode(q, rig.store, layer, table, seqs(cache.seq_len(seq_id)), seqs(seq_id)).copy_to_host()
+
+    before = attend(a, 1)
+    old = cache.block_table(a)
+    copies = [rig.block(x) for x in old]
+    rig.ft.flip_bit("v_codes", 0, int(old[1]), 100, 6)
+    with pytest.raises(HexcoreCorruptionError):
+        ft.verify(seqs(a))
+    moved = ft.migrate_sequence(a)
+    new = cache.block_table(a)
+    assert moved == {"moved": 2, "lost": [(1, int(new[1]), (16, 32))]}
+    assert not set(new.tolist()) & set(old.tolist())
+    for j in (0, 2):  # healthy tokens bit-identical in their new blocks
+        for name, data in rig.block(int(new[j])).items():
+            assert np.array_equal(data.view(np.uint8), copies[j][name].view(np.uint8)), (j, name)
+    assert ft.quarantined == [int(old[1])]
+    ft.check_invariants()
+    with pytest.raises(HexcoreCorruptionError, match=rf"seq {a} tokens \[16, 32\)"):
+        ft.verify(seqs(a))  # the lost block awaits its refill
+    ft.refill(a, 1, *rig.sources[(a, 1)])
+    assert ft.verify(seqs(a)) == 3
+    assert np.array_equal(attend(a, 1).view(np.uint16), before.view(np.uint16))  # bit-identical
+    # the fork still holds the bad block until it goes; the block never comes back
+    assert ft.try_verify(seqs(b)) is Status.CORRUPTED
+    assert ft.last_report.layers == {int(old[1]): "quarantined"}
+    cache.free_sequence(b)
+    ft.check_invariants()
+    assert ft.stats()["blocks_quarantined"] == 1
+    allocated = 0
+    while allocated < 10_000:
+        s = cache.add_sequence()
+        got = cache.grow_sequence(s, cache.num_free_blocks * BS)
+        assert int(old[1]) not in got.tolist()
+        allocated += len(got)
+        child = cache.fork_sequence(s)
+        cache.free_sequence(s)
+        cache.free_sequence(child)
+    ft.check_invariants()
+
+
+def test_bad_input_is_refused_and_changes_nothing(rng):
+    rig = Rig(rng, num_blocks=4, max_seqs=2)
+    cache, ft = rig.cache, rig.ft
+    a = cache.add_sequence()
+    rig.grow(a, 3)
+    state = (cache._blocks.copy(), cache._tables.copy(), ft.recorded.copy())
+    with pytest.raises(HexcoreInvalidArgumentError, match="seq_ids: expected a C-contiguous int32 1-D array"):
+        ft.verify([a])
+    with pytest.raises(HexcoreInvalidSequenceError, match="sequence 1 is not live"):
+        ft.verify(seqs(a, 1))
+    assert ft.try_verify(seqs(3)) is Status.INVALID_SEQUENCE
+    with pytest.raises(HexcoreInvalidSequenceError):
+        ft.migrate_sequence(1)
+    with pytest.raises(HexcoreOOMError, match="nothing changed"):
+        ft.migrate_sequence(a)  # 3 blocks to move, 1 free
+    with pytest.raises(HexcoreInvalidArgumentError, match=r"block_ids\[0\] = 4 is outside \[0, 4\)"):
+        ft.record(seqs(4))
+    with pytest.raises(HexcoreInvalidArgumentError, match="max_blocks"):
+        ft.scrub(0)
+    with pytest.raises(HexcoreInvalidArgumentError, match="logical"):
+        ft.refill(a, 0, None, None)
+    with pytest.raises(HexcoreInvalidArgumentError, match="bit"):
+        ft.flip_bit("k_codes", 0, 0, 0, 8)
+    assert all(np.array_equal(x, y) for x, y in zip(state, (cache._blocks, cache._tables, ft.recorded)))
+    store = rig.store
+    with pytest.raises(HexcoreInvalidArgumentError, match="policy: expected one of"):
+        FaultTolerantKVCache(cache, store, policy="never")
+    with pytest.raises(HexcoreInvalidArgumentError, match="sample_every"):
+        FaultTolerantKVCache(cache, store, sample_every=0)
+    with pytest.raises(HexcoreInvalidArgumentError, match="store: expected DeviceKVStore, got NoneType"):
+        FaultTolerantKVCache(cache, None)
+    with pytest.raises(HexcoreConfigError, match="num_blocks 4"):
+        FaultTolerantKVCache(cache, DeviceKVStore(CFG, 5, 2))
+    with pytest.raises(HexcoreConfigError, match="prefix cache off"):
+        FaultTolerantKVCache(PagedKVCache(CFG, 4, 2, prefix_cache=True), store)
