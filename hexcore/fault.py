@@ -37,7 +37,7 @@ from ._checks import as_int, int_value
 from .errors import (HexcoreConfigError, HexcoreCorruptionError, HexcoreError, HexcoreInvalidArgumentError,
                      HexcoreInvalidSequenceError, HexcoreOOMError, Status)
 from .host import _blocks as core
-from .host import _step
+from .host._table_edits import hold_block, replace_blocks, return_free_blocks, take_free_blocks
 from .host.allocator import PagedKVCache
 from .host.checksum import block_checksum
 
@@ -231,18 +231,18 @@ class FaultTolerantKVCache:
         if cache.num_free_blocks < len(old) or (need > len(old) and cache.num_sequences >= cache.max_seqs):
             raise HexcoreOOMError(f"migrate_sequence: seq {seq_id} needs {len(old)} free blocks and a sequence "
                                   f"slot for quarantine, have {cache.num_free_blocks} blocks; nothing changed")
-        new = _take_blocks(cache, len(old))
+        new = take_free_blocks(cache, len(old))
         healthy = np.array([b not in bad for b in old.tolist()], bool)
         if healthy.any():
             src, dst = old[healthy], new[healthy]
             before = self._launch(src, "compute", stream)  # (the recorded ones were just verified)
             copy_blocks(self.store, src, dst, stream=stream)
             if not np.array_equal(self._launch(dst, "record", stream), before):  # the copies' digests
-                _release_blocks(cache, new)
+                return_free_blocks(cache, new)
                 raise HexcoreCorruptionError(f"migrate_sequence: the copy of seq {seq_id}'s blocks did not verify; "
                                              "nothing changed")
             self.recorded[dst] = self.recorded[src]
-        _swap_table(cache, seq_id, new)
+        replace_blocks(cache, seq_id, new)
         for b in sorted(bad):
             self._quarantine(b)
         bs = self.config.block_size
@@ -424,68 +424,11 @@ class FaultTolerantKVCache:
         if self._holder_room() == 0:
             self.quarantine_seq_ids.append(cache.add_sequence())
         h = self.quarantine_seq_ids[-1]
-        _hold(cache, h, block)
+        hold_block(cache, h, block)
         self.quarantined.append(block)
         self._bad.pop(block, None)
         self._lost.pop(block, None)
         self.recorded[block] = False
-
-
-# -- block-table edits (njit-free: a migration is rare; the allocator has no hook for them) --
-def _take_blocks(cache: PagedKVCache, count: int) -> np.ndarray:
-    """Pop ``count`` blocks off the free stack as LIVE with no references yet (checked by the caller)."""
-    blocks, counters = cache._blocks, cache._counters
-    top = int(counters[core.NUM_FREE])
-    ids = blocks[core.FREE_STACK, top - count:top][::-1].copy()
-    counters[core.NUM_FREE] = top - count
-    blocks[core.STATE, ids] = core.LIVE
-    return ids.astype(np.int32)
-
-
-def _release_blocks(cache: PagedKVCache, ids) -> None:
-    """Undo :func:`_take_blocks`."""
-    blocks, counters = cache._blocks, cache._counters
-    top = int(counters[core.NUM_FREE])
-    blocks[core.FREE_STACK, top:top + len(ids)] = ids[::-1]
-    blocks[core.STATE, ids] = core.FREE
-    counters[core.NUM_FREE] = top + len(ids)
-
-
-def _swap_table(cache: PagedKVCache, seq_id: int, new) -> None:
-    """Point ``seq_id``'s table at ``new`` (taken blocks), dropping its references to the old ones."""
-    blocks, counters, tables = cache._blocks, cache._counters, cache._tables
-    n = len(new)
-    old = tables[seq_id, :n].copy()
-    tables[seq_id, :n] = new
-    blocks[core.REFS, new] = 1
-    freed = 0
-    for b in old.tolist()[::-1]:
-        blocks[core.REFS, b] -= 1
-        if blocks[core.REFS, b] == 0:
-            top = int(counters[core.NUM_FREE])
-            blocks[core.FREE_STACK, top] = b
-            blocks[core.STATE, b] = core.FREE
-            counters[core.NUM_FREE] = top + 1
-            freed += 1
-    counters[core.NUM_LIVE] += n - freed
-    stale = cache._out_rows[_step.ROW_SEQ] == seq_id  # step output rows copy only new blocks: recopy this one
-    cache._out_rows[_step.ROW_SEQ, stale] = -1
-
-
-def _hold(cache: PagedKVCache, holder: int, block: int) -> None:
-    """Append ``block`` to quarantine sequence ``holder``'s table (one more reference)."""
-    blocks, seqs, counters = cache._blocks, cache._seqs, cache._counters
-    j = int(seqs[core.LEN, holder]) // cache.block_size
-    if blocks[core.REFS, block] == 0:  # free (a lost block's replacement never is): take it off the stack
-        stack = blocks[core.FREE_STACK, :int(counters[core.NUM_FREE])]
-        at = int(np.flatnonzero(stack == block)[0])
-        stack[at:-1] = stack[at + 1:].copy()
-        counters[core.NUM_FREE] -= 1
-        counters[core.NUM_LIVE] += 1
-        blocks[core.STATE, block] = core.LIVE
-    blocks[core.REFS, block] += 1
-    cache._tables[holder, j] = block
-    seqs[core.LEN, holder] = (j + 1) * cache.block_size
 
 
 def _step_check(ids, max_len, name: str = "seq_ids") -> None:
