@@ -311,6 +311,16 @@ class FaultTolerantKVCache:
         sequences_migrated, migration_seconds (names in ``PROMETHEUS_NAMES``)."""
         return dict(self._stats, blocks_quarantined=len(self.quarantined))
 
+    def prometheus_collector(self):
+        """A ``prometheus_client`` collector over :meth:`stats`: counters ``*_total``, the
+        ``hexcore_blocks_quarantined`` gauge and the ``hexcore_migration_latency_seconds``
+        summary (its ``_sum`` and ``_count``). HexcoreConfigError without prometheus_client."""
+        try:
+            from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+        except ImportError:
+            raise HexcoreConfigError("prometheus_collector: prometheus_client is not installed") from None
+        return _FaultCollector(self, CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily)
+
     def check_invariants(self) -> None:
         """The cache's invariants, and: every quarantined block is held by a quarantine
         sequence, off the free stack, and in no other table. AssertionError if not."""
@@ -429,6 +439,27 @@ class FaultTolerantKVCache:
         self._bad.pop(block, None)
         self._lost.pop(block, None)
         self.recorded[block] = False
+
+
+class _FaultCollector:
+    """``collect()`` yields the fault-tolerance metric families from a stats snapshot."""
+
+    _DOCS = {"blocks_verified": "Sealed blocks whose checksum was verified.",
+             "corruptions_found": "Blocks found corrupted.",
+             "canary_violations": "Guard words found overwritten.",
+             "sequences_migrated": "Sequences moved to fresh blocks."}
+
+    def __init__(self, cache, counter, gauge, summary):
+        self.cache, self.counter, self.gauge, self.summary = cache, counter, gauge, summary
+
+    def collect(self):
+        stats = self.cache.stats()
+        for key, doc in self._DOCS.items():
+            yield self.counter(PROMETHEUS_NAMES[key].removesuffix("_total"), doc, value=stats[key])
+        yield self.gauge(PROMETHEUS_NAMES["blocks_quarantined"], "Blocks quarantined (never handed out again).",
+                         value=stats["blocks_quarantined"])
+        yield self.summary("hexcore_migration_latency_seconds", "Host time of migrate_sequence calls.",
+                           count_value=stats["sequences_migrated"], sum_value=stats["migration_seconds"])
 
 
 def _step_check(ids, max_len, name: str = "seq_ids") -> None:

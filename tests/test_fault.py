@@ -191,3 +191,25 @@ def test_bad_input_is_refused_and_changes_nothing(rng):
         FaultTolerantKVCache(cache, DeviceKVStore(CFG, 5, 2))
     with pytest.raises(HexcoreConfigError, match="prefix cache off"):
         FaultTolerantKVCache(PagedKVCache(CFG, 4, 2, prefix_cache=True), store)
+
+
+def test_metrics_export_in_prometheus_style(rng):
+    rig = Rig(rng, num_blocks=8, max_seqs=4)
+    a = rig.cache.add_sequence()
+    rig.grow(a, 2)
+    rig.ft.verify(seqs(a))
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        with pytest.raises(HexcoreConfigError, match="prometheus_client is not installed"):
+            rig.ft.prometheus_collector()
+        return
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    registry.register(rig.ft.prometheus_collector())
+    text = generate_latest(registry).decode()
+    assert f"hexcore_blocks_verified_total {float(rig.ft.stats()['blocks_verified'])}" in text
+    for name in ("hexcore_corruptions_found_total 0.0", "hexcore_blocks_quarantined 0.0",
+                 "hexcore_migration_latency_seconds_count 0.0"):
+        assert name in text
