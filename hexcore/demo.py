@@ -171,7 +171,7 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
                             f"{s['recomputed_tokens']:,} tokens recomputed)"),
         ("tokens", f"{s['decode_tokens']:,} decoded in {s['steps']:,} steps (batch up to {s['peak_batch']}), "
                    f"{s['prefill_tokens']:,} prefilled"),
-        ("tokens/s", f"{s['decode_tokens_per_s']:,.0f} in decode steps, {s['wall_tokens_per_s']:,.0f} over "
+        ("tokens/s", f"{_rate(s['decode_tokens_per_s'])} in decode steps, {_rate(s['wall_tokens_per_s'])} over "
                      f"the whole run ({s['wall_seconds']:.1f} s)"),
         ("step latency p50 / p99", f"{s['step_ms_p50']:.2f} / {s['step_ms_p99']:.2f} ms"),
         ("peak blocks", f"{s['peak_active_blocks']:,} of {s['num_blocks']:,} ({s['peak_tokens']:,} tokens live)"),
@@ -185,6 +185,11 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
         ("attention error vs FP16", f"mean {s['attention_error_mean']:.2e}, max {s['attention_error_max']:.2e} "
                                     f"(rel. L2, {s['checked_outputs']} outputs vs float64 over exact FP16 K/V)"),
     ]
+
+
+def _rate(per_s: float) -> str:
+    """Thousands separators above 100/s, three significant digits below (the simulator)."""
+    return f"{per_s:,.0f}" if per_s >= 100 else f"{per_s:.3g}"
 
 
 def _size(nbytes: int) -> str:
