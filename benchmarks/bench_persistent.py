@@ -8,7 +8,8 @@ Rows:
 - ``no_yield``: GPU time (events) of ``PersistentDecode.enqueue(layer, 1)`` with a budget
   no decode reaches (one slice, the reset included) against ``DecodePlan.run``; target
   ratio <= 1.05; also the eager ``run`` (which reads the cursor back) per call.
-- ``yield_1ms``: the same with a 1 ms budget: slices, GPU time, cost per yield
+- ``yield_1ms``: the same with a 1 ms budget (first on a ~15 ms decode, ``LONG``, then on
+  each decode shape): slices, GPU time, cost per yield
   ``(t - t_no_yield) / yields``, and the relaunch gap (GPU time minus the sum of slice
   spans by %globaltimer, per yield).
 - ``latency``: a one-CTA kernel on a second stream, launched every ~0.2 ms while a ~50 ms
@@ -75,13 +76,18 @@ def case(dtype, batch, hq, hkv, ctx, num_blocks=None):
     return store, q, tables, lens, slots
 
 
-def cost_rows(dtype, shape) -> list[dict]:
+# a decode of about 15 ms (69 GB of reads over an 8 GiB pool), long enough for a 1 ms budget to
+# yield about 15 times; the decode-benchmark shapes run in under 1.1 ms and never yield at 1 ms
+LONG = (128, 32, 8, 131072)
+
+
+def cost_rows(dtype, shape, num_blocks=None) -> list[dict]:
     from benchmarks.gpu_common import host_seconds_per_call, time_gpu
     from hexcore.cuda import DecodePlan
     from hexcore.cuda.attention.persistent import MAX_BUDGET_US, PersistentDecode
 
     batch, hq, hkv, ctx = shape
-    store, q, tables, lens, slots = case(dtype, *shape)
+    store, q, tables, lens, slots = case(dtype, *shape, num_blocks=num_blocks)
     base = dict(dtype=dtype, B=batch, Hq=hq, Hkv=hkv, ctx=ctx)
     plan = DecodePlan(q, store, tables, lens, slots, max_seq_len=ctx)
     t_plan = time_gpu(lambda: plan.run(0))
@@ -157,13 +163,15 @@ def main(argv) -> None:
     shapes = QUICK if arg("--shapes", "all") == "quick" else SHAPES
     dtypes = arg("--dtypes", "fp16,int4,int2").split(",")
     emit(timer_granularity())
+    for row in cost_rows("fp16", LONG, num_blocks=65536):  # the yield costs first: what a short run must see
+        emit(row)
+    if "--skip-latency" not in argv:
+        for row in latency_rows():
+            emit(row)
     for shape in shapes:
         for dtype in dtypes:
             for row in cost_rows(dtype, shape):
                 emit(row)
-    if "--skip-latency" not in argv:
-        for row in latency_rows():
-            emit(row)
 
 
 if __name__ == "__main__":
