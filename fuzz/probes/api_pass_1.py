@@ -1,24 +1,16 @@
-import numpy as np, itertools, warnings
-warnings.simplefilter("ignore")
+"""Hostile values into hexcore's public entry points (pass 1): prints every call that
+ended in anything but a typed error.  NUMBA_ENABLE_CUDASIM=1 python fuzz/probes/api_pass_1.py"""
+import itertools
+
+import numpy as np
 from numba import cuda
+
+from _probe import report, t
 import hexcore
 from hexcore import *
 from hexcore.host import *
 from hexcore.host import prefix_keys
 H = [None, True, np.bool_(True), 1.5, float("nan"), float("inf"), -1, 2**31, 10**30, 10**400, "3", b"3", [1], (1,), {}, object(), np.float64("nan"), np.array([1]), np.uint64(2**64-1), complex(1,1), np.array(["a"]), np.zeros((2,2))]
-raw = []
-COUNT = [0]
-LABELS = []
-def t(label, fn):
-    COUNT[0] += 1; LABELS.append(label)
-    try:
-        fn()
-    except HexcoreError:
-        pass
-    except (TimeoutError,):
-        pass
-    except BaseException as e:
-        raw.append(f"{label}: {type(e).__name__}: {str(e)[:120]}")
 cfg = KVCacheConfig(num_layers=2, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
 for h in H:
     t(f"raise_for_status({h!r})", lambda: raise_for_status(h))
@@ -52,5 +44,4 @@ for h in H:
         t(f"cache.{meth}({h!r})", lambda: getattr(c, meth)(h))
     t(f"SpeculativeAllocator({h!r})", lambda: SpeculativeAllocator(h))
     t(f"SpeculativeAllocator(c, {h!r})", lambda: SpeculativeAllocator(c, h))
-print("\n".join(raw) if raw else "none raw")
-print("calls", COUNT[0], "raw", len(raw), "labels", len({l.split("(")[0] for l in LABELS}))
+report()

@@ -1,22 +1,14 @@
-import numpy as np, warnings
-warnings.simplefilter("ignore")
+"""Hostile values into hexcore's public entry points (pass 2): prints every call that
+ended in anything but a typed error.  NUMBA_ENABLE_CUDASIM=1 python fuzz/probes/api_pass_2.py"""
+import numpy as np
 from numba import cuda
+
+from _probe import report, t
 from hexcore import *
 from hexcore.cuda import *
 from hexcore.cuda.write import nonfinite_flags
 from hexcore.cuda.attention.options import DecodeOptions
 H = [None, True, np.bool_(True), 1.5, float("nan"), float("inf"), -1, 2**31, 10**30, 10**400, "3", b"3", [1], (1,), {}, object(), np.float64("nan"), np.array([1]), np.uint64(2**64-1), complex(1,1), np.array(["a"])]
-raw = []
-COUNT = [0]
-LABELS = []
-def t(label, fn):
-    COUNT[0] += 1; LABELS.append(label)
-    try:
-        fn()
-    except HexcoreError:
-        pass
-    except BaseException as e:
-        raw.append(f"{label[:60]}: {type(e).__name__}: {str(e)[:120]}")
 cfg = KVCacheConfig(num_layers=2, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
 store = DeviceKVStore(cfg, 4, 3)
 one = np.array([0], np.int32); two = np.array([1], np.int32)
@@ -44,5 +36,4 @@ for h in H:
     t(f"layout_agrees({h!r})", lambda: layout_agrees(h))
     t(f"device_layout_offsets({h!r})", lambda: device_layout_offsets(h))
     t(f"host_layout_offsets({h!r})", lambda: host_layout_offsets(h))
-print("\n".join(sorted(set(raw))) if raw else "none raw")
-print("calls", COUNT[0], "raw", len(raw), "labels", len({l.split("(")[0] for l in LABELS}))
+report()

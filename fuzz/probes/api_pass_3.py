@@ -1,20 +1,12 @@
-import numpy as np, warnings
-warnings.simplefilter("ignore")
+"""Hostile values into hexcore's public entry points (pass 3): prints every call that
+ended in anything but a typed error.  NUMBA_ENABLE_CUDASIM=1 python fuzz/probes/api_pass_3.py"""
+import numpy as np
 from numba import cuda
+
+from _probe import report, t
 from hexcore import *
 from hexcore.cuda import *
 H = [None, True, 1.5, float("nan"), -1, 10**30, "3", [1], object(), np.array([1]), np.zeros((2, 2))]
-raw = []
-COUNT = [0]
-LABELS = []
-def t(label, fn):
-    COUNT[0] += 1; LABELS.append(label)
-    try:
-        fn()
-    except HexcoreError:
-        pass
-    except BaseException as e:
-        raw.append(f"{label[:70]}: {type(e).__name__}: {str(e)[:120]}")
 cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16)
 for h in H:
     t(f"Engine(num_q_heads={h!r})", lambda: Engine(cfg, 4, 2, h))
@@ -37,5 +29,4 @@ for h in H:
     t(f"prefill_attention(prefix_len={h!r})", lambda: prefill_attention(q, q, q, store, 0, np.zeros(1, np.int32), h))
     t(f"prefill_attention(scale={h!r})", lambda: prefill_attention(q, q, q, store, 0, np.zeros(1, np.int32), 0, scale=h))
     t(f"prefill_attention(backend={h!r})", lambda: prefill_attention(q, q, q, store, 0, np.zeros(1, np.int32), 0, backend=h))
-print("\n".join(sorted(set(raw))) if raw else "none raw")
-print("calls", COUNT[0], "raw", len(raw), "labels", len({l.split("(")[0] for l in LABELS}))
+report()

@@ -1,0 +1,27 @@
+"""What the api_pass_N probes share: call an entry point with a hostile value, count it,
+and keep every outcome that is neither a typed hexcore error nor a documented timeout."""
+
+import warnings
+
+from hexcore.errors import HexcoreError
+
+warnings.simplefilter("ignore")
+COUNT, LABELS, RAW = [0], [], []
+
+
+def t(label: str, fn) -> None:
+    """Call ``fn()``; a raw exception is recorded under ``label``."""
+    COUNT[0] += 1
+    LABELS.append(label)
+    try:
+        fn()
+    except (HexcoreError, TimeoutError):
+        pass
+    except BaseException as e:  # noqa: BLE001 (what the probe is looking for)
+        RAW.append(f"{label[:70]}: {type(e).__name__}: {str(e)[:120]}")
+
+
+def report() -> None:
+    """Print the raw outcomes, then the number of calls, raw outcomes and entry points."""
+    print("\n".join(sorted(set(RAW))) if RAW else "none raw")
+    print("calls", COUNT[0], "raw", len(RAW), "labels", len({label.split("(")[0] for label in LABELS}))
