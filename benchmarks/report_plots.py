@@ -48,8 +48,13 @@ def _decode_table(data: dict) -> tuple[list, dict]:
     return shapes, table
 
 
-def _source(data: dict, what: str) -> str:
-    return f"{what}: {data.get('device', '?')}, {data.get('date', '?')}"
+def _save(fig, path: Path, machine, date) -> Path:
+    """Sign the figure with the machine and date it was measured on, write it, close it."""
+    fig.text(0.99, 0.01, f"measured: {machine or '?'}, {date or '?'}", ha="right", fontsize=7, color="gray")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def decode_bandwidth(data: dict, path: Path) -> Path:
@@ -70,11 +75,7 @@ def decode_bandwidth(data: dict, path: Path) -> Path:
     ax.set_title("Paged decode, one layer, head_dim 128, block 32: achieved bandwidth\n"
                  "(INT4/INT2 read 3.4x/5.8x fewer bytes: their TB/s is lower at a shorter time)", fontsize=10)
     ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.22))
-    fig.text(0.99, 0.01, _source(data, "measured"), ha="right", fontsize=7, color="gray")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, data.get("device"), data.get("date"))
 
 
 def decode_speedup(data: dict, path: Path) -> Path:
@@ -96,11 +97,7 @@ def decode_speedup(data: dict, path: Path) -> Path:
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("time of the baseline / time")
-    fig.text(0.99, 0.01, _source(data, "measured"), ha="right", fontsize=7, color="gray")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, data.get("device"), data.get("date"))
 
 
 def graph_host(data: dict, path: Path) -> Path:
@@ -126,11 +123,7 @@ def graph_host(data: dict, path: Path) -> Path:
     ax.set_ylabel("host \u00b5s per step (32 layers: append, seal, decode)")
     ax.set_title("Host time of a 32-layer decode step: CUDA graph replay vs eager launches", fontsize=10)
     ax.legend(fontsize=8, loc="center right")
-    fig.text(0.99, 0.01, _source(data, "measured"), ha="right", fontsize=7, color="gray")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, data.get("device"), data.get("date"))
 
 
 def allocator(data: dict, path: Path) -> Path:
@@ -149,12 +142,7 @@ def allocator(data: dict, path: Path) -> Path:
     ax.set_ylabel("ns per operation")
     ax.set_title("Block manager (numba.njit): time per operation is flat in pool size", fontsize=10)
     ax.legend(fontsize=8)
-    fig.text(0.99, 0.01, _source({"device": data.get("machine"), "date": data.get("date")}, "measured"),
-             ha="right", fontsize=7, color="gray")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, data.get("machine"), data.get("date"))
 
 
 def ring(data: dict, path: Path) -> Path:
@@ -173,12 +161,7 @@ def ring(data: dict, path: Path) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("M records/s (32-byte records, median of runs)")
     ax.set_title("Block-event ring (SPSC, atomic indices) throughput", fontsize=10)
-    fig.text(0.99, 0.01, _source({"device": data.get("machine"), "date": data.get("date")}, "measured"),
-             ha="right", fontsize=7, color="gray")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, data.get("machine"), data.get("date"))
 
 
 def draw_all(out: Path, gpu_json: Path) -> list[Path]:
