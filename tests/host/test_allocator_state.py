@@ -99,12 +99,19 @@ class Model:
             statuses.append(status)
         return statuses, sealed
 
+    def available(self):
+        """Blocks an allocation can take (the prefix model adds evictable ones)."""
+        return len(self.free)
+
+    def take(self):
+        return self.free.pop()
+
     def reserve(self, ids):
         if any(s not in self.seqs for s in ids):
             return None
         for s in ids:
-            if self.seqs[s]["pref"] < 0 and self.free:
-                self.seqs[s]["pref"] = self.free.pop()
+            if self.seqs[s]["pref"] < 0 and self.available():
+                self.seqs[s]["pref"] = self.take()
         return [self.seqs[s]["pref"] for s in ids]
 
     def reserve_predictions(self, rows, floor, max_reserved):
@@ -115,10 +122,10 @@ class Model:
                 counts["stale"] += 1
             elif self.seqs[s]["pref"] >= 0:
                 counts["duplicate"] += 1
-            elif len(self.free) <= floor or self.num_reserved() >= max_reserved:
+            elif self.available() <= floor or self.num_reserved() >= max_reserved:
                 counts["unfilled"] += 1
             else:
-                self.seqs[s]["pref"] = self.free.pop()
+                self.seqs[s]["pref"] = self.take()
                 counts["reserved"] += 1
         return counts
 
@@ -509,28 +516,7 @@ class PrefixModel(Model):
                                     ns=src["ns"])
         return status
 
-    # reservations take blocks as seals do
-    def reserve(self, ids):
-        if any(s not in self.seqs for s in ids):
-            return None
-        for s in ids:
-            if self.seqs[s]["pref"] < 0 and self.available():
-                self.seqs[s]["pref"] = self.take()
-        return [self.seqs[s]["pref"] for s in ids]
-
-    def reserve_predictions(self, rows, floor, max_reserved):
-        counts = {"reserved": 0, "stale": 0, "duplicate": 0, "unfilled": 0}
-        for s, g in rows:
-            if s not in self.seqs or (g >= 0 and g != self.gen[s]):
-                counts["stale"] += 1
-            elif self.seqs[s]["pref"] >= 0:
-                counts["duplicate"] += 1
-            elif self.available() <= floor or self.num_reserved() >= max_reserved:
-                counts["unfilled"] += 1
-            else:
-                self.seqs[s]["pref"] = self.take()
-                counts["reserved"] += 1
-        return counts
+    # reservations take blocks as seals do (Model.reserve* call available() and take() above)
 
     # pins, clear
     def pin(self, tokens, ns):
