@@ -14,6 +14,8 @@ import collections
 import numpy as np
 import pytest
 
+from benchmarks.per_unit import PerUnit
+
 from hexcore import KVCacheConfig
 from hexcore.host import PagedKVCache
 
@@ -23,7 +25,7 @@ NUM_SEQS = 256  # sequences per decode step
 STEPS = 32  # decode steps (or grow calls x 32) per timed round
 POOLS = {"1k": 1024, "64k": 65536}
 CONFIG = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=BS)
-RESULTS: dict[tuple[str, str, str], float] = {}  # (op, pool, impl) -> ns per unit
+FIGURES = PerUnit("ns")  # (op, pool, impl) -> ns per unit
 
 
 class Block:
@@ -88,11 +90,7 @@ def make(impl, num_blocks):
     return PagedKVCache(CONFIG, num_blocks, NUM_SEQS, max_seq_len=BATCH_BLOCKS * BS)
 
 
-def record(benchmark, op, pool, impl, units):
-    stats = getattr(benchmark, "stats", None)
-    if stats is not None and getattr(stats, "stats", None) is not None and stats.stats.rounds:
-        RESULTS[(op, pool, impl)] = stats.stats.min * 1e9 / units
-        benchmark.extra_info["ns_per_unit_min"] = RESULTS[(op, pool, impl)]
+record = FIGURES.record
 
 
 impls = pytest.mark.parametrize("impl", ["deque", "hexcore"])
@@ -182,11 +180,4 @@ def test_grow_call(benchmark, impl, pool):
 def report():
     """After the module: print per-unit figures (min over rounds) and hexcore / deque ratios."""
     yield
-    if not RESULTS:
-        return  # benchmarks disabled: nothing measured
-    print("\n| operation | pool | deque | hexcore | hexcore / deque |\n| --- | --- | --- | --- | --- |")
-    for op in dict.fromkeys(k[0] for k in RESULTS):
-        for pool in POOLS:
-            d, h = RESULTS.get((op, pool, "deque")), RESULTS.get((op, pool, "hexcore"))
-            if d and h:
-                print(f"| {op} | {pool} | {d:.3g} | {h:.3g} | {h / d:.3f} |")
+    FIGURES.print_table(POOLS, "deque")

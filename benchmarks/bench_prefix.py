@@ -22,6 +22,8 @@ import collections
 import numpy as np
 import pytest
 
+from benchmarks.per_unit import PerUnit
+
 from hexcore import KVCacheConfig
 from hexcore.host import PagedKVCache
 
@@ -31,7 +33,7 @@ NUM_SEQS = 256  # sequences per decode step
 STEPS = 32  # decode steps per timed round
 POOLS = {"1k": 1024, "64k": 65536}
 CONFIG = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=BS)
-RESULTS: dict[tuple[str, str, str], float] = {}  # (op, pool, impl) -> us per unit
+FIGURES = PerUnit("us")  # (op, pool, impl) -> us per unit
 
 
 class Block:
@@ -141,11 +143,7 @@ def fill(cache, impl, rng, count):
             cache.free_sequence(adm.seq_id)
 
 
-def record(benchmark, op, pool, impl, units):
-    stats = getattr(benchmark, "stats", None)
-    if stats is not None and getattr(stats, "stats", None) is not None and stats.stats.rounds:
-        RESULTS[(op, pool, impl)] = stats.stats.min * 1e6 / units
-        benchmark.extra_info["us_per_unit_min"] = RESULTS[(op, pool, impl)]
+record = FIGURES.record
 
 
 impls = pytest.mark.parametrize("impl", ["plain", "hexcore"])
@@ -333,11 +331,4 @@ def test_step_sealing_every_sequence(benchmark, impl, pool):
 def report():
     """After the module: per-unit figures (min over rounds) and hexcore / plain ratios."""
     yield
-    if not RESULTS:
-        return  # benchmarks disabled: nothing measured
-    print("\n| operation | pool | plain Python | hexcore | hexcore / plain |\n| --- | --- | --- | --- | --- |")
-    for op in dict.fromkeys(k[0] for k in RESULTS):
-        for pool in POOLS:
-            p, h = RESULTS.get((op, pool, "plain")), RESULTS.get((op, pool, "hexcore"))
-            if p and h:
-                print(f"| {op} | {pool} | {p:.3g} | {h:.3g} | {h / p:.3f} |")
+    FIGURES.print_table(POOLS, "plain")
