@@ -1,6 +1,6 @@
 """Compile the decode kernel to PTX and SASS on a CPU machine: registers, spills, loads, mma.
 
-    python -m benchmarks.ptx_report [--sass] [--dump DIR]
+    python -m benchmarks.ptx_report [--sass] [--dump DIR] [--only BITS,D,BS,G]
 
 Needs numba-cuda's NVVM (``numba-cuda[cu13]``) and, for registers and SASS, ptxas and
 cuobjdump on PATH (Triton's wheel carries cuobjdump). No GPU is used: the compute
@@ -63,8 +63,10 @@ def ptxas(ptx: str, sass: bool = False, dump: str | None = None, name: str = "k"
         return info if res.returncode == 0 else res.stderr[-500:]
 
 
-def report(sass: bool = False, dump: str | None = None) -> None:
-    for bits, head_dim, block_size, group in SHAPES:
+def report(sass: bool = False, dump: str | None = None, only: str | None = None) -> None:
+    """One line per shape of SHAPES (or only ``only``, "bits,head_dim,block_size,group")."""
+    shapes = [tuple(int(x) for x in only.split(","))] if only else SHAPES
+    for bits, head_dim, block_size, group in shapes:
         shape = DecodeShape(bits, 8, head_dim, block_size, group, 64)
         ptx = ptx_of(shape)
         name = f"decode_b{bits}_d{head_dim}_bs{block_size}_g{group}"
@@ -78,4 +80,6 @@ def report(sass: bool = False, dump: str | None = None) -> None:
 
 
 if __name__ == "__main__":
-    report(sass="--sass" in sys.argv, dump=sys.argv[sys.argv.index("--dump") + 1] if "--dump" in sys.argv else None)
+    def _arg(flag):
+        return sys.argv[sys.argv.index(flag) + 1] if flag in sys.argv else None
+    report(sass="--sass" in sys.argv, dump=_arg("--dump"), only=_arg("--only"))

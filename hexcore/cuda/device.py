@@ -20,6 +20,8 @@ Helpers
   never from a stale L1 line: for data another CTA of the same launch wrote.
 - ``shfl_idx(value, src)``: float32 ``value`` of lane ``src`` (every lane must call it).
 - ``shfl_xor(value, mask)``: float32 ``value`` of lane ``lane ^ mask``.
+- ``warp_any(predicate)``: whether any lane of the warp has ``predicate`` (``vote.any``);
+  the branch it guards is warp-uniform.
 - ``exp2(x)``: ``2**x`` in float32 (``ex2.approx.ftz``: 2 ulp; the twin uses math.exp2).
 - ``cp_async16(dst, j, src, i)``: start copying words ``src[i:i+4]`` (global) to
   ``dst[j:j+4]`` (a shared uint32 array), 16 bytes, without registers
@@ -199,6 +201,12 @@ if not SIMULATOR:
         return _ld(array, index)
 
     @device_function
+    def warp_any(predicate):
+        """True in every lane when ``predicate`` holds in any lane of the (full) warp; the
+        branch it guards is then warp-uniform."""
+        return cuda.any_sync(FULL_MASK, predicate)
+
+    @device_function
     def load_cg_f32(array, index):
         return _load_cg(array, index)
 
@@ -284,6 +292,15 @@ else:
     @cuda.jit(device=True)
     def prefetch_l2(words, i, nbytes):
         pass  # a hint only: nothing to simulate
+
+    @cuda.jit(device=True)
+    def warp_any(predicate):
+        warp = _warp()
+        warp.slots[cuda.threadIdx.x % 32] = 1 if predicate else 0
+        warp.barrier.wait()  # every lane's predicate written
+        got = bool(warp.slots.any())
+        warp.barrier.wait()  # every lane has read
+        return got
 
     @cuda.jit(device=True)
     def shfl_idx(value, src):

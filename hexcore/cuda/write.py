@@ -61,6 +61,7 @@ key_code_dim = cuda.jit(device=True)(layout.key_code_dim)
 value_code_token_dim = cuda.jit(device=True)(layout.value_code_token_dim)
 
 THREADS = 128
+STAGE_BYTES = 32 * 1024  # the quantizing seal stages a head's K and V tails in shared memory up to this
 
 
 @cuda.jit(device=True)
@@ -194,6 +195,8 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False):
     run_words = BS * row_words  # one (block, head) of codes, in words
     chunk = value_chunk_dims(GS)
     KEY_PARAMS, VALUE_PARAMS = 2 * D, BS * 2 * NG  # one head's metadata, float32 in shared memory
+    TAIL = BS * D  # one head's tail rows, float16
+    STAGED = 2 * TAIL * 2 <= STAGE_BYTES  # the head's K and V tails fit in shared memory
 
     @cuda.jit
     def kernel(k_tails, v_tails, k_codes, v_codes, k_meta, v_meta, slots, block_ids, first_layer, num_blocks,
@@ -211,15 +214,25 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False):
             return
         s_key = cuda.shared.array(KEY_PARAMS, float32)  # [2, D]: scale, min as stored (float16)
         s_value = cuda.shared.array(VALUE_PARAMS, float32)  # [BS, 2, NG]
+        s_k = cuda.shared.array(TAIL if STAGED else 1, np.float16)  # the head's tail rows [BS, D]
+        s_v = cuda.shared.array(TAIL if STAGED else 1, np.float16)
         bad = False  # this thread saw a group holding a NaN or an infinity
         for h in range(H):
             tail = tail_offset(layer, slot, h, 0, max_seqs, H, BS, D) // 2
+            if STAGED:  # coalesced reads of the tail once; the code words below gather from shared memory
+                for i in range(cuda.threadIdx.x, TAIL, cuda.blockDim.x):
+                    s_k[i] = k_tails[tail + i]
+                    s_v[i] = v_tails[tail + i]
+                cuda.syncthreads()  # the head's tail rows staged
+                keys, values, at = s_k, s_v, 0
+            else:
+                keys, values, at = k_tails, v_tails, tail
             for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):  # keys: per channel over the tokens
-                bad |= _write_params(k_tails, tail + d, D, BS, k_meta,
+                bad |= _write_params(keys, at + d, D, BS, k_meta,
                                      key_meta_offset(layer, block, h, num_blocks, H, D) // 2 + d, D, levels, s_key, d)
             for work in range(cuda.threadIdx.x, BS * NG, cuda.blockDim.x):  # values: per token and group
                 t, g = work // NG, work % NG
-                bad |= _write_params(v_tails, tail + t * D + g * GS, 1, GS, v_meta,
+                bad |= _write_params(values, at + t * D + g * GS, 1, GS, v_meta,
                                      value_meta_offset(layer, block, h, t, num_blocks, H, BS, NG) // 2 + g, NG,
                                      levels, s_value, t * 2 * NG + g)
             cuda.syncthreads()  # the head's scales and mins in shared memory
@@ -230,11 +243,11 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False):
                 vbits = np.uint32(0)
                 for f in range(fields):  # fields in the sealed order (layout.py)
                     d = key_code_dim(kword, f, bits)
-                    q = _quantize(np.float32(k_tails[tail + t * D + d]), s_key[d], s_key[D + d], levels)
+                    q = _quantize(np.float32(keys[at + t * D + d]), s_key[d], s_key[D + d], levels)
                     kbits |= np.uint32(q) << np.uint32(f * bits)
                     vt, vd = value_code_token_dim(w, f, bits, D, chunk)
                     m = vt * 2 * NG + vd // GS
-                    q = _quantize(np.float32(v_tails[tail + vt * D + vd]), s_value[m], s_value[m + NG], levels)
+                    q = _quantize(np.float32(values[at + vt * D + vd]), s_value[m], s_value[m + NG], levels)
                     vbits |= np.uint32(q) << np.uint32(f * bits)
                 k_codes[run + w] = kbits
                 v_codes[run + w] = vbits

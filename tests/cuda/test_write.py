@@ -23,7 +23,8 @@ from tests import reference as ref
 SIM_CONFIGS = [KVCacheConfig(num_layers=2, num_kv_heads=2 if d is KVDtype.INT4 else 1, head_dim=64, block_size=16,
                              kv_dtype=d, group_size=32) for d in KVDtype]
 GPU_CONFIGS = [KVCacheConfig(num_layers=2, num_kv_heads=8, head_dim=128, block_size=b, kv_dtype=d, group_size=64)
-               for d in KVDtype for b in (16, 32, 64)]
+               for d in KVDtype for b in (16, 32, 64)] + [  # tails too large to stage in shared memory
+    KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=128, block_size=128, kv_dtype=KVDtype.INT4, group_size=64)]
 
 
 def ids(cfg):
@@ -101,6 +102,19 @@ ROUNDTRIPS = [(cfg, None) for cfg in SIM_CONFIGS] + [(SIM_CONFIGS[1], "each")]
 @pytest.mark.parametrize("cfg,layer_mode", ROUNDTRIPS, ids=[f"{ids(c)}-{m or 'all'}" for c, m in ROUNDTRIPS])
 def test_append_seal_roundtrip(cfg, layer_mode, seed):
     check_roundtrip(cfg, seed, None if layer_mode is None else 0)
+
+
+def test_seal_without_staging_in_shared_memory(monkeypatch, seed):
+    """The quantizing seal reads a head's tail from global memory when it is too large to
+    stage: the same round trip."""
+    from hexcore.cuda import write
+
+    monkeypatch.setattr(write, "STAGE_BYTES", 0)
+    write._seal_quantized_kernel.cache_clear()
+    try:
+        check_roundtrip(SIM_CONFIGS[1], seed, None)
+    finally:
+        write._seal_quantized_kernel.cache_clear()
 
 
 @pytest.mark.gpu

@@ -7,10 +7,15 @@ sealed code order they read is ``layout.key_code_field`` / ``value_code_field``.
 Numerics, for a sealed INT block (keys per channel ``k = s_c * code + m_c``; values per
 token and group ``v = s_t * code + m_t``):
 
-- scores: ``q . k = sum_c (q_c s_c) code + sum_c q_c m_c``: ``q' = q * s`` is made once per
-  block (``hmul2``), the codes enter the mma as exact float16 integers (one ``lop3`` and
-  one ``hfma2`` per register), and ``sum_c q_c m_c`` is one more mma per block with the
-  mins as the "key" of every column: it seeds the score accumulators.
+- scores: ``q . k = sum_c (q_c s_c) code + sum_c q_c m_c``, computed as ``S^T = K Q^T``: the
+  16 tokens of a k-step are the rows of the mma (its A operand, straight from the sealed
+  words), the CTA's 8 query heads its columns, so no row of the mma is padding. ``q' = q * s``
+  is made once per block (``hmul2``), the codes enter the mma as exact float16 integers (one
+  ``lop3`` and one ``hfma2`` per register), and ``sum_c q_c m_c`` (one mma per block, the
+  mins as every token row) is added to every score. A lane then holds the scores of
+  tokens ``gid, gid+8`` for heads ``2tig, 2tig+1``; the softmax reduces over the 8 lanes
+  of a ``tig``, and one 8x8 transpose (``movmatrix``) per 8 tokens turns the probabilities
+  into the B operand of the output product.
 - outputs: ``sum_t p_t v_t = sum_t (p_t s_t) code + sum_t p_t m_t``: the probabilities,
   scaled per group by the tokens' scales, are the B operand against exact codes; the
   mins term is one "stats" mma per k-step whose A rows are the group mins (rows 0..NG-1)
@@ -26,8 +31,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda, float32
 
-from ..device import cp_async16, device_function, exp2, ld, load_words, shfl_idx, shfl_xor
-from .mma import F16X2_ONES, code_pair, half2_hi, half2_lo, hfma2, hmul2, mma_f16, pack_f16x2, prmt
+from ..device import cp_async16, device_function, exp2, ld, load_words, shfl_idx, shfl_xor, warp_any
+from .mma import F16X2_ONES, code_pair, half2_hi, half2_lo, hfma2, hmul2, mma_f16, pack_f16x2, prmt, transpose8x8
 from .shape import DecodeShape
 
 LO, HI = 0x5410, 0x7632  # prmt selectors: the low (high) halves of two words
@@ -43,6 +48,11 @@ class WarpFunctions(NamedTuple):
     chunk_codes: object
     kstep_rows: object
     finish: object
+
+
+def _per_lane(copies: int) -> int:
+    """16-byte copies per lane when a warp makes ``copies`` of them."""
+    return -(-copies // 32)
 
 
 def code_reg_function(bits: int):
@@ -76,6 +86,7 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = False) -> WarpFunct
     SOFTMAX_KSTEPS = CK if joint_softmax else 1
     RING_K, RING_V, RING_VM = s.ring_regions
     QUANTIZED = s.quantized
+    COPIES = tuple(_per_lane(words // 4) for words in (RING_K, RING_V, D, RING_VM))  # per lane and stage
     code_reg = code_reg_function(s.bits if s.quantized else 4)  # (FP16 shapes never call it)
 
     @device_function
@@ -91,34 +102,41 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = False) -> WarpFunct
     @device_function
     def issue_chunk(pool, ring, stage, krun, vrun, kmeta, vmeta, k0, lane):
         # start copying chunk k0 (CK k-steps) of a sealed INT block into the ring stage at
-        # word `stage` (layout: ring_layout); no registers hold the data in flight
-        for p in range(lane, RING_K // 4, 32):  # key rows of the chunk's tokens
-            cp_async16(ring, stage + 4 * p, pool, krun + 16 * k0 * RW + 4 * p)
-        for p in range(lane, RING_V // 4, 32):  # value codes of its k-steps (fragment order)
-            cp_async16(ring, stage + RING_K + 4 * p, pool, vrun + 32 * k0 * VW + 4 * p)
-        for p in range(lane, D // 4, 32):  # the block's key scales and mins
-            cp_async16(ring, stage + RING_K + RING_V + 4 * p, pool, kmeta + 4 * p)
-        for p in range(lane, RING_VM // 4, 32):  # value scales and mins of the chunk's tokens
-            cp_async16(ring, stage + RING_K + RING_V + D + 4 * p, pool, vmeta + 16 * k0 * NG + 4 * p)
+        # word `stage` (layout: ring_layout); no registers hold the data in flight. Trip
+        # counts are compile-time constants, so the copies unroll with no loop control.
+        kfrom, vfrom, vmfrom = krun + 16 * k0 * RW, vrun + 32 * k0 * VW, vmeta + 16 * k0 * NG
+        for i in range(COPIES[0]):  # key rows of the chunk's tokens
+            p = lane + 32 * i
+            if (RING_K // 4) % 32 == 0 or p < RING_K // 4:
+                cp_async16(ring, stage + 4 * p, pool, kfrom + 4 * p)
+        for i in range(COPIES[1]):  # value codes of its k-steps (fragment order)
+            p = lane + 32 * i
+            if (RING_V // 4) % 32 == 0 or p < RING_V // 4:
+                cp_async16(ring, stage + RING_K + 4 * p, pool, vfrom + 4 * p)
+        for i in range(COPIES[2]):  # the block's key scales and mins
+            p = lane + 32 * i
+            if (D // 4) % 32 == 0 or p < D // 4:
+                cp_async16(ring, stage + RING_K + RING_V + 4 * p, pool, kmeta + 4 * p)
+        for i in range(COPIES[3]):  # value scales and mins of the chunk's tokens
+            p = lane + 32 * i
+            if (RING_VM // 4) % 32 == 0 or p < RING_VM // 4:
+                cp_async16(ring, stage + RING_K + RING_V + D + 4 * p, pool, vmfrom + 4 * p)
 
     @device_function
     def fold_keys(ring, meta, lane, qh, qs):
-        # qs = qh * key scales of the staged block (ring[meta:], [2, D] halves); returns
-        # sum_c q_c min_c of head row gid
         tig = lane % 4
         c0 = c1 = c2 = c3 = float32(0)
         e0 = e1 = e2 = e3 = float32(0)  # a second chain in flight
         at = meta + D // 2 + tig * KREGS
         for ks in range(KREGS // 2):
+            m0, m1 = ld(ring, at + 2 * ks), ld(ring, at + 2 * ks + 1)
             if ks % 2 == 0:
-                c0, c1, c2, c3 = mma_f16(qh[2 * ks], 0, qh[2 * ks + 1], 0, ld(ring, at + 2 * ks),
-                                         ld(ring, at + 2 * ks + 1), c0, c1, c2, c3)
+                c0, c1, c2, c3 = mma_f16(m0, m0, m1, m1, qh[2 * ks], qh[2 * ks + 1], c0, c1, c2, c3)
             else:
-                e0, e1, e2, e3 = mma_f16(qh[2 * ks], 0, qh[2 * ks + 1], 0, ld(ring, at + 2 * ks),
-                                         ld(ring, at + 2 * ks + 1), e0, e1, e2, e3)
+                e0, e1, e2, e3 = mma_f16(m0, m0, m1, m1, qh[2 * ks], qh[2 * ks + 1], e0, e1, e2, e3)
         for r in range(KREGS):
             qs[r] = hmul2(qh[r], ld(ring, meta + tig * KREGS + r))
-        return c0 + e0
+        return c0 + e0, c1 + e1
 
     @device_function
     def key_reg(kw, at, r, codes):
@@ -127,52 +145,61 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = False) -> WarpFunct
 
     @device_function
     def scores(kw, at0, at1, qa, codes):
-        # S of one k-step for tokens gid (n-tile 0, this lane's key words at kw[at0:]) and
-        # gid+8 (n-tile 1, at kw[at1:]) of head row gid, columns 2tig, 2tig+1:
-        # (s[2tig], s[2tig+1], s[8+2tig], s[9+2tig]); four mma chains in flight (even and
-        # odd channel steps of each n-tile)
+        # S^T = K Q^T of one k-step: the key rows of tokens gid (this lane's words at kw[at0:])
+        # and gid+8 (at kw[at1:]) are the A fragments, q the B fragments; returns
+        # (S[gid, 2tig], S[gid, 2tig+1], S[gid+8, 2tig], S[gid+8, 2tig+1]) as (token, head);
+        # two mma chains in flight (even and odd channel steps)
         a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = float32(0)
-        c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = float32(0)
         for ks in range(KREGS // 2):
             x0, x1 = key_reg(kw, at0, 2 * ks, codes), key_reg(kw, at0, 2 * ks + 1, codes)
             y0, y1 = key_reg(kw, at1, 2 * ks, codes), key_reg(kw, at1, 2 * ks + 1, codes)
             if ks % 2 == 0:
-                a0, a1, a2, a3 = mma_f16(qa[2 * ks], 0, qa[2 * ks + 1], 0, x0, x1, a0, a1, a2, a3)
-                c0, c1, c2, c3 = mma_f16(qa[2 * ks], 0, qa[2 * ks + 1], 0, y0, y1, c0, c1, c2, c3)
+                a0, a1, a2, a3 = mma_f16(x0, y0, x1, y1, qa[2 * ks], qa[2 * ks + 1], a0, a1, a2, a3)
             else:
-                b0, b1, b2, b3 = mma_f16(qa[2 * ks], 0, qa[2 * ks + 1], 0, x0, x1, b0, b1, b2, b3)
-                d0, d1, d2, d3 = mma_f16(qa[2 * ks], 0, qa[2 * ks + 1], 0, y0, y1, d0, d1, d2, d3)
-        return a0 + b0, a1 + b1, c0 + d0, c1 + d1
+                b0, b1, b2, b3 = mma_f16(x0, y0, x1, y1, qa[2 * ks], qa[2 * ks + 1], b0, b1, b2, b3)
+        return a0 + b0, a1 + b1, a2 + b2, a3 + b3
 
     @device_function
-    def softmax(s, n, state, lane):
-        # online softmax over the n scores s[:n] of head gid (this lane's share of a chunk);
-        # s becomes exp2(s - m); state: [m, alpha of head 2tig, alpha of head 2tig+1]
-        m_old = state[0]
-        m = s[0]
-        for i in range(1, n):
-            m = max(m, s[i])
-        m = max(m, shfl_xor(m, 1))
-        m = max(max(m, shfl_xor(m, 2)), m_old)
-        alpha = exp2(m_old - m)
-        state[0] = m
-        state[1] = shfl_idx(alpha, 8 * (lane % 4))
-        state[2] = shfl_idx(alpha, 8 * (lane % 4) + 4)
-        for i in range(n):
-            s[i] = exp2(s[i] - m)
+    def softmax(s, n, state):
+        # online softmax over the n scores s[:n] of this lane (s[2i] of head 2tig, s[2i+1] of
+        # head 2tig+1; the other tokens of a head are in the lanes of the same tig); s becomes
+        # exp2(s - m); state: [m of head 2tig, m of head 2tig+1, alpha of each]
+        m0, m1 = s[0], s[1]
+        for i in range(2, n, 2):
+            m0 = max(m0, s[i])
+            m1 = max(m1, s[i + 1])
+        for mask in (4, 8, 16):
+            m0 = max(m0, shfl_xor(m0, mask))
+            m1 = max(m1, shfl_xor(m1, mask))
+        m0, m1 = max(m0, state[0]), max(m1, state[1])
+        state[2] = exp2(state[0] - m0)
+        state[3] = exp2(state[1] - m1)
+        state[0], state[1] = m0, m1
+        for i in range(0, n, 2):
+            s[i] = exp2(s[i] - m0)
+            s[i + 1] = exp2(s[i + 1] - m1)
 
     @device_function
     def rescale(o, stats, state):
-        lo, hi = state[1], state[2]
-        for i in range(MT):
-            o[4 * i] *= lo
-            o[4 * i + 1] *= hi
-            o[4 * i + 2] *= lo
-            o[4 * i + 3] *= hi
-        stats[0] *= lo
-        stats[1] *= hi
-        stats[2] *= lo
-        stats[3] *= hi
+        # o and stats times alpha, column by column (heads 2tig, 2tig+1); skipped by the warp
+        # when no head's maximum moved, as in most k-steps after the first few
+        lo, hi = state[2], state[3]
+        if warp_any(lo != 1 or hi != 1):
+            for i in range(MT):
+                o[4 * i] *= lo
+                o[4 * i + 1] *= hi
+                o[4 * i + 2] *= lo
+                o[4 * i + 3] *= hi
+            stats[0] *= lo
+            stats[1] *= hi
+            stats[2] *= lo
+            stats[3] *= hi
+
+    @device_function
+    def probabilities(s, i):
+        # the B fragments of P^T for the output product (tokens 2tig.. and 2tig+8.. of head
+        # gid) from this lane's S^T layout: one 8x8 transpose per 8 tokens
+        return transpose8x8(pack_f16x2(s[i], s[i + 1])), transpose8x8(pack_f16x2(s[i + 2], s[i + 3]))
 
     @device_function
     def step_stats(stats, a0, a2, ones, b0, b1):
@@ -180,7 +207,7 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = False) -> WarpFunct
                                                           stats[3])
 
     @device_function
-    def chunk_codes(ring, stage, qs, corr, s, o, stats, state, lane):
+    def chunk_codes(ring, stage, qs, corr_lo, corr_hi, s, o, stats, state, lane):
         # CK k-steps of a sealed INT block, staged in the ring: scores, softmax (one update
         # for the chunk, or one per k-step when SOFTMAX_KSTEPS is 1), outputs
         for c0 in range(0, CK, SOFTMAX_KSTEPS):
@@ -188,9 +215,10 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = False) -> WarpFunct
                 row = stage + (16 * c + lane // 4) * RW + (lane % 4) * KW
                 i = 4 * (c - c0)
                 s[i], s[i + 1], s[i + 2], s[i + 3] = scores(ring, row, row + 8 * RW, qs, True)
-            for i in range(4 * SOFTMAX_KSTEPS):
-                s[i] += corr
-            softmax(s, 4 * SOFTMAX_KSTEPS, state, lane)
+            for i in range(0, 4 * SOFTMAX_KSTEPS, 2):
+                s[i] += corr_lo
+                s[i + 1] += corr_hi
+            softmax(s, 4 * SOFTMAX_KSTEPS, state)
             rescale(o, stats, state)
             for c in range(c0, c0 + SOFTMAX_KSTEPS):
                 kstep_values(ring, stage, c, s, 4 * (c - c0), o, stats, lane)
@@ -199,7 +227,7 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = False) -> WarpFunct
     def kstep_values(ring, stage, c, s, i, o, stats, lane):
         # the output product of staged k-step c, probabilities s[i:i+4]
         gid, tig = lane // 4, lane % 4
-        b0, b1 = pack_f16x2(s[i], s[i + 1]), pack_f16x2(s[i + 2], s[i + 3])
+        b0, b1 = probabilities(s, i)
         meta0 = stage + RING_K + RING_V + D + (16 * c + 2 * tig) * NG  # tokens 2tig, 2tig+1
         meta1 = meta0 + 8 * NG  # tokens 2tig+8, 2tig+9
         # stats rows: the mins of group gid (lanes gid < NG), ones in row 8
@@ -242,13 +270,13 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = False) -> WarpFunct
             for c in range(NCH):
                 load_words(pool, at + CW * (8 * c + gid) // 2, CW // 2, vw, (u * NCH + c) * (CW // 2))
         s[0], s[1], s[2], s[3] = scores(kw, 0, ROW_KW, qh, False)
-        t0 = 16 * kstep + 2 * tig
-        for i in range(4):
-            if t0 + 8 * (i // 2) + i % 2 >= ntok:
-                s[i] = NEG_INF
-        softmax(s, 4, state, lane)
+        if 16 * kstep + gid >= ntok:  # s[0], s[1]: token gid; s[2], s[3]: token gid + 8
+            s[0] = s[1] = NEG_INF
+        if 16 * kstep + 8 + gid >= ntok:
+            s[2] = s[3] = NEG_INF
+        softmax(s, 4, state)
         rescale(o, stats, state)
-        b0, b1 = pack_f16x2(s[0], s[1]), pack_f16x2(s[2], s[3])
+        b0, b1 = probabilities(s, 0)
         step_stats(stats, 0, 0, F16X2_ONES if gid == 0 else 0, b0, b1)
         for t in range(MT):
             c, i = t // (CW // 2), t % (CW // 2)
@@ -274,7 +302,6 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = False) -> WarpFunct
                 o[4 * t + 1] += hi
                 o[4 * t + 2] += lo
                 o[4 * t + 3] += hi
-        return (shfl_idx(state[0], 8 * tig), shfl_idx(stats[2], tig), shfl_idx(state[0], 8 * tig + 4),
-                shfl_idx(stats[3], tig))
+        return state[0], shfl_idx(stats[2], tig), state[1], shfl_idx(stats[3], tig)
 
     return WarpFunctions(load_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish)

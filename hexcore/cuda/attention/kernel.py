@@ -66,7 +66,7 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
     group, and sequence (``decode_item_function``)."""
     decode_item = decode_item_function(shape, l2_prefetch, joint_softmax)
     HG = shape.head_groups
-    options = {} if max_registers is None else {"max_registers": max_registers}
+    options = {} if max_registers is None or SIMULATOR else {"max_registers": max_registers}
 
     @cuda.jit(**options)
     def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots, out,
@@ -163,12 +163,12 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
         sc = cuda.local.array(SCORES, float32)
         o = cuda.local.array(O_REGS, float32)
         stats = cuda.local.array(4, float32)
-        state = cuda.local.array(3, float32)
+        state = cuda.local.array(4, float32)  # softmax maxima and alphas of heads 2tig, 2tig+1
         for i in range(O_REGS):
             o[i] = 0
         for i in range(4):
             stats[i] = 0
-        state[0] = NEG_INF
+        state[0] = state[1] = NEG_INF
         gid = lane // 4
         q_valid = hg * HPC + gid < G  # rows past the group's heads stay zero
         load_q(q, b * H * G + head0 + (gid if q_valid else 0), lane, q_valid, qh, float32(scale * LOG2E))
@@ -185,7 +185,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                 issue(pool, ring, base, 0, first, last, h, b, layer, num_blocks, block_tables, k_codes, v_codes,
                       k_meta, v_meta, lane)
             cp_async_commit()
-            corr = float32(0)
+            corr_lo = corr_hi = float32(0)
             for j in range(n_chunks):
                 if j + 1 < n_chunks:
                     issue(pool, ring, base + ((j + 1) % 2) * STAGE, j + 1, first, last, h, b, layer, num_blocks,
@@ -196,8 +196,8 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                 stage = base + (j % 2) * STAGE
                 if in_range(block_tables[b, first + WARPS * (j // CPB)], num_blocks):
                     if j % CPB == 0:
-                        corr = fold_keys(ring, stage + KMETA, lane, qh, qs)
-                    chunk_codes(ring, stage, qs, corr, sc, o, stats, state, lane)
+                        corr_lo, corr_hi = fold_keys(ring, stage + KMETA, lane, qh, qs)
+                    chunk_codes(ring, stage, qs, corr_lo, corr_hi, sc, o, stats, state, lane)
                 syncwarp()  # every lane has read the stage before it is refilled
             cp_async_wait_all()
         else:

@@ -11,6 +11,9 @@
       c0, c1 = C[gid, 2tig:2tig+2] c2, c3 = C[gid+8, 2tig:2tig+2]
 
   Every lane of the warp must call it with the same control flow. Returns (c0..c3).
+- ``transpose8x8(word)``: PTX ``movmatrix.sync.aligned.m8n8.trans.b16``: the warp's 8x8
+  float16 matrix, lane ``4 * r + c`` holding ``M[r, 2c:2c+2]`` in one word, comes back
+  transposed in the same layout (lane ``4 * r + c`` gets ``M[2c:2c+2, r]``). Warp-wide.
 - ``prmt(a, b, selector)``: PTX ``prmt.b32``: byte ``i`` of the result is byte
   ``(selector >> 4i) & 7`` of the 8-byte value ``b:a``. ``0x5410`` = low halves of
   ``a`` and ``b``; ``0x7632`` = their high halves.
@@ -90,6 +93,15 @@ if not SIMULATOR:
         return sig, codegen
 
     @intrinsic
+    def _movmatrix(typingctx, word):
+        sig = types.uint32(types.uint32)
+
+        def codegen(context, builder, sig, args):
+            return _asm(builder, _I32, list(args), "movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;", "=r,r")
+
+        return sig, codegen
+
+    @intrinsic
     def _pack(typingctx, lo, hi):
         sig = types.uint32(types.float32, types.float32)
 
@@ -121,6 +133,11 @@ if not SIMULATOR:
         """One warp-wide m16n8k16 f16 mma with f32 accumulators (see the module docstring)."""
         return _mma(types.uint32(a0), types.uint32(a1), types.uint32(a2), types.uint32(a3), types.uint32(b0),
                     types.uint32(b1), types.float32(c0), types.float32(c1), types.float32(c2), types.float32(c3))
+
+    @device_function
+    def transpose8x8(word):
+        """The warp's 8x8 float16 matrix transposed (see the module docstring)."""
+        return _movmatrix(types.uint32(word))
 
     @device_function
     def prmt(a, b, selector):
@@ -168,6 +185,7 @@ else:
             self.barrier = threading.Barrier(32, timeout=120)
             self.a = np.zeros((32, 4), np.uint32)
             self.b = np.zeros((32, 2), np.uint32)
+            self.m = np.zeros(32, np.uint32)
 
     def _halves(words):
         return np.asarray(words, np.uint32).view(np.float16).astype(np.float32)
@@ -204,6 +222,19 @@ else:
         g, t = lane // 4, lane % 4
         return (np.float32(c0 + C[g, 2 * t]), np.float32(c1 + C[g, 2 * t + 1]),
                 np.float32(c2 + C[g + 8, 2 * t]), np.float32(c3 + C[g + 8, 2 * t + 1]))
+
+    @cuda.jit(device=True)
+    def transpose8x8(word):
+        """The warp's 8x8 float16 matrix transposed (see the module docstring)."""
+        warp = _warp()
+        lane = cuda.threadIdx.x % 32
+        warp.m[lane] = word
+        warp.barrier.wait()  # every lane's row written
+        M = warp.m.view(np.float16).reshape(8, 8)  # M[r, c]: lane 4r + c // 2, half c % 2
+        r, c = lane // 4, lane % 4
+        out = _pair(M[2 * c, r], M[2 * c + 1, r])
+        warp.barrier.wait()  # every lane has read
+        return out
 
     @cuda.jit(device=True)
     def prmt(a, b, selector):

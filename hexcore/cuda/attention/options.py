@@ -28,7 +28,10 @@ class DecodeOptions:
       four warps leave warps idle).
     - ``split_overhead``: a CTA's fixed cost (start, combine, merge) in blocks of work, for
       choosing the split count.
-    - ``max_registers``: a register cap for the kernel (None: the compiler's choice).
+    - ``max_registers``: a register cap for the kernel (None: the compiler's choice). The
+      default, 128, lets four CTAs of 128 threads stay resident per SM; the few bytes it
+      spills at head_dim 128 cost less than the warps it adds (measured on the H200:
+      ``benchmarks/RESULTS.md``, "third session").
     - ``l2_prefetch``: which sealed blocks a warp asks L2 for one block ahead of its copies
       (INT4/INT2 blocks are copied one chunk ahead into shared memory anyway): "quantized",
       "all" (FP16 blocks too) or "none".
@@ -41,7 +44,7 @@ class DecodeOptions:
     ctas_per_sm: int | None = None
     min_split_blocks: int = 4
     split_overhead: float = 1.0
-    max_registers: int | None = None
+    max_registers: int | None = 128
     l2_prefetch: str = "none"
     joint_softmax: bool = False
     launch_path: str = "raw"

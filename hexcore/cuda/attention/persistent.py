@@ -98,7 +98,7 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
     with ``count_items``), ``budget_ns``, ``num_items``. Launched with a 1-D grid."""
     decode_item = decode_item_function(shape, l2_prefetch, joint_softmax)
     HG, YS = shape.head_groups, shape.H * shape.head_groups
-    options = {} if max_registers is None else {"max_registers": max_registers}
+    options = {} if max_registers is None or SIMULATOR else {"max_registers": max_registers}
 
     @cuda.jit(**options)
     def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots, out,

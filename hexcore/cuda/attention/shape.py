@@ -1,13 +1,14 @@
 """DecodeShape: the compile-time sizes of one decode kernel, derived once and named.
 
 Terms (docs/design-notes.md, "Decode kernel"): a warp works on 16-token **k-steps**.
-Scores ``S[head, token] = Q K^T`` are mma tiles of 16 head rows (the 8 query heads of
-the CTA, rows 8-15 zero) by 8 tokens (an **n-tile**) over ``D`` channels; the output
-``O^T[channel, head] = V^T P^T`` is mma tiles of 16 channels (an **m-tile**) by 8 heads
-over the k-step's 16 tokens. Lane ``4 * gid + tig`` holds:
+Scores ``S^T[token, head] = K Q^T`` are mma tiles of the k-step's 16 tokens by the 8
+query heads of the CTA over ``D`` channels; the output ``O^T[channel, head] = V^T P^T``
+is mma tiles of 16 channels (an **m-tile**) by 8 heads over the k-step's 16 tokens.
+Lane ``4 * gid + tig`` holds:
 
-- of a key row (token ``gid`` of an n-tile): the channels ``[tig * D/4, (tig+1) * D/4)``,
-  as ``D/8`` fragment registers of two channels each (``key_regs``);
+- of the key rows of tokens ``gid`` and ``gid + 8``: the channels
+  ``[tig * D/4, (tig+1) * D/4)``, as ``D/8`` fragment registers of two channels each
+  (``key_regs``; q's B fragments of head ``gid`` have the same channel order);
 - of the value rows of tokens ``2tig, 2tig+1, 2tig+8, 2tig+9``: for m-tile ``t`` the
   channels of rows ``gid`` and ``gid + 8`` (``layout.value_code_field``), ``4 * D/16``
   registers (``value_regs``) of two tokens each.
@@ -21,7 +22,7 @@ from ...layout import value_chunk_dims
 
 WARPS = 4
 THREADS = 32 * WARPS
-HEADS_PER_CTA = 8  # query heads of one CTA: the mma's N (score rows 8-15 stay zero)
+HEADS_PER_CTA = 8  # query heads of one CTA: the mma's N (columns past the group's heads stay zero)
 KSTEP = 16  # tokens per mma k-step of the output product
 HEAD_DIMS = (64, 128)
 
