@@ -18,12 +18,12 @@ it: the error says which tokens of which sequences to recompute. ::
 Rules: records and checks run on the stream given (default: the default stream), after
 the seals they follow; the results are read back, so ``verify``, ``scrub`` and
 ``migrate_sequence`` synchronise. ``prepare_verify`` gives the capture-safe form (a
-``PreparedLaunch`` over fixed device buffers) for a step graph. The cache must run with the
-prefix cache off and no event ring attached while sequences migrate (migration edits
-block tables in place). Quarantined blocks are held by *quarantine sequences*
-(``quarantine_seq_ids``): live sequences of the cache whose tables hold only bad blocks, so
-the blocks are never freed, forked or handed out again, and ``check_invariants()`` of the
-cache holds; never step or free them.
+``PreparedLaunch`` over fixed device buffers) for a step graph. A block found corrupted is
+quarantined in the block manager at once (``PagedKVCache.quarantine_block``): never handed
+out again, and -- with the prefix cache on -- out of the key index with its descendants, so
+no later admission reuses it; the sequences holding it keep it until migrated. This class
+uses only the block manager's public methods. No event ring may be attached while a
+sequence migrates (its table is edited in place).
 """
 
 from __future__ import annotations
@@ -33,21 +33,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._checks import as_int, int_value
-from .errors import (HexcoreConfigError, HexcoreCorruptionError, HexcoreError, HexcoreInvalidArgumentError,
+from ._checks import as_int
+from .errors import (HexcoreConfigError, HexcoreCorruptionError, HexcoreInvalidArgumentError,
                      HexcoreInvalidSequenceError, HexcoreOOMError, Status)
-from .host import _blocks as core
-from .host._table_edits import hold_block, replace_blocks, return_free_blocks, take_free_blocks
 from .host.allocator import PagedKVCache
 from .host.checksum import block_checksum
+from .host.quarantine import BlockState
 
 POLICIES = ("always", "sampled", "off")
-# Prometheus names of FaultTolerantKVCache.stats(), in the style of host/_prometheus.py
+# Prometheus names of FaultTolerantKVCache.stats(), in the style of host/_prometheus.py;
+# blocks_quarantined is the block manager's gauge (its MetricsCollector exports it)
 PROMETHEUS_NAMES = {
     "blocks_verified": "hexcore_blocks_verified_total",
     "corruptions_found": "hexcore_corruptions_found_total",
     "canary_violations": "hexcore_canary_violations_total",
-    "blocks_quarantined": "hexcore_blocks_quarantined",
+    "blocks_quarantined": "hexcore_quarantined_blocks",
     "sequences_migrated": "hexcore_sequences_migrated_total",
     "migration_seconds": "hexcore_migration_latency_seconds_sum",
 }
@@ -97,8 +97,8 @@ class FaultTolerantKVCache:
 
     Parameters
     ----------
-    cache : the block manager (prefix cache off); ``store`` : its device store (same config,
-        ``num_blocks`` and ``max_seqs``).
+    cache : the block manager (prefix cache on or off); ``store`` : its device store (same
+        config, ``num_blocks`` and ``max_seqs``).
     policy : ``"always"`` (verify every block asked for), ``"sampled"`` (the blocks with
         ``(block_id + call) % sample_every == 0``: every block once in ``sample_every``
         calls), or ``"off"``.
@@ -123,8 +123,6 @@ class FaultTolerantKVCache:
                 f"store: expected the cache's config, num_blocks {cache.num_blocks} and max_seqs {cache.max_seqs}, "
                 f"got num_blocks {store.num_blocks}, max_seqs {store.max_seqs}"
                 f"{'' if store.config == cache.config else ' and another config'}")
-        if cache.prefix_cache_enabled:
-            raise HexcoreConfigError("cache: FaultTolerantKVCache needs the prefix cache off")
         self.policy, self.sample_every = _checked_policy(policy), as_int("sample_every", sample_every, 1, 1 << 20)
         self.scrub_blocks = as_int("scrub_blocks", scrub_blocks, 1)
         self.metrics = as_collector("metrics", metrics)
@@ -135,10 +133,8 @@ class FaultTolerantKVCache:
         self.recorded = np.zeros(cache.num_blocks, bool)
         self._out = cuda.device_array((cache.num_blocks, L), np.uint32)  # [item, layer] launch results
         self._guard_bad = cuda.device_array(len(store.guard_offsets), np.uint32)
-        self._bad: dict[int, list] = {}  # block_id -> layers: found corrupted, not yet quarantined
+        self._bad: dict[int, list] = {}  # block_id -> layers: found corrupted (quarantined), not yet migrated
         self._lost: dict[int, tuple] = {}  # block_id -> (seq_id, logical): replaced a bad block, awaits refill
-        self.quarantined: list[int] = []  # block ids, in quarantine order
-        self.quarantine_seq_ids: list[int] = []
         self._calls = 0
         self._scrub_at = 0
         self._stats = dict.fromkeys(PROMETHEUS_NAMES, 0)
@@ -176,8 +172,9 @@ class FaultTolerantKVCache:
         return _try(lambda: _raise_if_bad(self._verify(seq_ids, stream)[0]))
 
     def scrub(self, max_blocks: int | None = None, stream=None) -> int:
-        """Check the next ``max_blocks`` (default ``scrub_blocks``) recorded live blocks, going
-        round the whole cache over successive calls, and the canaries; the number checked.
+        """Check the next ``max_blocks`` (default ``scrub_blocks``) recorded blocks in use (in a
+        table, or kept by the prefix cache), going round the whole cache over successive
+        calls, and the canaries; the number checked.
         Raises HexcoreCorruptionError like :meth:`verify`."""
         budget = self.scrub_blocks if max_blocks is None else as_int("max_blocks", max_blocks, 1)
         live = self._candidates()
@@ -210,41 +207,45 @@ class FaultTolerantKVCache:
 
     # -- containment ----------------------------------------------------------------
     def migrate_sequence(self, seq_id: int, stream=None) -> dict:
-        """Move ``seq_id``'s healthy blocks to fresh ones (one device copy, tables changed at
-        once) and quarantine its bad ones; returns ``{"moved": n, "lost": [(logical, block,
-        (start, end)), ...]}``: each lost logical block has a fresh block that
+        """Move ``seq_id``'s healthy blocks to fresh ones (one device copy, its table changed
+        in one edit, ``PagedKVCache.replace_blocks``); its bad blocks stay quarantined.
+
+        Returns ``{"moved": n, "lost": [(logical, block, (start, end)), ...]}``: each lost
+        logical block (corrupted, or still awaiting a refill) has a fresh block that
         :meth:`refill` must fill (until then :meth:`verify` reports it). Other sequences
-        sharing a bad block keep it (they are reported) until migrated too.
-        Raises HexcoreOOMError (nothing changed) without enough free blocks."""
+        sharing a bad block keep it (they are reported) until migrated too. Raises
+        HexcoreOOMError without enough available blocks and HexcoreConfigError with an event
+        ring attached (nothing changed), HexcoreCorruptionError when the copies do not
+        verify (the table unchanged; cached blocks evicted to make room stay evicted).
+        """
         from .cuda.blocks import copy_blocks
 
         t0 = time.perf_counter_ns()
         cache = self.cache
-        seq_id = cache._live("seq_id", seq_id)
-        if cache._events is not None:
+        old = cache.block_table(seq_id)  # (raises for a sequence that is not live)
+        seq_id = int(seq_id)
+        if cache.event_ring_attached:
             raise HexcoreConfigError("migrate_sequence: detach the cache's event ring first (tables change in place)")
-        old = cache.block_table(seq_id)
-        known = self._check(old[self.recorded[old]], stream, raise_guards=False)  # fresh digests of this table
-        bad = {b for b in old.tolist() if b in self._bad or b in self._lost}  # (unrecorded blocks move unchecked)
-        bad |= set(known.block_ids)
-        need = len(old) + (0 if self._holder_room() >= len(bad - set(self.quarantined)) else 1)
-        if cache.num_free_blocks < len(old) or (need > len(old) and cache.num_sequences >= cache.max_seqs):
-            raise HexcoreOOMError(f"migrate_sequence: seq {seq_id} needs {len(old)} free blocks and a sequence "
-                                  f"slot for quarantine, have {cache.num_free_blocks} blocks; nothing changed")
-        new = take_free_blocks(cache, len(old))
-        healthy = np.array([b not in bad for b in old.tolist()], bool)
+        if cache.num_available_blocks < len(old):
+            raise HexcoreOOMError(f"migrate_sequence: seq {seq_id} needs {len(old)} free blocks, "
+                                  f"have {cache.num_available_blocks}; nothing changed")
+        self._check(old[self.recorded[old]], stream, raise_guards=False)  # fresh digests: finds are quarantined
+        quarantined = cache.block_states()[old] == BlockState.QUARANTINED
+        healthy = ~quarantined & ~np.isin(old, list(self._lost))  # (unrecorded blocks move unchecked)
+        new = cache.prepare_free_blocks(len(old))
         if healthy.any():
             src, dst = old[healthy], new[healthy]
             before = self._launch(src, "compute", stream)  # (the recorded ones were just verified)
             copy_blocks(self.store, src, dst, stream=stream)
             if not np.array_equal(self._launch(dst, "record", stream), before):  # the copies' digests
-                return_free_blocks(cache, new)
                 raise HexcoreCorruptionError(f"migrate_sequence: the copy of seq {seq_id}'s blocks did not verify; "
-                                             "nothing changed")
+                                             "its table is unchanged")
             self.recorded[dst] = self.recorded[src]
-        replace_blocks(cache, seq_id, new)
-        for b in sorted(bad):
-            self._quarantine(b)
+        cache.replace_blocks(seq_id, new)
+        for b in old[~healthy].tolist():
+            self._bad.pop(b, None)
+            self._lost.pop(b, None)
+            self.recorded[b] = False
         bs = self.config.block_size
         lost = []
         for j in np.flatnonzero(~healthy).tolist():
@@ -259,22 +260,31 @@ class FaultTolerantKVCache:
 
     def refill(self, seq_id: int, logical: int, k, v, stream=None) -> None:
         """Write recomputed K/V into a lost block of ``seq_id`` (see :meth:`migrate_sequence`)
-        through a quarantine sequence's tail and a seal, then record it.
+        through ``seq_id``'s own tail slot and a seal, then record it; the tail's contents are
+        saved to the host first and put back after (``2 * L`` small copies each way), so
+        no sequence slot is needed.
 
         ``k``, ``v``: float16 ``[L, block_size, H, D]``: the block's tokens, in every layer.
         """
         from .cuda import append, seal
+        from .cuda.streams import resolve_stream
 
-        seq_id = self.cache._live("seq_id", seq_id)
-        logical = as_int("logical", logical, 0)
-        table = self.cache.block_table(seq_id)
+        table = self.cache.block_table(seq_id)  # (raises for a sequence that is not live)
+        seq_id, logical = int(seq_id), as_int("logical", logical, 0)
         block = int(table[logical]) if logical < len(table) else -1
         if self._lost.get(block) != (seq_id, logical):
             raise HexcoreInvalidArgumentError(f"logical: block {logical} of seq {seq_id} is not awaiting a refill")
-        slot = self.quarantine_seq_ids[0]  # its tail slot is never used by a sequence
-        bs = self.config.block_size
-        append(self.store, k, v, np.full(bs, slot, np.int32), np.arange(bs, dtype=np.int32), stream=stream)
-        seal(self.store, np.array([slot], np.int32), np.array([block], np.int32), stream=stream)
+        stream = resolve_stream(stream)
+        tails = [self.store.k_tails, self.store.v_tails]
+        saved = [[t[layer, seq_id].copy_to_host(stream=stream) for layer in range(t.shape[0])] for t in tails]
+        try:
+            bs = self.config.block_size
+            append(self.store, k, v, np.full(bs, seq_id, np.int32), np.arange(bs, dtype=np.int32), stream=stream)
+            seal(self.store, np.array([seq_id], np.int32), np.array([block], np.int32), stream=stream)
+        finally:
+            for t, rows in zip(tails, saved):
+                for layer, row in enumerate(rows):
+                    t[layer, seq_id].copy_to_device(row, stream=stream)
         self.record(np.array([block], np.int32), stream)
 
     # -- fault injection (tests, demos) ------------------------------------------------
@@ -306,30 +316,34 @@ class FaultTolerantKVCache:
         clobber_guard(self.store, region, index, value)
 
     # -- state ----------------------------------------------------------------------
+    @property
+    def quarantined(self) -> list:
+        """The cache's quarantined block ids, ascending."""
+        return self.cache.quarantined_blocks().tolist()
+
     def stats(self) -> dict:
-        """Counters: blocks_verified, corruptions_found, canary_violations, blocks_quarantined,
-        sequences_migrated, migration_seconds (names in ``PROMETHEUS_NAMES``)."""
-        return dict(self._stats, blocks_quarantined=len(self.quarantined))
+        """Counters: blocks_verified, corruptions_found, canary_violations, sequences_migrated,
+        migration_seconds, and the cache's blocks_quarantined (names in ``PROMETHEUS_NAMES``)."""
+        return dict(self._stats, blocks_quarantined=self.cache.num_quarantined_blocks)
 
     def prometheus_collector(self):
-        """A ``prometheus_client`` collector over :meth:`stats`: counters ``*_total``, the
-        ``hexcore_blocks_quarantined`` gauge and the ``hexcore_migration_latency_seconds``
-        summary (its ``_sum`` and ``_count``). HexcoreConfigError without prometheus_client."""
+        """A ``prometheus_client`` collector over :meth:`stats`: counters ``*_total`` and the
+        ``hexcore_migration_latency_seconds`` summary (its ``_sum`` and ``_count``); the
+        quarantine gauge is the block manager's (``hexcore_quarantined_blocks``, exported by
+        its ``MetricsCollector``). HexcoreConfigError without prometheus_client."""
         try:
-            from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+            from prometheus_client.core import CounterMetricFamily, SummaryMetricFamily
         except ImportError:
             raise HexcoreConfigError("prometheus_collector: prometheus_client is not installed") from None
-        return _FaultCollector(self, CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily)
+        return _FaultCollector(self, CounterMetricFamily, SummaryMetricFamily)
 
     def check_invariants(self) -> None:
-        """The cache's invariants, and: every quarantined block is held by a quarantine
-        sequence, off the free stack, and in no other table. AssertionError if not."""
-        cache = self.cache
-        cache.check_invariants()
-        held = np.concatenate([cache.block_table(h) for h in self.quarantine_seq_ids] or [np.zeros(0, np.int32)])
-        assert sorted(held.tolist()) == sorted(self.quarantined), (held, self.quarantined)
-        free = cache._blocks[core.FREE_STACK, :cache.num_free_blocks]
-        assert not np.isin(free, self.quarantined).any(), "a quarantined block is on the free stack"
+        """The cache's invariants (quarantined blocks included), and: every block found
+        corrupted and not yet migrated away is quarantined. AssertionError if not."""
+        self.cache.check_invariants()
+        states = self.cache.block_states()
+        found = np.array(sorted(self._bad), np.int64)
+        assert np.all(states[found] == BlockState.QUARANTINED), ("found corrupted, not quarantined", found)
 
     # -- internals --------------------------------------------------------------------
     def _verify(self, seq_ids, stream) -> tuple:
@@ -339,8 +353,8 @@ class FaultTolerantKVCache:
             ids = ids[:0]
         elif self.policy == "sampled":
             ids = ids[(ids.astype(np.int64) + self._calls) % self.sample_every == 0]
-        held = set(self.quarantined)
-        lost = [b for b in ids.tolist() if b in self._lost or b in self._bad or b in held]
+        held = self.cache.block_states()[ids] == BlockState.QUARANTINED
+        lost = [b for b, q in zip(ids.tolist(), held.tolist()) if q or b in self._lost or b in self._bad]
         report = self._check(ids[self.recorded[ids]], stream)
         if lost:
             self._add_blocks(report, lost)
@@ -352,16 +366,15 @@ class FaultTolerantKVCache:
         cache = self.cache
         rows = []
         for i, s in enumerate(seq_ids.tolist()):
-            if not cache.is_live(s) or s in self.quarantine_seq_ids:
+            if not cache.is_live(s):
                 raise HexcoreInvalidSequenceError(f"seq_ids[{i}]: sequence {s} is not live")
-            rows.append(cache._tables[s, :cache._seqs[core.LEN, s] // cache.block_size])
+            rows.append(cache.block_table(s))
         return np.unique(np.concatenate(rows)) if rows else np.zeros(0, np.int32)
 
     def _candidates(self) -> np.ndarray:
-        """Recorded blocks referenced by a live table, not quarantined (ascending ids)."""
-        live = self.cache._blocks[core.REFS] > 0
-        live[self.quarantined] = False
-        return np.flatnonzero(live & self.recorded)
+        """Recorded blocks a table references or the prefix cache keeps, not quarantined (ascending)."""
+        states = self.cache.block_states()
+        return np.flatnonzero(((states == BlockState.LIVE) | (states == BlockState.CACHED)) & self.recorded)
 
     def _check(self, ids, stream, raise_guards: bool = True) -> CorruptionReport:
         ids = np.ascontiguousarray(ids, np.int32)
@@ -382,6 +395,7 @@ class FaultTolerantKVCache:
             if b not in self._bad:
                 self._stats["corruptions_found"] += 1
             self._bad[b] = layers
+            self.cache.quarantine_block(b)  # never handed out again, nor matched by a later admission
         self._add_blocks(report, [int(ids[r]) for r in rows.tolist() if ids[r] >= 0])
         report.guards = [self.store.guard_names[g] for g in np.flatnonzero(bad_guards).tolist()]
         self._stats["canary_violations"] += len(report.guards)
@@ -394,12 +408,9 @@ class FaultTolerantKVCache:
             if b in report.block_ids:
                 continue
             report.block_ids.append(b)
-            report.layers[b] = self._bad.get(b, "quarantined" if b in self.quarantined else "lost")
-            for s in np.flatnonzero(cache._seqs[core.LEN] >= 0).tolist():
-                if s in self.quarantine_seq_ids:
-                    continue
-                for j in np.flatnonzero(cache._tables[s] == b).tolist():
-                    report.token_ranges.setdefault(s, []).append((j * bs, (j + 1) * bs))
+            report.layers[b] = self._bad.get(b, "quarantined" if cache.is_quarantined(b) else "lost")
+            for s, j in cache.block_references(b).tolist():
+                report.token_ranges.setdefault(s, []).append((j * bs, (j + 1) * bs))
         self.last_report = report
 
     def _launch(self, ids, mode: str, stream) -> np.ndarray:
@@ -420,26 +431,6 @@ class FaultTolerantKVCache:
                                               f"[0, {self.cache.num_blocks})")
         return block_ids
 
-    def _holder_room(self) -> int:
-        if not self.quarantine_seq_ids:
-            return 0
-        h = self.quarantine_seq_ids[-1]
-        return self.cache.max_blocks_per_seq - int(self.cache._seqs[core.LEN, h]) // self.config.block_size
-
-    def _quarantine(self, block: int) -> None:
-        """Add a reference to ``block`` from a quarantine sequence (so it is never freed)."""
-        if block in self.quarantined:
-            return
-        cache = self.cache
-        if self._holder_room() == 0:
-            self.quarantine_seq_ids.append(cache.add_sequence())
-        h = self.quarantine_seq_ids[-1]
-        hold_block(cache, h, block)
-        self.quarantined.append(block)
-        self._bad.pop(block, None)
-        self._lost.pop(block, None)
-        self.recorded[block] = False
-
 
 class _FaultCollector:
     """``collect()`` yields the fault-tolerance metric families from a stats snapshot."""
@@ -449,15 +440,13 @@ class _FaultCollector:
              "canary_violations": "Guard words found overwritten.",
              "sequences_migrated": "Sequences moved to fresh blocks."}
 
-    def __init__(self, cache, counter, gauge, summary):
-        self.cache, self.counter, self.gauge, self.summary = cache, counter, gauge, summary
+    def __init__(self, cache, counter, summary):
+        self.cache, self.counter, self.summary = cache, counter, summary
 
     def collect(self):
         stats = self.cache.stats()
         for key, doc in self._DOCS.items():
             yield self.counter(PROMETHEUS_NAMES[key].removesuffix("_total"), doc, value=stats[key])
-        yield self.gauge(PROMETHEUS_NAMES["blocks_quarantined"], "Blocks quarantined (never handed out again).",
-                         value=stats["blocks_quarantined"])
         yield self.summary("hexcore_migration_latency_seconds", "Host time of migrate_sequence calls.",
                            count_value=stats["sequences_migrated"], sum_value=stats["migration_seconds"])
 

@@ -18,24 +18,30 @@ class Rig:
     """A cache, its store and a FaultTolerantKVCache; grows sequences a sealed block at a time
     with random tails, keeping each sealed block's FP16 source for refills."""
 
-    def __init__(self, rng, num_blocks=12, max_seqs=4, **kwargs):
+    def __init__(self, rng, num_blocks=12, max_seqs=4, prefix_cache=False, metrics=None, **kwargs):
         self.rng = rng
-        self.cache = PagedKVCache(CFG, num_blocks, max_seqs)
+        self.cache = PagedKVCache(CFG, num_blocks, max_seqs, metrics, prefix_cache=prefix_cache)
         self.store = DeviceKVStore(CFG, num_blocks, max_seqs)
         self.store.poison()
         self.ft = FaultTolerantKVCache(self.cache, self.store, **kwargs)
         self.sources = {}  # (seq_id, logical) -> (k, v) float16 [L, BS, H, D] sealed there
 
-    def grow(self, seq_id, blocks=1):
-        for _ in range(blocks):
+    def grow(self, seq_id, blocks=1, tokens=None):
+        """Seal ``blocks`` blocks onto ``seq_id``; ``tokens``: their token ids (prefix cache)."""
+        for i in range(blocks):
             shape = self.store.k_tails.shape  # [L, max_seqs, H, BS, D]
             k = self.rng.standard_normal(shape).astype(np.float16)
             v = self.rng.standard_normal(shape).astype(np.float16)
             self.store.k_tails.copy_to_device(k)
             self.store.v_tails.copy_to_device(v)
             ids = np.array([seq_id], np.int32)
-            new_len = np.array([self.cache.seq_len(seq_id) // BS * BS + BS], np.int32)
-            result = self.cache.step(ids, new_len)
+            old_len = self.cache.seq_len(seq_id)
+            new_len = np.array([old_len // BS * BS + BS], np.int32)
+            if tokens is None:
+                result = self.cache.step(ids, new_len)
+            else:
+                span = np.ascontiguousarray(tokens[i * BS:(i + 1) * BS][old_len % BS:], np.int32)
+                result = self.cache.step(ids, new_len, span, np.array([0, len(span)], np.int32))
             result.raise_for_status()
             seal(self.store, result.seal_slots, result.seal_blocks)
             self.ft.record_seals(result)
@@ -189,12 +195,113 @@ def test_bad_input_is_refused_and_changes_nothing(rng):
         FaultTolerantKVCache(cache, None)
     with pytest.raises(HexcoreConfigError, match="num_blocks 4"):
         FaultTolerantKVCache(cache, DeviceKVStore(CFG, 5, 2))
-    with pytest.raises(HexcoreConfigError, match="prefix cache off"):
-        FaultTolerantKVCache(PagedKVCache(CFG, 4, 2, prefix_cache=True), store)
+
+
+def test_migrate_refuses_an_attached_event_ring_and_refill_keeps_every_tail(rng):
+    from hexcore.host import LockFreeRingBuffer
+
+    rig = Rig(rng, num_blocks=8, max_seqs=2)
+    cache, ft = rig.cache, rig.ft
+    a = cache.add_sequence()
+    rig.grow(a, 2)
+    bad = int(cache.block_table(a)[0])
+    rig.ft.flip_bit("k_codes", 0, bad, 0, 0)
+    assert ft.try_verify(seqs(a)) is Status.CORRUPTED and cache.is_quarantined(bad)
+    cache.attach_event_ring(LockFreeRingBuffer(64, record_width=4))
+    state = (cache._blocks.copy(), cache._tables.copy(), ft.recorded.copy())
+    with pytest.raises(HexcoreConfigError, match="detach the cache's event ring"):
+        ft.migrate_sequence(a)
+    assert all(np.array_equal(x, y) for x, y in zip(state, (cache._blocks, cache._tables, ft.recorded)))
+    cache.attach_event_ring(None)
+    lost = ft.migrate_sequence(a)["lost"]
+    assert [x[0] for x in lost] == [0]
+    b = cache.add_sequence()  # every slot live: refill goes through a's own tail
+    tails = [t.copy_to_host() for t in (rig.store.k_tails, rig.store.v_tails)]
+    with pytest.raises(HexcoreInvalidArgumentError, match="logical: block 1 of seq"):
+        ft.refill(a, 1, *rig.sources[(a, 1)])
+    ft.refill(a, 0, *rig.sources[(a, 0)])
+    for before, t in zip(tails, (rig.store.k_tails, rig.store.v_tails)):  # every tail as it was
+        assert np.array_equal(before.view(np.uint16), t.copy_to_host().view(np.uint16))
+    assert ft.verify(seqs(a)) == 2 and cache.num_sequences == 2
+    ft.check_invariants()
+
+
+def test_a_corrupted_cached_prefix_block_is_never_served_again(rng):
+    """Prefix cache on: a bad shared prefix block is reported for every sequence holding it,
+    leaves the key index with its descendants at once, and a later admission of the same
+    tokens recomputes them; the recomputed blocks are shared again, the bad one never."""
+    rig = Rig(rng, num_blocks=16, max_seqs=6, prefix_cache=True)
+    cache, ft = rig.cache, rig.ft
+    prompt = np.arange(1000, 1000 + 3 * BS, dtype=np.int32)
+    a = cache.admit(prompt).seq_id
+    rig.grow(a, 3, prompt)
+    first = cache.admit(prompt)  # leave_last: two of the three blocks are shared
+    b = first.seq_id
+    c = cache.fork_sequence(a)
+    assert first.cached_tokens == 2 * BS and cache.match_prefix(prompt) == 3 * BS
+    table = cache.block_table(a)
+    assert cache.block_table(b).tolist() == table[:2].tolist()
+    bad = int(table[0])
+    rig.ft.flip_bit("v_meta", 1, bad, 3, 7)
+    with pytest.raises(HexcoreCorruptionError) as info:
+        ft.verify(seqs(b))
+    assert info.value.report.token_ranges == {a: [(0, BS)], b: [(0, BS)], c: [(0, BS)]}
+    assert cache.is_quarantined(bad) and cache.num_quarantined_blocks == 1
+    assert cache.match_prefix(prompt) == 0  # its descendants' keys chain on it: gone too
+    assert all(cache.block_key(int(x)) is None for x in table)
+    assert not cache.is_tracked(a) and not cache.is_tracked(b)
+    cache.check_invariants()
+    d = cache.admit(prompt)
+    assert d.cached_tokens == 0  # recompute: the bad block is not served
+    rig.grow(d.seq_id, 3, prompt)
+    again = cache.admit(prompt)
+    assert again.cached_tokens == 2 * BS and bad not in cache.block_table(again.seq_id).tolist()
+    assert ft.verify(seqs(d.seq_id, again.seq_id)) == 3
+    for s in (again.seq_id, d.seq_id):
+        cache.free_sequence(s)
+    moved = ft.migrate_sequence(a)  # a's healthy blocks 1, 2 move; block 0 awaits its refill
+    assert moved["moved"] == 2 and [x[0] for x in moved["lost"]] == [0]
+    ft.refill(a, 0, *rig.sources[(a, 0)])
+    assert ft.verify(seqs(a)) == 3
+    for s in (b, c, a):
+        cache.free_sequence(s)
+    ft.check_invariants()
+    assert cache.quarantined_blocks().tolist() == [bad] and ft.stats()["blocks_quarantined"] == 1
+    assert ft.scrub(64) == cache.num_cached_blocks  # cached blocks are scrubbed too
+    allocated = 0
+    while allocated < 10_000:  # admissions, prefills, evictions: the bad block never comes back
+        adm = cache.admit(prompt)
+        got = cache.grow_sequence(adm.seq_id, 3 * BS, prompt[adm.cached_tokens:])
+        fill = cache.grow_sequence(adm.seq_id, cache.num_available_blocks * BS + 3 * BS)
+        assert bad not in cache.block_table(adm.seq_id).tolist()
+        allocated += len(got) + len(fill)
+        cache.free_sequence(adm.seq_id)
+    ft.check_invariants()
+
+
+def test_a_corrupted_cached_block_found_by_scrub_leaves_the_index(rng):
+    rig = Rig(rng, num_blocks=8, max_seqs=2, prefix_cache=True, scrub_blocks=8)
+    cache, ft = rig.cache, rig.ft
+    prompt = np.arange(2 * BS, dtype=np.int32)
+    a = cache.admit(prompt).seq_id
+    rig.grow(a, 2, prompt)
+    child = int(cache.block_table(a)[1])
+    cache.free_sequence(a)  # both blocks stay cached, unreferenced
+    assert cache.num_cached_blocks == 2 and cache.pin_prefix(prompt) == 2 * BS
+    rig.ft.flip_word("k_codes", 0, child, 2)
+    with pytest.raises(HexcoreCorruptionError, match=f"corrupted blocks {child} .*no live sequence"):
+        ft.scrub()
+    assert cache.is_quarantined(child) and cache.match_prefix(prompt) == BS
+    assert cache.num_cached_blocks == 1 and cache.unpin_prefix(prompt) == BS  # the pin now ends at the parent
+    cache.check_invariants()
 
 
 def test_metrics_export_in_prometheus_style(rng):
-    rig = Rig(rng, num_blocks=8, max_seqs=4)
+    from hexcore.host import MetricsCollector
+
+    metrics = MetricsCollector()
+    rig = Rig(rng, num_blocks=8, max_seqs=4, metrics=metrics)
+    rig.cache_metrics = metrics
     a = rig.cache.add_sequence()
     rig.grow(a, 2)
     rig.ft.verify(seqs(a))
@@ -208,8 +315,11 @@ def test_metrics_export_in_prometheus_style(rng):
 
     registry = CollectorRegistry()
     registry.register(rig.ft.prometheus_collector())
+    registry.register(rig.cache_metrics.prometheus_collector())  # one registry: no name twice
+    rig.ft.flip_bit("k_codes", 1, int(rig.cache.block_table(a)[1]), 9)
+    assert rig.ft.try_verify(seqs(a)) is Status.CORRUPTED
     text = generate_latest(registry).decode()
     assert f"hexcore_blocks_verified_total {float(rig.ft.stats()['blocks_verified'])}" in text
-    for name in ("hexcore_corruptions_found_total 0.0", "hexcore_blocks_quarantined 0.0",
+    for name in ("hexcore_corruptions_found_total 1.0", "hexcore_quarantined_blocks 1.0",
                  "hexcore_migration_latency_seconds_count 0.0"):
         assert name in text

@@ -3,7 +3,8 @@
 Public names load lazily (importing hexcore compiles or loads no njit module):
 PagedKVCache and StepResult (allocator), MetricsCollector (metrics),
 LockFreeRingBuffer (ring), SpeculativeAllocator (speculative), BlockTableMirror (events),
-Admission and prefix_keys (prefix: automatic prefix caching).
+Admission and prefix_keys (prefix: automatic prefix caching), BlockState (quarantine:
+the states a block can be in, QUARANTINED among them).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import importlib
 
 _MODULE_OF = {
     "Admission": "prefix",
+    "BlockState": "quarantine",
     "BlockTableMirror": "events",
     "LockFreeRingBuffer": "ring",
     "MetricsCollector": "metrics",

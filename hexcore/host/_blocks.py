@@ -9,7 +9,7 @@ State (all int32 except ``counters``), grouped so a call unboxes few arrays:
 - ``blocks [3, num_blocks]``, rows ``FREE_STACK``, ``REFS``, ``STATE``
 - ``seqs [6, max_seqs]``, rows ``LEN`` ... ``MARK``
 - ``tables [max_seqs, max_blocks_per_seq]``
-- ``counters [4]`` int64
+- ``counters [5]`` int64
 
 The batch step, and its output arrays, are in ``_step.py``. Speculative prefetch
 (``reserve_*``, ``release_*``) parks blocks in ``seqs[PREFETCHED]``. With the prefix
@@ -31,12 +31,15 @@ INVALID_SEQUENCE = int(Status.INVALID_SEQUENCE)
 INVALID_ARGUMENT = int(Status.INVALID_ARGUMENT)
 
 # block states, the values of blocks[STATE]; CACHED only with the prefix cache on
-# (``_prefix.py``): no references, kept indexed by its key until evicted
-FREE, LIVE, RESERVED, CACHED = 0, 1, 2, 3
+# (``_prefix.py``): no references, kept indexed by its key until evicted; QUARANTINED
+# (``quarantine.py``): found corrupted, never handed out again, off the free stack and out
+# of the key index, still referenced by the tables that held it until they let it go
+FREE, LIVE, RESERVED, CACHED, QUARANTINED = 0, 1, 2, 3, 4
 
 # blocks[FREE_STACK]: [position] -> block_id; positions [0, num_free) hold the free blocks
-# blocks[REFS]:       [block_id] -> block-table references (> 0 exactly when LIVE)
-# blocks[STATE]:      [block_id] -> FREE / LIVE / RESERVED / CACHED
+# blocks[REFS]:       [block_id] -> block-table references (> 0 when LIVE; a QUARANTINED
+#                     block may have any number, a block in another state none)
+# blocks[STATE]:      [block_id] -> FREE / LIVE / RESERVED / CACHED / QUARANTINED
 FREE_STACK, REFS, STATE = 0, 1, 2
 
 # seqs[LEN]:        [seq_id] -> length in tokens, -1 when the slot is not live
@@ -47,8 +50,9 @@ FREE_STACK, REFS, STATE = 0, 1, 2
 # seqs[MARK]:       [seq_id] -> 1 while a batch call has already met it (else 0)
 LEN, PREFETCHED, GEN, FREE_SEQS, SEQ_POS, MARK = 0, 1, 2, 3, 4, 5
 
-# counters: [field] -> count (int64)
-NUM_FREE, NUM_FREE_SEQS, NUM_LIVE, NUM_RESERVED = 0, 1, 2, 3
+# counters: [field] -> count (int64); NUM_LIVE counts LIVE blocks, NUM_QUARANTINED
+# QUARANTINED ones (referenced or not)
+NUM_FREE, NUM_FREE_SEQS, NUM_LIVE, NUM_RESERVED, NUM_QUARANTINED = 0, 1, 2, 3, 4
 
 # outcome counts of reserve_predictions: [outcome] -> predictions (int64)
 PREDICTION_RESERVED, PREDICTION_STALE, PREDICTION_DUPLICATE, PREDICTION_UNFILLED = 0, 1, 2, 3
@@ -64,7 +68,7 @@ def new_state(num_blocks: int, max_seqs: int, max_blocks_per_seq: int):
     seqs[SEQ_POS] = seqs[FREE_SEQS]  # slot s sits at position max_seqs - 1 - s
     # tables: [seq_id, logical_block] -> block_id (-1 empty)
     tables = np.full((max_seqs, max_blocks_per_seq), -1, np.int32)
-    counters = np.array([num_blocks, max_seqs, 0, 0], np.int64)
+    counters = np.array([num_blocks, max_seqs, 0, 0, 0], np.int64)
     return blocks, seqs, tables, counters
 
 
@@ -131,10 +135,31 @@ def free_sequence(blocks, seqs, counters, tables, seq_id, block_size):
         refs = blocks[REFS, block_id] - 1
         blocks[REFS, block_id] = refs
         if refs == 0:
+            if blocks[STATE, block_id] == QUARANTINED:  # it stays out of the pool
+                continue
             _push_block(blocks, counters, block_id)
             freed += 1
     counters[NUM_LIVE] -= freed
     return OK, freed + drop_slot(blocks, seqs, counters, seq_id)
+
+
+@numba.njit(cache=True)
+def drop_references(blocks, counters, block_ids):
+    """One reference less to each of ``block_ids`` (int32 [n], a table's old entries in
+    logical order), leaves first, as a free: a block whose last reference goes is freed
+    (a quarantined one stays). Returns the number freed."""
+    freed = 0
+    for i in range(block_ids.shape[0] - 1, -1, -1):
+        block_id = block_ids[i]
+        refs = blocks[REFS, block_id] - 1
+        blocks[REFS, block_id] = refs
+        if refs == 0:
+            if blocks[STATE, block_id] == QUARANTINED:
+                continue
+            _push_block(blocks, counters, block_id)
+            freed += 1
+    counters[NUM_LIVE] -= freed
+    return freed
 
 
 @numba.njit(cache=True, inline="always")

@@ -46,7 +46,7 @@ import numpy as np
 from ._blocks import (
     CACHED, GEN, INVALID_ARGUMENT, INVALID_SEQUENCE, LEN, LIVE, MARK, NUM_FREE, NUM_LIVE, NUM_RESERVED, OK,
     OUT_OF_MEMORY, PREDICTION_DUPLICATE, PREDICTION_RESERVED, PREDICTION_STALE, PREDICTION_UNFILLED, PREFETCHED,
-    REFS, RESERVED, STATE, _first_not_live, _is_live, _push_block, add_sequence, drop_slot, fork_sequence,
+    QUARANTINED, REFS, RESERVED, STATE, _first_not_live, _is_live, _push_block, add_sequence, drop_slot, fork_sequence,
     pop_free_block,
 )
 from ._event_ops import ALLOCATED, REMOVED, REUSED, SEALED, STORED
@@ -418,6 +418,8 @@ def free(blocks, seqs, counters, tables, pblocks, pc, seq_id, block_size):
         refs = blocks[REFS, block_id] - 1
         blocks[REFS, block_id] = refs
         if refs == 0:
+            if blocks[STATE, block_id] == QUARANTINED:  # it stays out of the pool
+                continue
             _release(blocks, counters, pblocks, pc, block_id)
             freed += 1
     counters[NUM_LIVE] -= freed
@@ -690,3 +692,92 @@ def clear(blocks, counters, pblocks, index, pc, plog):
         _push_block(blocks, counters, _evict(pblocks, index, pc, plog))
         evicted += 1
     return evicted
+
+
+# -- quarantine and migration (rare: ``_table_edits.py`` calls these) ----------------------------
+@_jit
+def unindex_subtree(blocks, seqs, counters, tables, pblocks, pseqs, index, pc, plog, block_id, block_size):
+    """Take indexed ``block_id`` and every indexed descendant (their keys chain on it) out
+    of the index, for a quarantine, so no later admission can match them.
+
+    Descendants that no table references go to the free stack (ascending ids); the
+    others stay LIVE, unindexed. A CACHED ``block_id`` leaves the cached count (the
+    caller retags it). Pins through ``block_id`` become pins ending at its parent, so
+    ``unpin_prefix`` of the same tokens still finds one. Sequences holding a removed block
+    stop being tracked. Logs a REMOVED event per block; returns the number removed.
+    """
+    pc[C_LOG] = 0
+    n = pblocks.shape[0]
+    # under: [block] -> 1 if block_id or one of its descendants, 2 if not, 0 not yet known
+    under = np.zeros(n, np.int8)
+    under[block_id] = 1
+    chain = np.empty(n + 1, np.int64)
+    for b in range(n):
+        top, c = 0, b
+        while c >= 0 and under[c] == 0 and pblocks[c, P_PARENT] != NOT_INDEXED and top <= n:
+            chain[top] = c
+            top += 1
+            c = pblocks[c, P_PARENT]
+        verdict = 2  # reached a root (or an unindexed block): not under block_id
+        if c >= 0 and under[c] != 0:
+            verdict = under[c]
+        for k in range(top):
+            under[chain[k]] = verdict
+    parent = pblocks[block_id, P_PARENT]
+    if parent >= 0:
+        pblocks[parent, P_PIN_ENDS] += pblocks[block_id, P_PINS]
+    removed = 0
+    for b in range(n):
+        if under[b] != 1:
+            continue
+        key = pblocks[b, P_KEY]
+        cached = blocks[STATE, b] == CACHED
+        if cached:
+            if pblocks[b, P_PINS] == 0:
+                _lru_unlink(pblocks, pc, b)
+            pc[C_CACHED] -= 1
+        index_remove(index, key)
+        pblocks[b, P_PARENT] = NOT_INDEXED
+        pblocks[b, P_PINS] = 0
+        pblocks[b, P_PIN_ENDS] = 0
+        _log(plog, pc, REMOVED, b, key, 0)
+        if cached and b != block_id:
+            _push_block(blocks, counters, b)
+        removed += 1
+    for s in range(seqs.shape[1]):
+        for j in range(max(seqs[LEN, s], 0) // block_size):
+            if under[tables[s, j]] == 1:
+                pseqs[S_TRACKED, s] = 0
+                break
+    return removed
+
+
+@_fast
+def evict_to_free(blocks, counters, pblocks, index, pc, plog, count):
+    """Evict cached blocks to the free stack until ``count`` blocks are free (or none is
+    evictable); the number evicted."""
+    pc[C_LOG] = 0
+    evicted = 0
+    while counters[NUM_FREE] < count and pc[C_EVICTABLE] > 0:
+        _push_block(blocks, counters, _evict(pblocks, index, pc, plog))
+        evicted += 1
+    return evicted
+
+
+@_fast
+def drop_references(blocks, counters, pblocks, pc, block_ids):
+    """One reference less to each of ``block_ids`` (int32 [n], a table's old entries in
+    logical order), leaves first: indexed blocks whose last reference goes are cached,
+    others freed, quarantined ones stay. Returns the number released."""
+    released = 0
+    for i in range(block_ids.shape[0] - 1, -1, -1):
+        block_id = block_ids[i]
+        refs = blocks[REFS, block_id] - 1
+        blocks[REFS, block_id] = refs
+        if refs == 0:
+            if blocks[STATE, block_id] == QUARANTINED:
+                continue
+            _release(blocks, counters, pblocks, pc, block_id)
+            released += 1
+    counters[NUM_LIVE] -= released
+    return released

@@ -25,6 +25,7 @@ _GAUGES = (
     ("reserved_blocks", "hexcore_reserved_blocks", "Blocks prefetched for a next seal."),
     ("sequences", "hexcore_sequences", "Live sequences."),
     ("cached_blocks", "hexcore_prefix_cached_blocks", "Blocks kept by the prefix cache that no table references."),
+    ("quarantined_blocks", "hexcore_quarantined_blocks", "Blocks found corrupted, never handed out again."),
     ("usage", "hexcore_block_usage_ratio", "Fraction of blocks not free (0-1)."),
 )
 

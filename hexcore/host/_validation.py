@@ -163,8 +163,10 @@ def verify_state(blocks, seqs, tables, counters, block_size: int, prefix=None) -
     num_free, num_free_seqs = int(counters[core.NUM_FREE]), int(counters[core.NUM_FREE_SEQS])
     num_live, num_reserved = int(counters[core.NUM_LIVE]), int(counters[core.NUM_RESERVED])
     num_cached = 0 if prefix is None else int(prefix.pc[pcore.C_CACHED])
-    _check(num_free + num_live + num_reserved + num_cached == num_blocks,
-           f"free {num_free} + live {num_live} + reserved {num_reserved} + cached {num_cached} != {num_blocks} blocks")
+    num_quarantined = int(counters[core.NUM_QUARANTINED])
+    _check(num_free + num_live + num_reserved + num_cached + num_quarantined == num_blocks,
+           f"free {num_free} + live {num_live} + reserved {num_reserved} + cached {num_cached} + quarantined "
+           f"{num_quarantined} != {num_blocks} blocks")
     free_ids = blocks[core.FREE_STACK, :num_free]
     _check(len(np.unique(free_ids)) == num_free, "duplicate ids on the free stack")
     state, refs = blocks[core.STATE], blocks[core.REFS]
@@ -185,8 +187,11 @@ def verify_state(blocks, seqs, tables, counters, block_size: int, prefix=None) -
         np.add.at(counts, tables[s, :nb], 1)
     _check(np.all(tables[~live] == -1), "a dead sequence's table row is not empty")
     _check(np.array_equal(counts, refs), "reference counts != block-table references")
-    _check(np.array_equal(refs > 0, state == core.LIVE), "LIVE blocks != referenced blocks")
+    quarantined = state == core.QUARANTINED
+    _check(np.array_equal(refs > 0, (state == core.LIVE) | (quarantined & (refs > 0))),
+           "LIVE blocks != referenced blocks (quarantined ones aside)")
     _check(np.count_nonzero(state == core.LIVE) == num_live, "live block count mismatch")
+    _check(np.count_nonzero(quarantined) == num_quarantined, "quarantined block count mismatch")
     prefetched = seqs[core.PREFETCHED]
     _check(np.all(prefetched[~live] == -1), "a dead sequence holds a reserved block")
     held = prefetched[prefetched >= 0]
@@ -196,6 +201,8 @@ def verify_state(blocks, seqs, tables, counters, block_size: int, prefix=None) -
     if prefix is None:
         _check(not np.any(state == core.CACHED), "CACHED blocks with the prefix cache off")
     else:
+        _check(not np.any(quarantined & (prefix.pblocks[:, pcore.P_PARENT] != pcore.NOT_INDEXED)),
+               "a quarantined block is still indexed")
         _verify_prefix(blocks, seqs, tables, prefix, block_size)
 
 

@@ -18,6 +18,10 @@ With ``prefix_cache=True`` sealed blocks are also cached by their token ids and
 shared with later requests (``prefix.py``: :meth:`PagedKVCache.admit`, the ``tokens``
 arguments of growth and steps, pins, eviction); the calls then run the njit core of
 ``_prefix.py``, and with it off they run exactly the code they ran before it existed.
+
+A block found corrupted can be quarantined (``quarantine.py``: :meth:`PagedKVCache.quarantine_block`,
+the read methods and table edit ``hexcore.fault`` migrates with); a quarantined block is never
+handed out again, and the decode step, which only pops the free stack, never checks for one.
 """
 
 from __future__ import annotations
@@ -39,9 +43,10 @@ from ._validation import (check_counts, check_ids, check_predictions, check_stat
 from .metrics import as_collector
 from .prefix import (DEFAULT_PRIORITY, Admission, PrefixCacheMethods, PrefixState, as_tokens, check_namespace,
                      check_priority)
+from .quarantine import BlockState, QuarantineMethods
 from .ring import LockFreeRingBuffer, check_timeout
 
-__all__ = ["Admission", "PagedKVCache", "StepResult", "PREDICTION_OUTCOMES", "DEFAULT_MAX_SEQ_LEN"]
+__all__ = ["Admission", "BlockState", "PagedKVCache", "StepResult", "PREDICTION_OUTCOMES", "DEFAULT_MAX_SEQ_LEN"]
 
 # The order of reserve_predictions' counts: [outcome] -> predictions (core.PREDICTION_* indices)
 PREDICTION_OUTCOMES = ("reserved", "stale", "duplicate", "unfilled")
@@ -69,7 +74,7 @@ def _reraise_unless_beyond_limit(*values: int) -> None:
         raise
 
 
-class PagedKVCache(PrefixCacheMethods):
+class PagedKVCache(PrefixCacheMethods, QuarantineMethods):
     """Block manager of a paged KV cache: sequences, their sealed blocks and tails.
 
     ``num_blocks`` sealed blocks and ``max_seqs`` sequence slots (= tail slots);
@@ -78,8 +83,8 @@ class PagedKVCache(PrefixCacheMethods):
     ``[max_seqs, max_seq_len // block_size]``. With ``metrics=None`` no timing is done.
     ``prefix_cache=True`` caches sealed blocks by their token ids (``hexcore.host.prefix``;
     it costs ``num_blocks * (64 + 4 * block_size)`` bytes, plus a key index of 32 bytes
-    a block or so). Not thread-safe: one thread drives a cache (the MetricsCollector is
-    thread-safe).
+    a block or so). Quarantined blocks (:meth:`quarantine_block`) are never handed out
+    again. Not thread-safe: one thread drives a cache (the MetricsCollector is thread-safe).
     """
 
     def __init__(self, config: KVCacheConfig, num_blocks: int, max_seqs: int, metrics=None,
@@ -119,9 +124,10 @@ class PagedKVCache(PrefixCacheMethods):
         self._events = None  # an events.EventPublisher while an event ring is attached
         self._prefix_seen = [0, 0, 0]  # prefix (queries, hits, evictions) already recorded in metrics
         if metrics is not None:
-            active, free, reserved, sequences, _, cached = self._gauges()
+            active, free, reserved, sequences, _, cached, quarantined = self._gauges()
             metrics.set_gauges(active_blocks=active, free_blocks=free, reserved_blocks=reserved,
-                               sequences=sequences, num_blocks=num_blocks, cached_blocks=cached)
+                               sequences=sequences, num_blocks=num_blocks, cached_blocks=cached,
+                               quarantined_blocks=quarantined)
 
     # -- sequences ------------------------------------------------------------------
     def add_sequence(self, seq_id: int | None = None, *, namespace: int = 0,
@@ -494,7 +500,7 @@ class PagedKVCache(PrefixCacheMethods):
 
     @property
     def num_active_blocks(self) -> int:
-        """Blocks referenced by at least one block table."""
+        """Blocks referenced by at least one block table (quarantined ones not counted)."""
         return int(self._counters[core.NUM_LIVE])
 
     @property
@@ -633,10 +639,11 @@ class PagedKVCache(PrefixCacheMethods):
         return views
 
     def _gauges(self) -> tuple:
-        # (active, free, reserved, sequences, num_blocks, cached): MetricsCollector's GAUGES order
-        num_free, num_free_seqs, num_live, num_reserved = self._counters.tolist()
+        # (active, free, reserved, sequences, num_blocks, cached, quarantined): MetricsCollector's GAUGES order
+        num_free, num_free_seqs, num_live, num_reserved, num_quarantined = self._counters.tolist()
         cached = 0 if self._prefix is None else int(self._prefix.pc[pcore.C_CACHED])
-        return (num_live, num_free, num_reserved, self.max_seqs - num_free_seqs, self.num_blocks, cached)
+        return (num_live, num_free, num_reserved, self.max_seqs - num_free_seqs, self.num_blocks, cached,
+                num_quarantined)
 
     def _record(self, op, t0, *, freed=0, hits=0, misses=0, oom=0, allocated=0):
         latency = perf_counter_ns() - t0

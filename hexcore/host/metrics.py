@@ -29,10 +29,12 @@ DEFAULT_BUCKETS_US = (0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000,
 # The order of MetricsCollector.record's tuples.
 # prefix_queries / prefix_hits: tokens of admitted requests, and those found cached
 # (vLLM's prefix_cache_queries / prefix_cache_hits); prefix_evictions: cached blocks
-# evicted; cached_blocks: blocks kept for reuse that no table references.
+# evicted; cached_blocks: blocks kept for reuse that no table references; quarantined_blocks:
+# blocks found corrupted, never handed out again.
 COUNTERS = ("blocks_allocated", "blocks_freed", "blocks_sealed", "oom_events", "hits", "misses",
             "prefix_queries", "prefix_hits", "prefix_evictions")
-GAUGES = ("active_blocks", "free_blocks", "reserved_blocks", "sequences", "num_blocks", "cached_blocks")
+GAUGES = ("active_blocks", "free_blocks", "reserved_blocks", "sequences", "num_blocks", "cached_blocks",
+          "quarantined_blocks")
 _INCREMENTS = ("allocated", "freed", "sealed", "oom", "hits", "misses",  # observe's names, COUNTERS order
                "prefix_queries", "prefix_hits", "prefix_evictions")
 _NUM_COUNTERS, _NUM_GAUGES, _INT_TYPE = len(COUNTERS), len(GAUGES), {int}
@@ -83,8 +85,8 @@ def _short(value) -> str:
 
 class MetricsCollector:
     """Counters (blocks allocated/freed/sealed, OOM events, prefetch hits/misses, prefix
-    cache queries/hits/evictions), gauges (active/free/reserved/cached blocks,
-    sequences) and a call-latency histogram.
+    cache queries/hits/evictions), gauges (active/free/reserved/cached/quarantined
+    blocks, sequences) and a call-latency histogram.
 
     A *hit* is a seal served by the sequence's prefetched (reserved) block, a *miss*
     one served by a fresh block from the free stack. Prefix cache queries and hits
@@ -111,7 +113,7 @@ class MetricsCollector:
                 sealed: int = 0, hits: int = 0, misses: int = 0, oom: int = 0,
                 active_blocks: int = 0, free_blocks: int = 0, reserved_blocks: int = 0,
                 sequences: int = 0, num_blocks: int = 0, prefix_queries: int = 0, prefix_hits: int = 0,
-                prefix_evictions: int = 0, cached_blocks: int = 0) -> None:
+                prefix_evictions: int = 0, cached_blocks: int = 0, quarantined_blocks: int = 0) -> None:
         """Record one call of ``op`` that took ``latency_ns``: counter increments and gauges.
 
         Every number is an int >= 0 (numpy integers accepted); anything else raises
@@ -125,7 +127,7 @@ class MetricsCollector:
                                              prefix_hits, prefix_evictions)))
         gauges = tuple(as_int(name, value, low=0) for name, value in
                        zip(GAUGES, (active_blocks, free_blocks, reserved_blocks, sequences, num_blocks,
-                                    cached_blocks)))
+                                    cached_blocks, quarantined_blocks)))
         self.record(op, latency_ns, increments, gauges)
 
     def record(self, op: str, latency_ns: int, increments: tuple, gauges: tuple) -> None:
@@ -160,11 +162,11 @@ class MetricsCollector:
             self._latency_sum_ns += latency_ns
 
     def set_gauges(self, *, active_blocks: int, free_blocks: int, reserved_blocks: int,
-                   sequences: int, num_blocks: int, cached_blocks: int = 0) -> None:
+                   sequences: int, num_blocks: int, cached_blocks: int = 0, quarantined_blocks: int = 0) -> None:
         """Set the gauges alone (no call is counted); ints >= 0, as in :meth:`observe`."""
         gauges = tuple(as_int(name, value, low=0) for name, value in
                        zip(GAUGES, (active_blocks, free_blocks, reserved_blocks, sequences, num_blocks,
-                                    cached_blocks)))
+                                    cached_blocks, quarantined_blocks)))
         with self._lock:
             self._gauge_values = gauges
 
@@ -208,7 +210,8 @@ class MetricsCollector:
                 f"allocated={s['blocks_allocated']} freed={s['blocks_freed']} "
                 f"sealed={s['blocks_sealed']} oom={s['oom_events']} hits={s['hits']} "
                 f"misses={s['misses']} | prefix queries={s['prefix_queries']} hits={s['prefix_hits']} "
-                f"evictions={s['prefix_evictions']} cached={s['cached_blocks']} | calls={lat['count']} "
+                f"evictions={s['prefix_evictions']} cached={s['cached_blocks']} "
+                f"quarantined={s['quarantined_blocks']} | calls={lat['count']} "
                 f"p50={lat['p50_us']:.2f}us p99={lat['p99_us']:.2f}us")
 
     def prometheus_collector(self):

@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from hexcore import HexcoreError, HexcoreInvalidSequenceError, KVCacheConfig, Status
+from hexcore import HexcoreError, HexcoreInvalidArgumentError, HexcoreInvalidSequenceError, KVCacheConfig, Status
+from hexcore.errors import HexcoreOOMError
 from hexcore.host import PagedKVCache
 from hexcore.host.allocator import PREDICTION_OUTCOMES
 
@@ -25,6 +26,7 @@ class Model:
         self.refs = [0] * num_blocks
         self.seqs = {}  # seq_id -> {"len": int, "blocks": [block ids], "pref": block id or -1}
         self.gen = [0] * max_seqs  # slot -> frees so far
+        self.quarantined = set()  # blocks never handed out again
 
     def live(self, s):
         return s in self.seqs
@@ -65,7 +67,7 @@ class Model:
         seq = self.seqs.pop(s)
         for block in reversed(seq["blocks"]):
             self.refs[block] -= 1
-            if self.refs[block] == 0:
+            if self.refs[block] == 0 and block not in self.quarantined:
                 self.free.append(block)
         if seq["pref"] >= 0:
             self.free.append(seq["pref"])
@@ -141,6 +143,37 @@ class Model:
                 released += 1
         return released
 
+    # quarantine and migration
+    def quarantine(self, block):
+        """The block leaves the free stack or its prefetched slot; tables keep it."""
+        if block in self.quarantined:
+            return False
+        if block in self.free:
+            self.free.remove(block)
+        for seq in self.seqs.values():
+            if seq["pref"] == block:
+                seq["pref"] = -1
+        self.quarantined.add(block)
+        return True
+
+    def release_block(self, block):
+        self.free.append(block)
+
+    def prepare(self, n):
+        """The n blocks the next pops give (the prefix model evicts first)."""
+        return self.free[len(self.free) - n:][::-1]
+
+    def replace(self, s, new):
+        seq = self.seqs[s]
+        del self.free[len(self.free) - len(new):]
+        old, seq["blocks"] = seq["blocks"], list(new)
+        for block in new:
+            self.refs[block] = 1
+        for block in reversed(old):
+            self.refs[block] -= 1
+            if self.refs[block] == 0 and block not in self.quarantined:
+                self.release_block(block)
+
     def release(self, ids):
         if any(s not in self.seqs for s in ids):
             return None
@@ -158,7 +191,9 @@ def assert_same(cache: PagedKVCache, model: Model) -> None:
     cache.check_invariants()
     assert cache.num_free_blocks == len(model.free)
     assert cache.num_sequences == len(model.seqs)
-    assert cache.num_active_blocks == sum(r > 0 for r in model.refs)
+    assert cache.num_active_blocks == sum(r > 0 and b not in model.quarantined for b, r in enumerate(model.refs))
+    assert cache.quarantined_blocks().tolist() == sorted(model.quarantined)
+    assert cache.num_quarantined_blocks == len(model.quarantined)
     assert cache.num_reserved_blocks == model.num_reserved()
     for s in range(-1, model.max_seqs + 1):
         assert cache.is_live(s) == model.live(s)
@@ -306,6 +341,38 @@ class AllocatorMachine(RuleBasedStateMachine):
     def release_all(self):
         assert self.cache.release_all_reserved() == self.model.release_all()
 
+    @rule(block=st.integers(-1, NUM_BLOCKS), pick=st.none() | picks)
+    def quarantine(self, block, pick):
+        # pick: a block in use instead -- indexed (prefix model) or in a table -- whose
+        # quarantine has the most to undo
+        used = sorted(getattr(self.model, "content", {})) or sorted(
+            {b for q in self.model.seqs.values() for b in q["blocks"]})
+        if pick is not None and used:
+            block = used[pick % len(used)]
+        if not 0 <= block < NUM_BLOCKS:
+            with pytest.raises(HexcoreInvalidArgumentError, match="block_id"):
+                self.cache.quarantine_block(block)
+        elif len(self.model.quarantined) < 3 or block in self.model.quarantined:  # (keep most of the pool)
+            assert self.cache.quarantine_block(block) == self.model.quarantine(block)
+
+    @rule(pick=picks)
+    def migrate(self, pick):
+        """What FaultTolerantKVCache.migrate_sequence does to the block manager."""
+        s = self._seq(pick)
+        if not self.model.live(s):
+            with pytest.raises(HexcoreInvalidSequenceError):
+                self.cache.replace_blocks(s, np.zeros(0, np.int32))
+            return
+        n = len(self.model.seqs[s]["blocks"])
+        if n > self.model.available():
+            with pytest.raises(HexcoreOOMError):
+                self.cache.prepare_free_blocks(n)
+            return
+        new = self.cache.prepare_free_blocks(n)
+        assert new.tolist() == self.model.prepare(n)
+        self.cache.replace_blocks(s, new)
+        self.model.replace(s, new.tolist())
+
     @invariant()
     def same_as_model(self):
         assert_same(self.cache, self.model)
@@ -388,6 +455,43 @@ class PrefixModel(Model):
 
     def take(self):
         return self.free.pop() if self.free else self._evict()
+
+    def prepare(self, n):
+        while len(self.free) < n:
+            self.free.append(self._evict())
+        return super().prepare(n)
+
+    def replace(self, s, new):
+        super().replace(s, new)
+        self.seqs[s]["tracked"] = False
+
+    def quarantine(self, block):
+        """Unindex the block and its descendants first (pins through it end at its parent)."""
+        if block in self.content and block not in self.quarantined:
+            under = {block}
+            for other in sorted(self.content):
+                chain, c = [], other
+                while c >= 0 and c not in under:
+                    chain.append(c)
+                    c = self.parent[c]
+                if c >= 0:
+                    under.update(chain)
+            if self.parent[block] >= 0:
+                self.pin_ends[self.parent[block]] += self.pins[block]
+            for x in sorted(under):
+                if x in self.cached:
+                    self.cached.discard(x)
+                    if self.pins[x] == 0:
+                        self.lru[self.prio[x]].remove(x)
+                    if x != block:
+                        self.free.append(x)
+                del self.index[self.content.pop(x)]
+                del self.parent[x], self.prio[x]
+                self.pins[x] = self.pin_ends[x] = 0
+            for seq in self.seqs.values():
+                if under & set(seq["blocks"]):
+                    seq["tracked"] = False
+        return super().quarantine(block)
 
     def release_block(self, block):
         if block in self.content:
@@ -501,7 +605,7 @@ class PrefixModel(Model):
         seq = self.seqs.pop(s)
         for block in reversed(seq["blocks"]):
             self.refs[block] -= 1
-            if self.refs[block] == 0:
+            if self.refs[block] == 0 and block not in self.quarantined:
                 self.release_block(block)
         if seq["pref"] >= 0:
             self.free.append(seq["pref"])
@@ -699,6 +803,21 @@ class PrefixMachine(AllocatorMachine):
     def clear(self):
         assert self.cache.clear_prefix_cache() == self.model.clear()
 
+    @rule(pick=picks, unpin=st.booleans())
+    def pin_then_quarantine(self, pick, unpin):
+        """Pin the prefix that ends at an indexed block with a parent, quarantine that block
+        (its pin then ends at the parent), and maybe unpin the same tokens."""
+        chains = [b for b in sorted(self.model.content) if self.model.parent[b] >= 0]
+        if not chains or len(self.model.quarantined) >= 3:
+            return
+        block = chains[pick % len(chains)]
+        ns, tokens = self.model.content[block]
+        tokens = np.array(tokens, np.int32)
+        assert self.cache.pin_prefix(tokens, namespace=ns) == self.model.pin(list(tokens), ns)
+        assert self.cache.quarantine_block(block) == self.model.quarantine(block)
+        if unpin:
+            assert self.cache.unpin_prefix(tokens, namespace=ns) == self.model.unpin(list(tokens), ns)
+
     @invariant()
     def same_as_model(self):
         assert_same_prefix(self.cache, self.model)
@@ -759,3 +878,57 @@ def test_seeded_prefix_workload(rng):
     assert_same_prefix(cache, model)
     stats = cache.prefix_cache_stats()
     assert stats["hits"] > 0 and stats["evicted"] > 0  # min over 100 seeds: 1056 hit tokens, 77 evictions
+
+
+def test_seeded_prefix_workload_with_quarantine(rng):
+    """Admissions, prefills, decode steps, forks, frees, pins and reservations with
+    quarantines (of free, live, reserved and cached blocks, chain roots included) and
+    migrations in between, step for step as the model."""
+    cache = PagedKVCache(CONFIG16, 32, 6, max_seq_len=24 * 16, prefix_cache=True)
+    model = PrefixModel(32, 6, 16, 24 * 16)
+    roots = 0  # quarantines of an indexed block with an indexed child
+    for it in range(500):
+        op, live = int(rng.integers(8)), sorted(model.seqs)
+        s = int(rng.choice(live)) if live else -1
+        if op <= 1 and len(live) < 6:
+            tokens = piece_tokens([int(rng.choice([0, 0, 1, 2])) for _ in range(rng.integers(0, 5))],
+                                  int(rng.integers(0, 16)))
+            adm = cache.admit(np.array(tokens, np.int32))
+            assert adm.cached_tokens == model.admit(adm.seq_id, tokens, 0, DEFAULT_PRIORITY, True)
+            rest = tokens[adm.cached_tokens:]
+            status, _ = model.grow(adm.seq_id, len(tokens), rest)
+            assert cache.try_grow_sequence(adm.seq_id, len(tokens), np.array(rest, np.int32)) == status
+        elif op == 2 and live:
+            values = [int(v) for v in rng.integers(0, 2, len(live))]
+            statuses, sealed = model.step(live, None, values)
+            res = cache.step(np.array(live, np.int32), tokens=np.array(values, np.int32))
+            assert res.statuses.tolist() == statuses and res.sealed.tolist() == [list(x) for x in sealed]
+        elif op == 3 and live and len(live) < 6:
+            assert model.fork(s, cache.fork_sequence(s)) == Status.OK
+        elif op == 4 and live and (len(live) > 3 or rng.random() < 0.3):
+            cache.free_sequence(s)
+            model.free_seq(s)
+        elif op == 5 and len(model.quarantined) < 8 and rng.random() < 0.4:
+            chains = [q for q in live if len(model.seqs[q]["blocks"]) > 1
+                      and model.seqs[q]["blocks"][0] in model.content]
+            if chains and rng.random() < 0.5:  # a chain's root: its descendants leave the index too
+                block = model.seqs[chains[int(rng.integers(len(chains)))]]["blocks"][0]
+            else:
+                block = int(rng.integers(32))
+            roots += block in model.content and block in model.parent.values()
+            assert cache.quarantine_block(block) == model.quarantine(block)
+        elif op == 6 and live and len(model.seqs[s]["blocks"]) <= model.available():
+            new = cache.prepare_free_blocks(len(model.seqs[s]["blocks"]))
+            assert new.tolist() == model.prepare(len(new))
+            cache.replace_blocks(s, new)
+            model.replace(s, new.tolist())
+        elif op == 7:
+            tokens = piece_tokens([0] * int(rng.integers(1, 3)), 0)
+            if rng.random() < 0.5:
+                assert cache.pin_prefix(np.array(tokens, np.int32)) == model.pin(tokens, 0)
+            elif live:
+                assert cache.reserve_blocks(np.array([s], np.int32)).tolist() == model.reserve([s])
+        if it % 25 == 0:
+            assert_same_prefix(cache, model)
+    assert_same_prefix(cache, model)
+    assert model.quarantined and cache.prefix_cache_stats()["hits"] > 0 and roots > 0

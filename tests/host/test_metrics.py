@@ -136,6 +136,8 @@ def test_prometheus_export():
     assert get("hexcore_allocation_latency_seconds_bucket", {"le": "2e-06"}) == 0
     text = prometheus_client.generate_latest(registry).decode()
     assert "# TYPE hexcore_blocks_freed_total counter" in text
+    m.observe("quarantine_block", 500, quarantined_blocks=3)
+    assert get("hexcore_quarantined_blocks") == 3
 
 
 # -- the allocator feeding a collector ---------------------------------------------
@@ -149,6 +151,7 @@ def test_no_timing_without_metrics(monkeypatch):
     cache.grow_sequence(s, 40), cache.try_grow_sequence(s, 41), cache.step(ids(s))
     cache.reserve_blocks(ids(s)), cache.release_reserved(ids(s)), cache.release_all_reserved()
     cache.reserve_predictions(np.array([[s, -1]], np.int64)), cache.reserve_predictions(LockFreeRingBuffer(4, 2))
+    cache.quarantine_block(7), cache.replace_blocks(s, cache.prepare_free_blocks(len(cache.block_table(s))))
     cache.free_sequence(cache.fork_sequence(s)), cache.free_sequence(s)
 
 
@@ -175,3 +178,17 @@ def test_reservations_are_counted():
     snap = metrics.snapshot()
     assert (snap["blocks_allocated"], snap["blocks_freed"], snap["reserved_blocks"]) == (2, 2, 0)
     assert snap["calls"]["reserve_predictions"] == snap["calls"]["release_all_reserved"] == 1
+
+
+def test_quarantined_blocks_gauge_follows_the_cache():
+    metrics = MetricsCollector()
+    cache = make(num_blocks=4, metrics=metrics)
+    s = cache.add_sequence()
+    cache.grow_sequence(s, 2 * BS)
+    assert cache.quarantine_block(int(cache.block_table(s)[0]))
+    snap = metrics.snapshot()
+    assert (snap["quarantined_blocks"], snap["active_blocks"], snap["free_blocks"]) == (1, 1, 2)
+    cache.free_sequence(s)  # the quarantined block is not freed with its sequence
+    snap = metrics.snapshot()
+    assert (snap["quarantined_blocks"], snap["free_blocks"], snap["blocks_freed"]) == (1, 3, 1)
+    assert snap["calls"]["quarantine_block"] == 1 and "quarantined=1" in metrics.to_string()
