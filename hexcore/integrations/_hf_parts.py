@@ -91,12 +91,13 @@ class HexcoreLayer(CacheLayerMixin):
 
 
 class Prefill:
-    """A prompt on its way into the store: rows added to the engine, each row's real
-    (unpadded) K/V staged per layer as float16 ``[L, n, H, D]``, committed after the last
-    layer with ``Engine.prefill``."""
+    """A prompt on its way into the store: each row's real (unpadded) K/V staged per layer
+    as float16 ``[L, n, H, D]``, committed after the last layer: a sequence per row
+    (``Engine.admit`` by the row's token ids when the prefix cache is on: its cached whole
+    blocks are shared, not stored again; else ``Engine.add``), then ``Engine.prefill``."""
 
-    def __init__(self, cache, batch: int, tokens: int):
-        self.cache, self.batch, self.tokens = cache, batch, tokens
+    def __init__(self, cache, batch: int, tokens: int, ids=None):
+        self.cache, self.batch, self.tokens, self.ids = cache, batch, tokens, ids
         self.keep = self.k = self.v = None
 
     def stage(self, layer: int, key, value, mask) -> None:
@@ -108,7 +109,7 @@ class Prefill:
                 self.v[row][layer] = value[row].index_select(1, index).transpose(0, 1)
 
     def _start(self, key, mask) -> None:
-        real = _real_tokens(mask, self.batch, self.tokens, key.device)  # [B, T] bool
+        real = real_tokens(mask, self.batch, self.tokens, key.device)  # [B, T] bool
         self.keep = [torch.nonzero(real[row]).flatten() for row in range(self.batch)]
         cfg = self.cache.kv_config
         lengths = [int(index.numel()) for index in self.keep]  # one host synchronisation per prompt
@@ -120,23 +121,37 @@ class Prefill:
         self.k = [key.new_empty(shape[:1] + (n,) + shape[2:], dtype=torch.float16) for n in lengths]
         self.v = [key.new_empty(shape[:1] + (n,) + shape[2:], dtype=torch.float16) for n in lengths]
 
+    def _token_ids(self, row: int):
+        if self.ids is None:
+            return None
+        return self.ids[row].index_select(0, self.keep[row]).to("cpu", torch.int32).numpy()
+
     def commit(self) -> None:
-        engine, rows = self.cache.engine, []
+        engine, cache, rows = self.cache.engine, self.cache, []
         stream = torch.cuda.current_stream(self.k[0].device) if self.k and self.k[0].is_cuda else None
         try:
-            for k, v in zip(self.k, self.v):
-                rows.append(engine.add())
-                if k.shape[1]:  # on torch's stream: the staged tensors were written there
-                    engine.prefill(rows[-1], for_engine(k), for_engine(v), stream=stream)
+            for row, (k, v) in enumerate(zip(self.k, self.v)):
+                tokens = self._token_ids(row)
+                if tokens is None:
+                    rows.append(engine.add())
+                    cached = 0
+                else:  # the whole prompt was computed: share what is cached, store the rest
+                    rows.append(engine.admit(tokens, namespace=cache.namespace, priority=cache.priority,
+                                             leave_last=False).seq_id)
+                    cached = engine.seq_len(rows[-1])
+                    tokens = tokens[cached:]
+                if k.shape[1] > cached:  # on torch's stream: the staged tensors were written there
+                    engine.prefill(rows[-1], for_engine(k[:, cached:]), for_engine(v[:, cached:]), stream=stream,
+                                   tokens=tokens)
         except BaseException:
             for seq in rows:
                 engine.finish(seq)
-            self.cache._length = 0
+            cache._length = 0
             raise
-        self.cache.rows = rows
+        cache.rows = rows
 
 
-def _real_tokens(mask, batch: int, tokens: int, device):
+def real_tokens(mask, batch: int, tokens: int, device):
     """[B, T] bool: which prompt positions are real tokens, from the attention mask the
     model built (None: no padding; 4D bool or additive float: the last query's row)."""
     if mask is None:
@@ -182,6 +197,7 @@ def read_buffer(view, like):
 
 
 def for_engine(tensor):
-    """A staged prompt tensor as ``Engine.prefill`` takes it: CUDA tensors as they are,
-    host tensors (the simulator) as numpy arrays."""
+    """A tensor as the Engine takes it (contiguous): CUDA tensors as they are, host tensors
+    (the simulator) as numpy arrays."""
+    tensor = tensor.contiguous()
     return tensor if tensor.is_cuda else tensor.numpy()

@@ -25,16 +25,30 @@ How a ``generate()`` call runs on it (one :class:`hexcore.Engine` per cache):
 - **beam search** (``reorder_cache``), ``batch_select_indices`` and
   ``batch_repeat_interleave``: rows map onto ``Engine.fork`` (sealed blocks shared by
   reference, the tail copied with the next step) and ``Engine.finish``; no block copies.
+- **more tokens on rows that hold some** (a prompt's later chunks with
+  ``prefill_chunk_size``, a generate() that continues a used cache, the uncached rest of
+  an admitted prompt): per layer each row's real new tokens attend over what the row
+  holds plus themselves (``Engine.prefill_attention``), and are stored after the last
+  layer with ``Engine.prefill``.
 - **finished rows**: :meth:`HexcoreCache.release` frees a row's blocks (its later
   attention outputs are zeros); :meth:`HexcoreCache.release_finished` is a stopping
   criterion that does it for rows that produced an end-of-sequence token.
 
+Prefix cache (``HexcoreCache(model, ..., prefix_cache=True)``, kept across generate()
+calls): sealed blocks are cached by their token ids, which a forward pre-hook on the model
+hands the cache; ``cache.admit(input_ids, attention_mask)`` before a generate() shares
+each row's cached prefix, and generate() then runs only the rest of the prompt::
+
+    cache = HexcoreCache(model, kv_dtype="int4", max_tokens=65536, prefix_cache=True)
+    for ids in turns:                      # each turn's prompt extends the last one
+        cache.admit(ids)                   # -> cached tokens per row
+        out = model.generate(ids, past_key_values=cache, max_new_tokens=64)
+
 Refused with a typed error (``HexcoreConfigError`` at construction,
 ``HexcoreInvalidArgumentError`` at run time): sliding-window, chunked or other non-full
 attention layers, encoder-decoder models, softcapped or biased attention, a softmax
-scale other than the configured one, head_dim other than 64 or 128, ``crop`` of tokens
-(assisted decoding) and more than one new token per row after the prompt (chunked
-prefill). docs/transformers.md says why.
+scale other than the configured one, head_dim other than 64 or 128, and a ``crop`` that
+removes tokens (assisted decoding). docs/transformers.md says why.
 """
 
 from __future__ import annotations
@@ -52,7 +66,9 @@ from .._checks import as_int
 from ..config import KVCacheConfig
 from ..engine import Engine
 from ..errors import HexcoreConfigError, HexcoreInvalidArgumentError
+from ..host.prefix import DEFAULT_PRIORITY, check_namespace, check_priority
 from ._hf_parts import HexcoreLayer, Prefill, ReleaseFinished, model_kv_shape, read_buffer, write_buffer
+from ._hf_prefix import Extend, admit_batch, install_token_hook
 
 ATTN_IMPLEMENTATION = "hexcore"
 
@@ -65,7 +81,8 @@ class HexcoreCache(Cache):
 
     Parameters
     ----------
-    config : the model's config (``model.config``); its decoder must be full attention.
+    config : the model's config (``model.config``), or the model itself (needed for
+        ``prefix_cache``); its decoder must be full attention.
     kv_dtype : "fp16", "int4" or "int2": how sealed blocks are stored (tails are FP16).
     max_tokens : tokens the sealed pool holds, all rows together (blocks of ``block_size``).
     max_seqs : rows at once, forks included (beam search needs ``batch * num_beams``, plus
@@ -73,13 +90,27 @@ class HexcoreCache(Cache):
     block_size, group_size : hexcore's block size and INT value group (``KVCacheConfig``).
     max_seq_len : longest row (default: what the pool holds, up to 131072).
     options : DecodeOptions for the decode kernel.
+    prefix_cache : keep sealed blocks by their token ids and share them with later prompts
+        (``Engine(prefix_cache=True)``): build the cache from the model, keep it across
+        generate() calls, and call :meth:`admit` before each one so that only the uncached
+        rest of the prompt runs through the model.
+    namespace, priority : the prefix cache's namespace (e.g. a model or adapter id; blocks
+        are shared within one) and eviction priority 0..7 of this cache's requests.
 
     Attributes: ``engine`` (the Engine), ``kv_config`` (its KVCacheConfig), ``rows`` (the
     sequence id of each batch row, -1 for a released row).
     """
 
     def __init__(self, config, kv_dtype="int4", max_tokens: int = 32768, max_seqs: int = 16, *,
-                 block_size: int = 32, group_size: int = 64, max_seq_len: int | None = None, options=None):
+                 block_size: int = 32, group_size: int = 64, max_seq_len: int | None = None, options=None,
+                 prefix_cache: bool = False, namespace: int = 0, priority: int = DEFAULT_PRIORITY):
+        model, config = (config, config.config) if isinstance(config, torch.nn.Module) else (None, config)
+        if type(prefix_cache) is not bool:
+            raise HexcoreConfigError(f"prefix_cache: expected a bool, got {prefix_cache!r}")
+        if prefix_cache and model is None:
+            raise HexcoreConfigError("prefix_cache=True: build the cache from the model (HexcoreCache(model, ...)), "
+                                     "not its config: the cache reads the token ids of each forward from it")
+        self.namespace, self.priority = check_namespace(namespace), check_priority(priority)
         shape = model_kv_shape(config)
         block_size = as_int("block_size", block_size, 16, 256)
         max_tokens = as_int("max_tokens", max_tokens, 1)
@@ -87,7 +118,8 @@ class HexcoreCache(Cache):
                                        head_dim=shape["head_dim"], block_size=block_size, kv_dtype=kv_dtype,
                                        group_size=min(as_int("group_size", group_size, 1), shape["head_dim"]))
         self.engine = Engine(self.kv_config, -(-max_tokens // block_size), as_int("max_seqs", max_seqs, 1),
-                             shape["num_q_heads"], max_seq_len=max_seq_len, scale=shape["scale"], options=options)
+                             shape["num_q_heads"], max_seq_len=max_seq_len, scale=shape["scale"], options=options,
+                             prefix_cache=prefix_cache)
         self.scale, self.capacity = shape["scale"], self.engine.cache.max_seq_len
         window = shape["sliding_window"]
         if window is not None and window < self.capacity:
@@ -100,6 +132,10 @@ class HexcoreCache(Cache):
         self._prefill = None  # the prompt being staged (a Prefill)
         self._step = None  # the decode step in progress (an EngineStep) and its live rows
         self._live = None
+        self._extend = None  # new tokens on rows that hold some (an Extend)
+        self._ids = None  # the token ids of the coming forward, [B, T] (prefix cache only)
+        if model is not None and prefix_cache:
+            install_token_hook(model)
 
     # -- what transformers asks -------------------------------------------------------
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -121,8 +157,9 @@ class HexcoreCache(Cache):
         """Take layer ``layer_idx``'s new K/V, ``[B, num_kv_heads, T, head_dim]``.
 
         A prompt (empty cache) is returned as it is: the attention function runs SDPA over
-        it and stages it. One token per row after that: written into the decode step's
-        buffers; the attention function attends over the store."""
+        it and stages it. More tokens on rows that hold some: returned too; the attention
+        function attends over the store plus them. One token per row: written into the
+        decode step's buffers; the attention function attends over the store."""
         batch, tokens = int(key_states.shape[0]), int(key_states.shape[2])
         if layer_idx == 0:
             self._begin(batch, tokens, key_states.device)
@@ -135,23 +172,34 @@ class HexcoreCache(Cache):
         return key_states, value_states
 
     def _begin(self, batch: int, tokens: int, device) -> None:
-        # layer 0 of a forward: a prompt, or a decode step of every live row
-        if self._prefill is not None:
+        # layer 0 of a forward: a prompt, more tokens for rows that hold some, or a decode step
+        if self._prefill is not None or self._extend is not None:
             raise HexcoreInvalidArgumentError("update: the prompt's K/V never reached the store (the model must "
                                               "be loaded with attn_implementation='hexcore')")
+        ids = self._take_token_ids(batch, tokens)
         if not self.rows:
-            self._prefill = Prefill(self, batch, tokens)
-        elif tokens != 1:
-            raise HexcoreInvalidArgumentError(
-                f"update: {tokens} new tokens per row on a non-empty cache; hexcore decodes one token per row "
-                f"after the prompt (chunked prefill and assisted decoding are not supported)")
+            self._prefill = Prefill(self, batch, tokens, ids)
         elif batch != len(self.rows):
             raise HexcoreInvalidArgumentError(f"update: batch {batch} differs from the cache's {len(self.rows)} rows")
+        elif tokens != 1:
+            self._extend = Extend(self, batch, tokens, ids)
         else:
             live = [i for i, seq in enumerate(self.rows) if seq >= 0]
-            self._step = self.engine.step([self.rows[i] for i in live])
+            step_tokens = None if ids is None else ids[:, 0].to("cpu", torch.int32).numpy()[live]
+            self._step = self.engine.step([self.rows[i] for i in live], tokens=step_tokens)
             self._live = None if len(live) == batch else torch.tensor(live, dtype=torch.long, device=device)
         self._length += tokens
+
+    def see_token_ids(self, input_ids) -> None:
+        """Called by the model's forward pre-hook (prefix cache): the coming forward's
+        ``input_ids`` ``[B, T]`` (None: unknown; the rows stop being cached by content)."""
+        self._ids = input_ids if self.engine.cache.prefix_cache_enabled else None
+
+    def _take_token_ids(self, batch: int, tokens: int):
+        ids, self._ids = self._ids, None
+        if ids is None or tuple(ids.shape) != (batch, tokens):
+            return None
+        return ids
 
     # -- attention (called by hexcore_attention) ----------------------------------------
     def _attend(self, layer: int, query):
@@ -167,6 +215,18 @@ class HexcoreCache(Cache):
         full = query.new_zeros((query.shape[0], 1, query.shape[1], query.shape[3]))
         full[rows, 0] = out
         return full
+
+    def _extend_rows(self, layer: int, query, key, value, mask):
+        try:
+            out = self._extend.attend(layer, query, key, value, mask)
+        except BaseException:  # nothing was stored yet: the rows stay as they were
+            self._length -= self._extend.tokens
+            self._extend = None
+            raise
+        if layer == self.kv_config.num_layers - 1:
+            extend, self._extend = self._extend, None
+            extend.commit()
+        return out
 
     def _stage_prompt(self, layer: int, key, value, mask) -> None:
         prefill = self._prefill
@@ -198,7 +258,7 @@ class HexcoreCache(Cache):
         bad = [i for i in order if not 0 <= i < len(old)]
         if bad:
             raise HexcoreInvalidArgumentError(f"rows: index {bad[0]} is outside the cache's {len(old)} rows")
-        if self._step is not None or self._prefill is not None:
+        if self._in_forward():
             raise HexcoreInvalidArgumentError("rows: cannot reorder in the middle of a forward pass")
         keep = {old[i] for i in order} - {-1}
         for seq in old:
@@ -228,19 +288,45 @@ class HexcoreCache(Cache):
         return ReleaseFinished(self, eos_token_id)
 
     def crop(self, max_length: int) -> None:
-        """Only ``crop(0)`` (nothing removed) is served: sealed blocks are immutable and the
-        block manager does not shrink a sequence, so assisted decoding is not supported."""
-        if int(max_length) != 0:
+        """Only a crop that removes nothing is served (``crop(0)``, or a length at least
+        ``get_seq_length()``): sealed blocks are immutable and the block manager does not
+        shrink a sequence, so assisted decoding is not supported."""
+        n = as_int("max_length", max_length)
+        if n != 0 and n < self._length:
+            removed = -n if n < 0 else self._length - n
             raise HexcoreInvalidArgumentError(
-                f"crop: removing tokens ({max_length}) is not supported by hexcore (sealed blocks are immutable); "
-                f"assisted and speculative decoding need another cache")
+                f"crop: max_length {n} would remove {removed} of {self._length} tokens; hexcore does not shrink a "
+                f"row (sealed blocks are immutable), so assisted and speculative decoding need another cache")
 
     def reset(self) -> None:
-        """Free every row; the cache is empty (ready for another generate())."""
+        """Free every row; the cache is empty (ready for another generate()). With the
+        prefix cache on, the rows' sealed blocks stay cached for later prompts."""
         for seq in self.rows:
             if seq >= 0:
                 self.engine.finish(seq)
         self.rows, self._length, self._prefill, self._step, self._live = [], 0, None, None, None
+        self._extend = self._ids = None
+
+    # -- the prefix cache -----------------------------------------------------------------
+    def admit(self, input_ids, attention_mask=None) -> list:
+        """Start a generate() of ``input_ids`` from the prefix cache; returns the cached
+        tokens of each row (list of ints).
+
+        ``input_ids``: int ``[B, T]`` (or ``[T]``), left padded; ``attention_mask``: 0/1
+        ``[B, T]`` or None (no padding) -- what you pass to generate(). Frees the cache's
+        rows (as :meth:`reset`), then each row shares its longest cached prefix (whole
+        blocks, never the last token): ``get_seq_length()`` becomes that many positions, and
+        generate(), given the same ``input_ids`` and mask, runs only the rest through the
+        model (transformers' continuation from a filled cache). A batch starts every row at
+        one position (:func:`common_cached_length`), so a ragged batch may share less than
+        each row has cached. With the prefix cache off this is :meth:`reset` (zeros).
+        """
+        if self._in_forward():
+            raise HexcoreInvalidArgumentError("admit: cannot admit in the middle of a forward pass")
+        return admit_batch(self, input_ids, attention_mask)
+
+    def _in_forward(self) -> bool:
+        return self._step is not None or self._prefill is not None or self._extend is not None
 
     @property
     def is_compileable(self) -> bool:
@@ -264,6 +350,8 @@ def hexcore_attention(module, query, key, value, attention_mask, dropout: float 
                                       **kwargs)
     _handoff.cache = _handoff.key = None
     _check_supported(cache, dropout, scaling, kwargs)
+    if cache._extend is not None:
+        return cache._extend_rows(layer, query, key, value, attention_mask), None
     if cache._step is None:
         out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                      **kwargs)

@@ -45,10 +45,11 @@ def tiny_model(seed, dtype=None, **config):
 
 
 def make_cache(model, kv_dtype="fp16", **kwargs):
+    """A HexcoreCache of ``model`` (built from the model itself with ``prefix_cache=True``)."""
     kwargs = {"max_tokens": 1024, "max_seqs": 8, "block_size": 16, **kwargs}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the simulator's eager decode graphs
-        return hx.HexcoreCache(model.config, kv_dtype=kv_dtype, **kwargs)
+        return hx.HexcoreCache(model if kwargs.get("prefix_cache") else model.config, kv_dtype=kv_dtype, **kwargs)
 
 
 def ragged_prompts(seed, lengths, vocab=96):
@@ -155,11 +156,16 @@ def test_release_and_release_finished_free_rows(seed):
         cache.release([2])
 
 
-def test_crop_other_than_zero_is_refused(seed):
+def test_crop_that_removes_tokens_is_refused(seed):
     cache = make_cache(tiny_model(seed))
-    cache.crop(0)
-    with pytest.raises(HexcoreInvalidArgumentError, match="crop"):
-        cache.crop(-1)
+    rows_with_blocks(cache, [10])
+    cache._length = 10
+    cache.crop(0)  # transformers' "nothing to remove"
+    cache.crop(10)  # the legacy absolute length, as long as the cache
+    for n, removed in [(-1, 1), (4, 6)]:
+        with pytest.raises(HexcoreInvalidArgumentError, match=f"max_length {n} would remove {removed} of 10"):
+            cache.crop(n)
+    assert cache.get_seq_length() == 10 and cache.engine.seq_len(cache.rows[0]) == 10
 
 
 @pytest.mark.parametrize("change,match", [
@@ -186,13 +192,14 @@ def make_cache_for(cfg, **kwargs):
         return hx.HexcoreCache(cfg, kv_dtype="fp16", max_tokens=256, block_size=16, **kwargs)
 
 
-def test_more_than_one_new_token_after_the_prompt_is_refused(seed):
+def test_a_forward_of_another_batch_size_is_refused(seed):
     cache = make_cache(tiny_model(seed))
     rows_with_blocks(cache, [10])
     cache._length = 10
-    key = torch.zeros((1, 2, 4, 64))
-    with pytest.raises(HexcoreInvalidArgumentError, match="one token per row"):
+    key = torch.zeros((2, 2, 4, 64))
+    with pytest.raises(HexcoreInvalidArgumentError, match="batch 2 differs from the cache's 1 rows"):
         cache.update(key, key, 0)
+    assert cache.get_seq_length() == 10 and cache._extend is None
 
 
 def test_a_model_without_hexcore_attention_is_caught_before_decoding(seed):
@@ -210,6 +217,145 @@ def test_hexcore_attention_without_a_hexcore_cache_is_sdpa(seed):
     model.config._attn_implementation = "sdpa"
     ref = generate(model, transformers.DynamicCache(config=model.config), ids, mask, 3)
     assert torch.equal(got.sequences, ref.sequences)
+
+
+# -- the prefix cache and prompts in several forwards ---------------------------------------------
+def chat_turns(model, cache, seed, prompt_len, answer_tokens, user_len):
+    """Turn 1 (a prompt of ``prompt_len`` tokens, ``answer_tokens`` new ones) on ``cache``,
+    then turn 2's ids: turn 1's prompt + answer + ``user_len`` new tokens. Returns
+    (turn 1's output, turn 2's ids)."""
+    ids, _ = ragged_prompts(seed, [prompt_len])
+    assert cache.admit(ids) == [0]
+    first = generate(model, cache, ids, None, answer_tokens)
+    ref = generate(model, transformers.DynamicCache(config=model.config), ids, None, answer_tokens)
+    assert torch.equal(first.sequences, ref.sequences)
+    user, _ = ragged_prompts(seed + 1, [user_len])
+    return first, torch.cat([first.sequences, user], dim=1)
+
+
+def test_second_chat_turn_reuses_the_cached_prefix(seed):
+    # turn 1: 31 prompt tokens seal block 0; the first decode step seals block 1 (with its token
+    # ids, read by the model's hook). Turn 2 (31 + 2 + 6 tokens) finds both: 32 cached tokens,
+    # and only its last 7 run through the model, over the cached blocks (Engine.prefill_attention)
+    model = tiny_model(seed)
+    cache = make_cache(model, prefix_cache=True)
+    _, ids = chat_turns(model, cache, seed, 31, 2, 6)
+    assert cache.admit(ids) == [32] and cache.get_seq_length() == 32
+    stats = cache.engine.cache.prefix_cache_stats()
+    assert stats["hits"] == 32 and stats["queries"] == 31 + ids.shape[1]  # turn 1's prompt + turn 2's
+    got = generate(model, cache, ids, None, 2)
+    ref = generate(model, transformers.DynamicCache(config=model.config), ids, None, 2)
+    assert torch.equal(got.sequences, ref.sequences)
+    for step, (a, b) in enumerate(zip(got.logits, ref.logits)):
+        assert relative_error(a, b) <= 5e-3, step
+    assert cache.engine.seq_len(cache.rows[0]) == ids.shape[1] + 1
+    cache.reset()
+    assert cache.engine.cache.num_cached_blocks == 2  # turn 2's prompt re-sealed nothing new; both stay cached
+    cache.engine.cache.check_invariants()
+
+
+def test_chunked_prefill_of_a_ragged_batch_matches_dynamic_cache(seed):
+    # chunks of 8 over rows of 21 and 12 tokens: the short row is all padding in the first
+    # chunk, and the later chunks attend over a partial tail (Engine.prefill_attention)
+    model = tiny_model(seed, layers=1)
+    ids, mask = ragged_prompts(seed, [21, 12])
+    kwargs = dict(prefill_chunk_size=8)
+    ref = generate(model, transformers.DynamicCache(config=model.config), ids, mask, 2, **kwargs)
+    cache = make_cache(model)
+    got = generate(model, cache, ids, mask, 2, **kwargs)
+    assert torch.equal(got.sequences, ref.sequences)
+    for step, (a, b) in enumerate(zip(got.logits, ref.logits)):
+        assert relative_error(a, b) <= 5e-3, step
+    assert [cache.engine.seq_len(s) for s in cache.rows] == [21 + 1, 12 + 1]
+    cache.engine.cache.check_invariants()
+
+
+def test_more_tokens_than_a_row_has_room_for_are_refused(seed):
+    model = tiny_model(seed)
+    cache = make_cache(model, max_seq_len=32)
+    rows_with_blocks(cache, [20])
+    cache._length = 20
+    ids, _ = ragged_prompts(seed, [15])
+    with pytest.raises(HexcoreInvalidArgumentError, match="row 0 would hold 35 tokens"), torch.no_grad():
+        model(ids, past_key_values=cache, use_cache=True)
+    assert cache.get_seq_length() == 20 and cache.engine.seq_len(cache.rows[0]) == 20 and not cache._in_forward()
+
+
+@pytest.mark.parametrize("pads,hits,start", [
+    ([0], [48], 48),  # one row: its whole hit
+    ([0, 16], [48, 32], 48),  # pads a whole block apart: each row its own hit
+    ([0, 12], [48, 32], 0),  # pads 12 apart: no position is a block boundary of both rows
+    ([0, 40], [48, 0], 32),  # row 1 is all padding up to 40: row 0 stops at its last boundary before
+    ([3, 3], [16, 32], 19),  # unpadded-alike rows: the shorter hit
+])
+def test_common_cached_length(pads, hits, start):
+    from hexcore.integrations._hf_prefix import common_cached_length
+
+    assert common_cached_length(53, pads, hits, 16) == start
+
+
+def cache_prompt(cache, tokens):
+    """Index ``tokens``' whole blocks in ``cache``'s prefix cache (block manager only) and free the sequence."""
+    manager = cache.engine.cache
+    adm = manager.admit(tokens)
+    manager.grow_sequence(adm.seq_id, len(tokens), tokens=tokens[adm.cached_tokens:])
+    manager.free_sequence(adm.seq_id)
+
+
+def test_admit_of_a_ragged_batch_shares_whole_blocks(seed):
+    model = tiny_model(seed)
+    cache = make_cache(model, prefix_cache=True)
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(3, 96, 50, dtype=np.int32)
+    cache_prompt(cache, prompt)
+    ids = torch.zeros((2, 53), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    ids[0], mask[0] = torch.from_numpy(np.r_[prompt, [5, 6, 7]].astype(np.int64)), 1
+    ids[1, 16:], mask[1, 16:] = torch.from_numpy(np.r_[prompt[:32], [8, 9, 10, 11, 12]].astype(np.int64)), 1
+    assert cache.admit(ids, mask) == [48, 32] and cache.get_seq_length() == 48
+    first, second = (cache.engine.cache.block_table(s) for s in cache.rows)
+    assert np.array_equal(first[:2], second[:2])  # the two leading blocks shared by reference
+    ids[1], mask[1] = 0, 0  # 12 pads: no position is a block boundary of both rows
+    ids[1, 12:], mask[1, 12:] = torch.from_numpy(np.r_[prompt[:32], np.arange(3, 12)].astype(np.int64)), 1
+    assert cache.admit(ids, mask) == [0, 0] and cache.rows == [] and cache.get_seq_length() == 0
+    cache.engine.cache.check_invariants()
+
+
+def test_admit_without_the_prefix_cache_frees_the_rows(seed):
+    cache = make_cache(tiny_model(seed))
+    rows_with_blocks(cache, [40])
+    cache._length = 40
+    assert cache.admit(torch.arange(3, 40).unsqueeze(0)) == [0]
+    assert cache.rows == [] and cache.get_seq_length() == 0
+    assert cache.engine.cache.num_free_blocks == cache.engine.store.num_blocks
+
+
+@pytest.mark.parametrize("ids,mask,match", [
+    (torch.ones((1, 4)), None, "input_ids: expected an int tensor"),
+    (torch.ones((1, 4), dtype=torch.long), torch.tensor([[1, 1, 0, 0]]), "row 0 is not left padding.*position 2"),
+    (torch.ones((1, 4), dtype=torch.long), torch.tensor([[0, 0, 0, 0]]), "row 0 is all padding"),
+    (torch.full((1, 4), 2**31), None, r"input_ids\[0\]: token ids must fit int32"),
+    (torch.ones((1, 4), dtype=torch.long), torch.ones((1, 3)), r"expected shape \(1, 4\)"),
+    (torch.ones((9, 4), dtype=torch.long), None, "9 rows exceed the cache's max_seqs 8"),
+], ids=["float-ids", "right-padding", "all-padding", "id-beyond-int32", "mask-shape", "too-many-rows"])
+def test_admit_refuses_bad_input_and_keeps_the_rows(seed, ids, mask, match):
+    cache = make_cache(tiny_model(seed), prefix_cache=True)
+    rows = rows_with_blocks(cache, [20])
+    cache._length = 20
+    with pytest.raises(HexcoreInvalidArgumentError, match=match):
+        cache.admit(ids, mask)
+    assert cache.rows == rows and cache.get_seq_length() == 20
+
+
+def test_prefix_cache_needs_the_model_and_installs_one_hook(seed):
+    model = tiny_model(seed)
+    with pytest.raises(HexcoreConfigError, match="build the cache from the model"):
+        hx.HexcoreCache(model.config, kv_dtype="fp16", max_tokens=256, prefix_cache=True)
+    with pytest.raises(HexcoreInvalidArgumentError, match="priority"):
+        hx.HexcoreCache(model, kv_dtype="fp16", max_tokens=256, prefix_cache=True, priority=8)
+    make_cache(model, prefix_cache=True)
+    make_cache(model, prefix_cache=True)
+    assert len(model._forward_pre_hooks) == 1
 
 
 # -- on the H200 ---------------------------------------------------------------------------------
@@ -293,4 +439,54 @@ def test_gpu_rows_released_at_eos_free_their_blocks(seed):
                    stopping_criteria=transformers.StoppingCriteriaList([cache.release_finished(eos)]))
     assert torch.equal(got.sequences, ref.sequences)
     assert cache.rows[1] == -1  # row 1 emitted eos at its third token: released
+    cache.engine.cache.check_invariants()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ARCHS, ids=ARCH_IDS)
+def test_gpu_second_chat_turn_on_the_prefix_cache_is_token_identical(arch, seed):
+    # turn 1: 100 prompt tokens + 32 new; turn 2 adds 20 user tokens and finds every whole
+    # block of turn 1 that its decode sealed, with the token ids read by the model's hook
+    model = tiny_model(seed, **arch)
+    cache = make_cache(model, prefix_cache=True, block_size=32)
+    first, ids = chat_turns(model, cache, seed, 100, 32, 20)
+    held = 100 + 32 - 1  # the last answer token never ran through the model
+    assert cache.admit(ids) == [held // 32 * 32]
+    got = generate(model, cache, ids, None, 32)
+    ref = generate(model, transformers.DynamicCache(config=model.config), ids, None, 32)
+    same = same_greedy_path(got, ref)
+    worst = max(relative_error(a, b) for a, b in zip(got.logits[:same + 1], ref.logits[:same + 1]))
+    print(f"prefix turn 2 {ARCH_IDS[ARCHS.index(arch)]}: {held // 32 * 32} cached tokens, worst logits rel err "
+          f"{worst:.2e}")
+    assert worst <= 2e-2
+    cache.engine.cache.check_invariants()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ARCHS, ids=ARCH_IDS)
+def test_gpu_chunked_prefill_of_a_ragged_batch_is_token_identical(arch, seed):
+    model = tiny_model(seed, **arch)
+    ids, mask = ragged_prompts(seed, [45, 12, 33, 20])
+    ref = generate(model, transformers.DynamicCache(config=model.config), ids, mask, 32)
+    cache = make_cache(model, block_size=32)
+    got = generate(model, cache, ids, mask, 32, prefill_chunk_size=16)
+    same = same_greedy_path(got, ref)
+    worst = max(relative_error(a, b) for a, b in zip(got.logits[:same + 1], ref.logits[:same + 1]))
+    print(f"chunked prefill {ARCH_IDS[ARCHS.index(arch)]}: worst logits rel err {worst:.2e}")
+    assert worst <= 2e-2
+
+
+@pytest.mark.gpu
+def test_gpu_beam_search_on_the_prefix_cache_matches_dynamic_cache(seed):
+    # generate() repeats the prompt for the beams but not a filled cache: admit the repeated rows
+    model = tiny_model(seed, **ARCHS[0])
+    cache = make_cache(model, prefix_cache=True, max_seqs=16, block_size=32)
+    _, ids = chat_turns(model, cache, seed, 70, 8, 10)
+    kwargs = dict(num_beams=4, num_return_sequences=2, max_new_tokens=32, min_new_tokens=32, do_sample=False,
+                  pad_token_id=0)
+    assert cache.admit(ids.repeat_interleave(4, dim=0)) == [64] * 4
+    with torch.no_grad():
+        got = model.generate(ids, past_key_values=cache, **kwargs)
+        ref = model.generate(ids, past_key_values=transformers.DynamicCache(config=model.config), **kwargs)
+    assert torch.equal(got, ref)
     cache.engine.cache.check_invariants()

@@ -1,0 +1,181 @@
+"""The parts of ``hexcore.integrations.transformers`` that let a forward add tokens to rows
+that already hold some: the token-id hook, admission of a batch by its token ids (the
+prefix cache), and ``Extend``, the attention of new tokens over what a row holds.
+
+transformers hands a cache K/V, never token ids. The prefix cache needs them (a sealed
+block is found again by its tokens), so a cache built with ``prefix_cache=True`` from the
+model installs a forward pre-hook on it (:func:`install_token_hook`) that gives the
+forward's ``input_ids`` to the HexcoreCache the forward uses.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import HexcoreInvalidArgumentError
+from ..host.prefix import as_tokens
+from ._hf_parts import for_engine, read_buffer, real_tokens
+
+_HOOK_ATTRIBUTE = "_hexcore_token_hook"
+CACHE_KWARGS = ("past_key_values", "cache")  # the forward's cache keyword: transformers 5.17, and 5.24
+
+
+# -- token ids of each forward ------------------------------------------------------------
+def install_token_hook(model) -> None:
+    """Give each forward's ``input_ids`` ``[B, T]`` to the HexcoreCache it runs on (once per model)."""
+    if getattr(model, _HOOK_ATTRIBUTE, None) is None:
+        setattr(model, _HOOK_ATTRIBUTE, model.register_forward_pre_hook(_record_token_ids, with_kwargs=True))
+
+
+def _record_token_ids(module, args, kwargs):
+    cache = next((kwargs[name] for name in CACHE_KWARGS if kwargs.get(name) is not None), None)
+    if hasattr(cache, "see_token_ids"):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        cache.see_token_ids(ids if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None)
+
+
+# -- admission of a batch -----------------------------------------------------------------
+def prompt_rows(input_ids, attention_mask=None) -> tuple:
+    """``(width, [(pads, tokens int32 [n]) per row])`` of a left-padded batch.
+
+    ``input_ids``: int ``[B, T]`` (or ``[T]``); ``attention_mask``: 0/1 ``[B, T]`` or None (no
+    padding). A row must be zeros then ones, with at least one real token.
+    """
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() not in (1, 2) or input_ids.is_floating_point():
+        raise HexcoreInvalidArgumentError(f"input_ids: expected an int tensor [B, T], got "
+                                          f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} "
+                                          f"{tuple(getattr(input_ids, 'shape', ()))}")
+    ids = input_ids.reshape(-1, input_ids.shape[-1]).cpu().numpy()
+    if attention_mask is None:
+        mask = np.ones(ids.shape, dtype=np.int64)
+    else:
+        mask = torch.as_tensor(attention_mask)
+        mask = mask.reshape(-1, mask.shape[-1] if mask.dim() else 1).cpu().numpy()
+        if mask.shape != ids.shape:
+            raise HexcoreInvalidArgumentError(f"attention_mask: expected shape {ids.shape} like input_ids, got "
+                                              f"{mask.shape}")
+    rows = []
+    for row, (tokens, real) in enumerate(zip(ids, mask)):
+        pads = int(np.count_nonzero(real == 0))
+        if pads == len(real):
+            raise HexcoreInvalidArgumentError(f"attention_mask: row {row} is all padding (no token to compute)")
+        if not (np.all(real[:pads] == 0) and np.all(real[pads:] == 1)):
+            first = int(np.flatnonzero(real[pads:] != 1)[0]) + pads if np.any(real[pads:] != 1) else pads
+            raise HexcoreInvalidArgumentError(f"attention_mask: row {row} is not left padding then real tokens "
+                                              f"(value {real[first]} at position {first}); generate() needs left "
+                                              f"padding")
+        rows.append((pads, as_tokens(f"input_ids[{row}]", tokens[pads:])))
+    return ids.shape[1], rows
+
+
+def common_cached_length(width: int, pads: list, hits: list, block_size: int) -> int:
+    """The longest ``c < width`` that every row can start from: row ``i`` (``pads[i]``
+    padding positions, ``hits[i]`` cached real tokens, whole blocks) either is all padding
+    up to ``c`` or holds exactly ``c - pads[i]`` cached tokens, a whole number of blocks.
+
+    transformers gives every row of a batch the same past length, so a batch starts from
+    the longest such ``c`` (for one row or unpadded rows: their shortest hit)."""
+    candidates = {0} | {p + m * block_size for p, h in zip(pads, hits) for m in range(h // block_size + 1)}
+
+    def fits(c: int) -> bool:
+        return all(c <= p or ((c - p) % block_size == 0 and c - p <= h) for p, h in zip(pads, hits))
+
+    return max(c for c in candidates if c < width and fits(c))
+
+
+def admit_batch(cache, input_ids, attention_mask=None) -> list:
+    """``HexcoreCache.admit``: free ``cache``'s rows, then start each row of the batch from
+    its cached prefix, all at the batch's common start position; cached tokens per row."""
+    width, rows = prompt_rows(input_ids, attention_mask)
+    engine, block = cache.engine, cache.kv_config.block_size
+    if len(rows) > engine.cache.max_seqs:
+        raise HexcoreInvalidArgumentError(f"input_ids: {len(rows)} rows exceed the cache's max_seqs "
+                                          f"{engine.cache.max_seqs}")
+    cache.reset()
+    hits = [min(engine.cache.match_prefix(tokens, namespace=cache.namespace), (len(tokens) - 1) // block * block)
+            for _, tokens in rows]  # never the last token: the model computes its logits
+    start = common_cached_length(width, [pads for pads, _ in rows], hits, block)
+    if start == 0:  # the prompt runs whole (its commit still shares cached blocks: memory, not compute)
+        return [0] * len(rows)
+    seqs = []
+    try:
+        for (pads, tokens), hit in zip(rows, hits):
+            share = max(0, start - pads)
+            if share != hit:  # only the blocks the batch's start position covers
+                tokens = tokens[:share]
+            seqs.append(engine.admit(tokens, namespace=cache.namespace, priority=cache.priority,
+                                     leave_last=share == hit).seq_id)
+    except BaseException:
+        for seq in seqs:
+            engine.finish(seq)
+        raise
+    cache.rows, cache._length = seqs, start
+    return [engine.seq_len(seq) for seq in seqs]
+
+
+# -- new tokens over what rows hold ---------------------------------------------------------
+class Extend:
+    """``tokens`` new positions per row on rows that hold some already (a prompt's later
+    chunk, the uncached rest of an admitted prompt, a continuation).
+
+    Per layer each live row's real new tokens attend over what the row holds plus
+    themselves, causally (``Engine.prefill_attention``); their K/V are staged as float16
+    ``[L, n, H, D]`` and stored after the last layer (``Engine.prefill``, with their token
+    ids when the prefix cache tracks the row). Padding positions and released rows get zeros.
+    """
+
+    def __init__(self, cache, batch: int, tokens: int, ids):
+        self.cache, self.batch, self.tokens, self.ids = cache, batch, tokens, ids
+        self.keep = self.k = self.v = self.token_ids = None
+
+    def attend(self, layer: int, query, key, value, mask):
+        """Output ``[B, T, num_q_heads, D]`` of layer ``layer`` (``query`` ``[B, Hq, T, D]``,
+        ``key``/``value`` ``[B, H, T, D]``, ``mask`` transformers' 4D mask or None)."""
+        if self.keep is None:
+            self._start(key, mask)
+        engine = self.cache.engine
+        stream = torch.cuda.current_stream(query.device) if query.is_cuda else None  # pending fork copies too
+        out = query.new_zeros((self.batch, self.tokens, query.shape[1], query.shape[3]))
+        for row, seq in enumerate(self.cache.rows):
+            index = self.keep[row]
+            if seq < 0 or not index.numel():
+                continue
+            self.k[row][layer] = key[row].index_select(1, index).transpose(0, 1)
+            self.v[row][layer] = value[row].index_select(1, index).transpose(0, 1)
+            q = query[row].index_select(1, index).transpose(0, 1).to(torch.float16).contiguous()
+            got = engine.prefill_attention(seq, layer, for_engine(q), for_engine(self.k[row][layer]),
+                                           for_engine(self.v[row][layer]), stream=stream)
+            out[row].index_copy_(0, index, read_buffer(got, query).to(out.dtype))
+        return out
+
+    def _start(self, key, mask) -> None:
+        real = real_tokens(mask, self.batch, self.tokens, key.device)
+        self.keep = [torch.nonzero(real[row]).flatten() for row in range(self.batch)]
+        cfg, engine = self.cache.kv_config, self.cache.engine
+        for row, seq in enumerate(self.cache.rows):
+            n = int(self.keep[row].numel())
+            if seq >= 0 and engine.seq_len(seq) + n >= self.cache.capacity:
+                raise HexcoreInvalidArgumentError(
+                    f"input: row {row} would hold {engine.seq_len(seq) + n} tokens, which leaves no room in the "
+                    f"cache's longest row ({self.cache.capacity} tokens; raise max_seq_len)")
+        self.k = [key.new_empty((cfg.num_layers, int(i.numel()), cfg.num_kv_heads, cfg.head_dim),
+                                dtype=torch.float16) for i in self.keep]
+        self.v = [torch.empty_like(k) for k in self.k]
+        if self.ids is not None:
+            self.token_ids = [self.ids[row].index_select(0, i).to("cpu", torch.int32).numpy()
+                              for row, i in enumerate(self.keep)]
+
+    def commit(self) -> None:
+        """Store every row's new K/V (after the last layer); a failure empties the cache."""
+        engine, cache = self.cache.engine, self.cache
+        stream = torch.cuda.current_stream(self.k[0].device) if self.k and self.k[0].is_cuda else None
+        try:
+            for row, seq in enumerate(cache.rows):
+                if seq >= 0 and self.k[row].shape[1]:
+                    tokens = None if self.token_ids is None else self.token_ids[row]
+                    engine.prefill(seq, for_engine(self.k[row]), for_engine(self.v[row]), stream=stream,
+                                   tokens=tokens)
+        except BaseException:
+            cache.reset()
+            raise
