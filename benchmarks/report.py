@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-GPU_RUN = HERE / "gpu-runs" / "2026-12-01"
+GPU_RUN = HERE / "gpu-runs" / "2026-12-01-s3"  # the latest H200 decode table (graph.json: the 2026-12-01 run)
+GRAPH_RUN = HERE / "gpu-runs" / "2026-12-01"
 CEILING_TBS = 4.47  # HBM read ceiling measured on the H200 (numba, 16-byte loads)
 POOLS = (1024, 4096, 16384, 65536, 262144)
 BS, BATCH_BLOCKS, NUM_SEQS = 16, 1024, 256
@@ -188,7 +189,8 @@ def main(argv=None) -> int:
     else:
         measured = measure(out, a.quick)
         gpu_json = gpu_json or measured
-    written = plots.draw_all(out, gpu_json)
+    graph_json = gpu_json / "graph.json" if (gpu_json / "graph.json").is_file() else GRAPH_RUN / "graph.json"
+    written = plots.draw_all(out, gpu_json, graph_json)
     print("wrote " + ", ".join(str(p) for p in written))
     if a.quality:
         try:

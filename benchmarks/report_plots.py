@@ -164,14 +164,16 @@ def ring(data: dict, path: Path) -> Path:
     return _save(fig, path, data.get("machine"), data.get("date"))
 
 
-def draw_all(out: Path, gpu_json: Path) -> list[Path]:
-    """Every plot whose JSON exists; the PNG paths written."""
+def draw_all(out: Path, gpu_json: Path, graph_json: Path | None = None) -> list[Path]:
+    """Every plot whose JSON exists (the decode table in ``gpu_json``, the graph run at
+    ``graph_json``, default ``gpu_json / "graph.json"``); the PNG paths written."""
     written = []
     if (gpu_json / "decode_new.json").is_file():
         data = _load(gpu_json / "decode_new.json")
         written += [decode_bandwidth(data, out / "decode_bandwidth.png"), decode_speedup(data, out / "decode_speedup.png")]
-    if (gpu_json / "graph.json").is_file():
-        written.append(graph_host(_load(gpu_json / "graph.json"), out / "graph_host.png"))
+    graph_json = graph_json or gpu_json / "graph.json"
+    if graph_json.is_file():
+        written.append(graph_host(_load(graph_json), out / "graph_host.png"))
     if (out / "allocator.json").is_file():
         written.append(allocator(_load(out / "allocator.json"), out / "allocator.png"))
     if (out / "ring.json").is_file():
