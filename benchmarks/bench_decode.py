@@ -2,7 +2,7 @@
 torch SDPA on contiguous FP16 KV and paged FlexAttention as peers in the same run.
 
     python -m benchmarks.bench_decode [--shapes all|quick|gqa] [--dtypes fp16,int4,int2]
-        [--variants [--variant-names default,regs<=128,...]] [--flex all|N|none] [--peers|--no-peers] [--name NAME]
+        [--variants [--variant-names "default,no register cap,..."]] [--flex all|N|none] [--peers|--no-peers] [--name NAME]
 
 ``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, joint softmax); ``--name`` names the JSON
 (decode_<name>.json under $OUT). The hexcore rows use only the API older versions share
@@ -159,7 +159,7 @@ def option_variants():
     from hexcore.cuda import DecodeOptions
 
     return {"": DecodeOptions(), " prefetch=quantized": DecodeOptions(l2_prefetch="quantized"),
-            " prefetch=all": DecodeOptions(l2_prefetch="all"), " no register cap": DecodeOptions(max_registers=None),
+            " prefetch=all": DecodeOptions(l2_prefetch="all"), " no register cap": DecodeOptions(max_registers=255),
             " joint softmax": DecodeOptions(joint_softmax=True)}
 
 
@@ -173,7 +173,7 @@ def main(argv) -> None:
     dtypes = tuple(arg("--dtypes", "fp16,int4,int2").split(","))
     flex = arg("--flex", "all")
     variants = option_variants() if "--variants" in argv else None
-    if variants and "--variant-names" in argv:  # e.g. "default,regs<=128"
+    if variants and "--variant-names" in argv:  # e.g. "default,no register cap"
         keep = arg("--variant-names", "").split(",")
         variants = {k: v for k, v in variants.items() if (k.strip() or "default") in keep}
     rows = []

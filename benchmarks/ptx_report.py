@@ -25,7 +25,7 @@ from numba import cuda, types  # noqa: E402
 # device functions ask the current device for its compute capability; there is none here
 _dispatcher.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=(9, 0))
 
-from hexcore.cuda.attention.kernel import decode_kernel  # noqa: E402
+from hexcore.cuda.attention.kernel import GRID_REGISTERS, decode_kernel  # noqa: E402
 from hexcore.cuda.attention.shape import DecodeShape  # noqa: E402
 
 U32, I32, I64, F32 = types.uint32[::1], types.int32[::1], types.int64, types.float32[::1]
@@ -49,7 +49,8 @@ def ptxas(ptx: str, sass: bool = False, dump: str | None = None, name: str = "k"
         src, obj = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(src, "w") as f:  # this NVVM may be newer than ptxas: claim the PTX ISA ptxas knows
             f.write(re.sub(r"^\.version .*$", ".version 9.0", ptx, flags=re.MULTILINE))
-        res = subprocess.run(["ptxas", "-arch=sm_90", "-O3", "-v", src, "-o", obj], capture_output=True, text=True)
+        cap = ["-maxrregcount", str(GRID_REGISTERS)]  # what the decode kernel is launched with
+        res = subprocess.run(["ptxas", "-arch=sm_90", "-O3", "-v", *cap, src, "-o", obj], capture_output=True, text=True)
         info = " ".join(l.split("info    : ")[-1] for l in res.stderr.splitlines() if "Used" in l or "spill" in l)
         if sass and res.returncode == 0 and shutil.which("cuobjdump"):
             dump_text = subprocess.run(["cuobjdump", "--dump-sass", obj], capture_output=True, text=True).stdout

@@ -16,6 +16,13 @@ Modes (what ``out[i, layer]`` receives; ``sums`` is ``[num_blocks, L]`` uint32):
 ``guard_bad[g]`` receives the number of words of guard region ``g`` that differ from
 their canary pattern. Items whose block id is out of range (-1 padding) are skipped and
 their ``out`` rows left as they were.
+
+Optional flags (a verification inside a step graph, whose ``out`` nobody reads unless
+something is wrong): ``flags`` uint32 ``[2]`` accumulates, with atomics, the number of
+``VERIFY`` mismatches (``flags[0]``, one per (item, layer)) and of bad guard words
+(``flags[1]``); mismatch ``k`` (the value ``flags[0]`` had) also writes ``(block, layer)``
+into row ``k`` of ``found`` int32 ``[F, 2]`` when ``k < F``. The kernel never clears them:
+the reader does, after reading a non-zero count. Empty ``flags`` (the default) turn this off.
 """
 
 from __future__ import annotations
@@ -78,9 +85,11 @@ def _checksum_kernel(cfg: KVCacheConfig):
     SHARED = W * LANES  # (a shared array's size must be one constant, not an expression)
 
     @cuda.jit
-    def kernel(pool, k_at, v_at, km_at, vm_at, block_ids, num_blocks, sums, out, mode, guards, guard_bad):
+    def kernel(pool, k_at, v_at, km_at, vm_at, block_ids, num_blocks, sums, out, mode, guards, guard_bad, flags,
+               found):
         # pool: the store's uint32 words; *_at: word offsets of its arrays; block_ids [n] int32;
-        # sums [num_blocks, L] uint32; out [n, L] uint32; guards [G] int64; guard_bad [G] uint32
+        # sums [num_blocks, L] uint32; out [n, L] uint32; guards [G] int64; guard_bad [G] uint32;
+        # flags [2] or [0] uint32; found [F, 2] int32
         lanes = cuda.shared.array(SHARED, uint32)  # [warp, lane] -> chain state
         item = cuda.blockIdx.x
         warp = cuda.threadIdx.x // LANES
@@ -92,6 +101,8 @@ def _checksum_kernel(cfg: KVCacheConfig):
                 for i in range(GUARD_WORDS):
                     bad += pool[guards[g] + i] != uint32(_canary(g, i))
                 guard_bad[g] = bad
+                if bad and flags.shape[0] > 1:
+                    cuda.atomic.add(flags, 1, uint32(bad))
             return
         layer = cuda.blockIdx.y * W + warp
         block = block_ids[item]
@@ -114,7 +125,13 @@ def _checksum_kernel(cfg: KVCacheConfig):
             for j in range(LANES):
                 d = _step(d, lanes[warp * LANES + j])
             if mode == 2:
-                out[item, layer] = d ^ sums[block, layer]
+                diff = d ^ sums[block, layer]
+                out[item, layer] = diff
+                if diff and flags.shape[0] > 0:
+                    k = cuda.atomic.add(flags, 0, uint32(1))
+                    if k < found.shape[0]:
+                        found[k, 0] = block
+                        found[k, 1] = layer
             else:
                 out[item, layer] = d
                 if mode == 1:
@@ -128,7 +145,8 @@ def _warps(cfg: KVCacheConfig) -> int:
     return min(WARPS, cfg.num_layers)
 
 
-def checksum_launch(store: DeviceKVStore, block_ids, sums, out, guard_bad, mode: str = "compute") -> Launch:
+def checksum_launch(store: DeviceKVStore, block_ids, sums, out, guard_bad, mode: str = "compute", flags=None,
+                    found=None) -> Launch:
     """Validate a checksum launch's arguments; the :class:`Launch` that does it.
 
     Parameters
@@ -139,6 +157,8 @@ def checksum_launch(store: DeviceKVStore, block_ids, sums, out, guard_bad, mode:
     out : device uint32 ``[n, L]``: see the module docstring.
     guard_bad : device uint32 ``[len(store.guard_offsets)]``: bad words per guard region.
     mode : ``"compute"``, ``"record"`` or ``"verify"``.
+    flags, found : device uint32 ``[2]`` and int32 ``[F, 2]`` (both or neither): the
+        mismatch count and list of the module docstring; None turns them off.
     """
     cfg = checked_store(store).config
     if mode not in MODES:
@@ -148,11 +168,27 @@ def checksum_launch(store: DeviceKVStore, block_ids, sums, out, guard_bad, mode:
     sums = checked(sums, "sums", np.uint32, (store.num_blocks, L))
     out = checked(out, "out", np.uint32, (n, L))
     guard_bad = checked(guard_bad, "guard_bad", np.uint32, (len(store.guard_offsets),))
+    flags, found = _checked_flags(store, flags, found)
     offsets = store.word_offsets
     W = _warps(cfg)
     return Launch(_checksum_kernel(cfg), (n + 1, -(-L // W)), W * LANES, (
         store.pool, offsets["k_codes"], offsets["v_codes"], offsets.get("k_meta", 0), offsets.get("v_meta", 0), ids,
-        store.num_blocks, sums, out, MODES[mode], _guard_offsets(store), guard_bad))
+        store.num_blocks, sums, out, MODES[mode], _guard_offsets(store), guard_bad, flags, found))
+
+
+def _checked_flags(store, flags, found) -> tuple:
+    """(flags, found) checked, or the store's empty pair when both are None."""
+    if flags is None and found is None:
+        empty = store.constants.get("no_flags")
+        if empty is None:
+            empty = store.constants["no_flags"] = (cuda.device_array(0, np.uint32),
+                                                   cuda.device_array((0, 2), np.int32))
+        return empty
+    if flags is None or found is None:
+        raise HexcoreInvalidArgumentError(f"flags, found: expected both or neither, got "
+                                          f"{'found' if flags is None else 'flags'} alone")
+    return (checked(flags, "flags", np.uint32, (2,), align=4, output=True),
+            checked(found, "found", np.int32, (None, 2), align=4, output=True))
 
 
 def _guard_offsets(store) -> object:
@@ -163,12 +199,13 @@ def _guard_offsets(store) -> object:
     return found
 
 
-def prepare_checksum(store: DeviceKVStore, block_ids, sums, out, guard_bad, mode: str = "verify") -> PreparedLaunch:
+def prepare_checksum(store: DeviceKVStore, block_ids, sums, out, guard_bad, mode: str = "verify", flags=None,
+                     found=None) -> PreparedLaunch:
     """``checksum_launch`` bound to fixed device buffers: ``run(stream)`` enqueues it, with
     no allocation, synchronisation or host read (capture-safe: it can ride in a graph).
     Rows of ``block_ids`` set to -1 are padding."""
-    device_only(block_ids=block_ids, sums=sums, out=out, guard_bad=guard_bad)
-    return checksum_launch(store, block_ids, sums, out, guard_bad, mode).prepare()
+    device_only(block_ids=block_ids, sums=sums, out=out, guard_bad=guard_bad, flags=flags, found=found)
+    return checksum_launch(store, block_ids, sums, out, guard_bad, mode, flags, found).prepare()
 
 
 def checksum_blocks(store: DeviceKVStore, block_ids, stream=None) -> np.ndarray:

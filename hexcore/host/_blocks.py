@@ -237,6 +237,29 @@ def grow_sequence(blocks, seqs, counters, tables, seq_id, new_len, block_size):
 
 
 @numba.njit(cache=True)
+def truncate_sequence(blocks, seqs, counters, tables, seq_id, new_len, block_size):
+    """Shrink ``seq_id`` to ``new_len`` tokens; returns (status, blocks freed).
+
+    ``new_len`` in ``[old_len // block_size * block_size, old_len]`` (inside the open
+    tail) changes only the length; a block boundary below it drops the references to
+    the later sealed blocks, leaves first, as a free does (a quarantined block stays out
+    of the pool), and leaves the tail empty. Any other ``new_len`` is INVALID_ARGUMENT;
+    a reserved block stays reserved. All or nothing.
+    """
+    if not _is_live(seqs, seq_id):
+        return INVALID_SEQUENCE, 0
+    old_len = seqs[LEN, seq_id]
+    keep, end = new_len // block_size, old_len // block_size
+    if new_len < 0 or new_len > old_len or (keep < end and new_len % block_size != 0):
+        return INVALID_ARGUMENT, 0
+    freed = drop_references(blocks, counters, tables[seq_id, keep:end])
+    for j in range(keep, end):
+        tables[seq_id, j] = -1
+    seqs[LEN, seq_id] = new_len
+    return OK, freed
+
+
+@numba.njit(cache=True)
 def _first_not_live(seqs, seq_ids):
     for i in range(seq_ids.shape[0]):
         if not _is_live(seqs, seq_ids[i]):

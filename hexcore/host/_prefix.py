@@ -471,6 +471,43 @@ def grow(blocks, seqs, counters, tables, pblocks, ptok, pseqs, index, pc, plog, 
 
 
 @_fast
+def truncate(blocks, seqs, counters, tables, pblocks, ptok, pseqs, pc, seq_id, new_len, block_size):
+    """``_blocks.truncate_sequence``: indexed blocks whose last reference goes are cached.
+
+    A tracked sequence stays tracked: its hash state is recomputed from the token ids
+    of the sealed blocks it keeps (all indexed), so its next seal is indexed under the
+    right key; the tail's token ids past ``new_len`` are overwritten by the next growth.
+    Returns (status, blocks released).
+    """
+    pc[C_LOG] = 0
+    if not _is_live(seqs, seq_id):
+        return INVALID_SEQUENCE, 0
+    old_len = seqs[LEN, seq_id]
+    keep, end = new_len // block_size, old_len // block_size
+    if new_len < 0 or new_len > old_len or (keep < end and new_len % block_size != 0):
+        return INVALID_ARGUMENT, 0
+    released = 0
+    for j in range(end - 1, keep - 1, -1):  # leaves first
+        block_id = tables[seq_id, j]
+        tables[seq_id, j] = -1
+        refs = blocks[REFS, block_id] - 1
+        blocks[REFS, block_id] = refs
+        if refs == 0:
+            if blocks[STATE, block_id] == QUARANTINED:
+                continue
+            _release(blocks, counters, pblocks, pc, block_id)
+            released += 1
+    counters[NUM_LIVE] -= released
+    if keep < end and pseqs[S_TRACKED, seq_id] != 0:
+        v1, v2, v3, v4 = start_state(pseqs[S_ROOT, seq_id])
+        for j in range(keep):
+            v1, v2, v3, v4 = feed(v1, v2, v3, v4, ptok[tables[seq_id, j]].view(np.uint64), 0, block_size // 2)
+        _save_lanes(pseqs, seq_id, v1, v2, v3, v4)
+    seqs[LEN, seq_id] = new_len
+    return OK, released
+
+
+@_fast
 def step(blocks, seqs, counters, tables, seq_ids, new_lens, increment, block_size, out_rows, out_tables, seals,
          pblocks, ptok, pseqs, index, pc, plog, tokens, token_starts, has_tokens):
     """``_step.step`` with token ids: when ``has_tokens``, entry ``i``'s new tokens are

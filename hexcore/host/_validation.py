@@ -151,6 +151,21 @@ def describe_seq_error(cache, status: int, action: str, name: str, seq_id, new_l
             f"{cache.num_free_blocks} free{evictable} + {reserved} reserved")
 
 
+def check_truncation(seq_id: int, old_len: int, new_len: int, block_size: int) -> None:
+    """Raise HexcoreInvalidArgumentError unless sequence ``seq_id`` (``old_len`` tokens) can
+    shrink to ``new_len``: within ``[0, old_len]``, and inside its open tail or on a block boundary."""
+    if not 0 <= new_len <= old_len:
+        raise HexcoreInvalidArgumentError(range_message("new_len", new_len, 0, old_len)
+                                          + f" (sequence {seq_id} holds {old_len} tokens)")
+    tail_start = old_len // block_size * block_size
+    if new_len < tail_start and new_len % block_size:
+        block = new_len // block_size
+        raise HexcoreInvalidArgumentError(
+            f"new_len: {new_len} falls inside sealed block {block} (tokens [{block * block_size}, "
+            f"{(block + 1) * block_size})) of sequence {seq_id}, which holds {old_len} tokens; it can shrink to "
+            f"[{tail_start}, {old_len}] (its open tail) or to a multiple of block_size {block_size}")
+
+
 def _check(ok, message: str) -> None:
     if not ok:
         raise AssertionError(message)

@@ -32,14 +32,14 @@ import numpy as np
 
 from .._checks import INT_LIMIT, as_int, int_value, range_message
 from ..config import KVCacheConfig
-from ..errors import (HexcoreInvalidArgumentError, HexcoreInvalidSequenceError, HexcoreOOMError, Status,
-                      raise_for_status)
+from ..errors import (HexcoreConfigError, HexcoreInvalidArgumentError, HexcoreInvalidSequenceError, HexcoreOOMError,
+                      Status, raise_for_status)
 from . import _blocks as core
 from . import _prefix as pcore
 from ._event_ops import ALLOCATED, FORKED, FREED
-from ._step import OUT_LEN, OUT_STATUS, OUT_TAIL, StepResult, check_step, new_outputs, step
+from ._step import OUT_LEN, OUT_STATUS, OUT_TAIL, ROW_SEQ, StepResult, check_step, new_outputs, step
 from ._validation import (check_counts, check_ids, check_predictions, check_state_size, check_step_tokens,
-                          describe_seq_error, state_bytes, verify_state)
+                          check_truncation, describe_seq_error, state_bytes, verify_state)
 from .metrics import as_collector
 from .prefix import (DEFAULT_PRIORITY, Admission, PrefixCacheMethods, PrefixState, as_tokens, check_namespace,
                      check_priority)
@@ -270,6 +270,47 @@ class PagedKVCache(PrefixCacheMethods, QuarantineMethods):
             self._record("try_grow_sequence", t0, hits=hits, misses=misses,
                          oom=int(status == Status.OUT_OF_MEMORY))
         return _STATUSES[status]
+
+    def truncate_sequence(self, seq_id: int, new_len: int) -> int:
+        """Shrink ``seq_id`` to ``new_len`` tokens (a rollback); returns the sealed blocks it dropped.
+
+        ``new_len`` inside the open tail (``>= seq_len // block_size * block_size``) changes
+        only the length; on a block boundary (a multiple of ``block_size``) the references
+        to the later sealed blocks go as in :meth:`free_sequence` (shared blocks keep their
+        other references; indexed ones stay cached, quarantined ones out of the pool) and
+        the tail is empty. A reserved block stays reserved. With the prefix cache on, a
+        tracked sequence stays tracked (its hash state rolls back to the blocks it keeps).
+
+        On the device nothing moves: the tail slot's rows past the new length are stale
+        but never read (decode reads ``seq_len`` rows) and the next append overwrites them.
+
+        Raises HexcoreInvalidSequenceError (not live), HexcoreInvalidArgumentError
+        (``new_len`` not an int, outside ``[0, seq_len]``, or inside a sealed block that it
+        does not end), HexcoreConfigError (sealed blocks would go while an event ring is
+        attached: a mirror follows seals, not rollbacks); a failed call changes nothing.
+        """
+        t0 = 0 if self._metrics is None else perf_counter_ns()
+        seq_id = self._live("seq_id", seq_id)
+        new_len = as_int("new_len", new_len)
+        old_len, bs = int(self._seqs[core.LEN, seq_id]), self.block_size
+        check_truncation(seq_id, old_len, new_len, bs)
+        dropped = old_len // bs - new_len // bs
+        if dropped and self._events is not None:
+            raise HexcoreConfigError(f"new_len: {new_len} would drop {dropped} sealed blocks of sequence {seq_id} "
+                                     f"while an event ring is attached (a mirror cannot follow it; detach it first)")
+        if self._prefix is None:
+            status, released = core.truncate_sequence(self._blocks, self._seqs, self._counters, self._tables, seq_id,
+                                                      new_len, bs)
+        else:
+            p = self._prefix
+            status, released = pcore.truncate(self._blocks, self._seqs, self._counters, self._tables, p.pblocks,
+                                              p.ptok, p.pseqs, p.pc, seq_id, new_len, bs)
+        assert status == Status.OK, status  # checked above
+        if dropped:  # a step's output row copies only blocks sealed since: rewrite this sequence's whole
+            self._out_rows[ROW_SEQ, self._out_rows[ROW_SEQ] == seq_id] = -1
+        if t0:
+            self._record("truncate_sequence", t0, freed=released)
+        return dropped
 
     def step(self, seq_ids: np.ndarray, new_lens: np.ndarray | None = None, tokens: np.ndarray | None = None,
              token_starts: np.ndarray | None = None) -> StepResult:

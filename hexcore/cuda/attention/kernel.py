@@ -43,6 +43,7 @@ from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape
 
 LOG2E = 1.4426950408889634
 MERGE_CHUNK = 64  # splits whose weights are staged in shared memory per merge round
+GRID_REGISTERS = 128  # the grid kernel's default register cap (DecodeOptions.max_registers)
 
 
 if SIMULATOR:
@@ -61,12 +62,13 @@ else:
 def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
                   joint_softmax: bool = False):
     """The decode kernel of ``shape``, compiled on first launch (cached); the other
-    arguments are DecodeOptions fields of the same names. One CTA per work item: the grid
+    arguments are DecodeOptions fields of the same names (``max_registers`` None: 128). One CTA per work item: the grid
     ``(splits, num_kv_heads * head_groups, batch)`` names the item's split, KV head and head
     group, and sequence (``decode_item_function``)."""
     decode_item = decode_item_function(shape, l2_prefetch, joint_softmax)
     HG = shape.head_groups
-    options = {} if max_registers is None or SIMULATOR else {"max_registers": max_registers}
+    cap = GRID_REGISTERS if max_registers is None else max_registers
+    options = {} if SIMULATOR else {"max_registers": cap}
 
     @cuda.jit(**options)
     def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots, out,

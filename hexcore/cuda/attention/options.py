@@ -28,10 +28,11 @@ class DecodeOptions:
       four warps leave warps idle).
     - ``split_overhead``: a CTA's fixed cost (start, combine, merge) in blocks of work, for
       choosing the split count.
-    - ``max_registers``: a register cap for the kernel (None: the compiler's choice). The
-      default, 128, lets four CTAs of 128 threads stay resident per SM; the few bytes it
-      spills at head_dim 128 cost less than the warps it adds (measured on the H200:
-      ``benchmarks/RESULTS.md``, "third session").
+    - ``max_registers``: a register cap; None takes each kernel's default: 128 for the grid
+      decode kernel (four CTAs of 128 threads resident per SM; the 16-40 bytes it spills at
+      head_dim 128 cost less than the warps it adds, measured on the H200:
+      ``benchmarks/RESULTS.md``, "third session"), the compiler's choice for the persistent
+      kernel (at 128 it would spill about 900 bytes per thread). 255 means no cap.
     - ``l2_prefetch``: which sealed blocks a warp asks L2 for one block ahead of its copies
       (INT4/INT2 blocks are copied one chunk ahead into shared memory anyway): "quantized",
       "all" (FP16 blocks too) or "none".
@@ -44,7 +45,7 @@ class DecodeOptions:
     ctas_per_sm: int | None = None
     min_split_blocks: int = 4
     split_overhead: float = 1.0
-    max_registers: int | None = 128
+    max_registers: int | None = None
     l2_prefetch: str = "none"
     joint_softmax: bool = False
     launch_path: str = "raw"

@@ -1,0 +1,108 @@
+"""Checksum verification riding inside a decode step: one captured launch, flags read later.
+
+A :class:`StepVerify` belongs to one ``DecodeGraph`` made with ``verify_sums``. Each batch
+bucket's index buffer then holds a row of ``capacity`` block ids (``StepBuffers``), which
+a step's ``verify_blocks`` fill (-1 padding after them). The step runs one ``VERIFY``
+checksum launch over that row (``hexcore.cuda.integrity``) between its seal and its
+first decode; the launch is a ``PreparedLaunch``, so it is captured with the step and
+costs no launch of its own. Nothing is read back then: the kernel counts mismatches and
+bad guard words into ``flags`` and lists the first ``FOUND`` mismatches as (block, layer)
+in ``found``; :meth:`StepVerify.read` (``DecodeGraph.verify_results``) reads the two
+counts, and the list and guard counts only when a count is not zero, then clears them.
+Counts accumulate over steps until read, so nothing is lost between reads; the list
+holds the first ``FOUND`` mismatches since the last read.
+
+Device buffers (L layers, C = capacity, G guard regions)::
+
+    sums      uint32 [num_blocks, L]   the recorded digests (the caller's, e.g. FaultTolerantKVCache.sums)
+    out       uint32 [C, L]            digest XOR recorded, per row (shared by every bucket)
+    flags     uint32 [2]               mismatches, bad guard words
+    found     int32  [FOUND, 2]        (block, layer) of the first mismatches
+    guard_bad uint32 [G]               bad words per guard region, of the last launch
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import cuda
+
+from ...errors import HexcoreInvalidArgumentError
+from ..arrays import checked
+from ..integrity import checksum_launch, prepare_checksum, to_host
+from ..launch import PreparedLaunch
+
+FOUND = 1024  # (block, layer) mismatches listed between two reads
+MAX_CAPACITY = 1 << 20  # block ids one step may verify
+
+
+class VerifyResults(NamedTuple):
+    """What the step verifications since the last read found (host arrays).
+
+    ``mismatches``: (block, layer) digests that differed (a count; each at most once per
+    step); ``found``: int32 ``[min(mismatches, FOUND), 2]`` rows (block, layer), in no
+    particular order; ``guard_words``: bad guard words counted; ``guard_bad``: uint32
+    ``[G]`` bad words per guard region (all zero when ``guard_words`` is 0).
+    """
+
+    mismatches: int
+    found: np.ndarray
+    guard_words: int
+    guard_bad: np.ndarray
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing was found."""
+        return not self.mismatches and not self.guard_words
+
+
+class StepVerify:
+    """The device buffers of a DecodeGraph's in-step verification (module docstring).
+
+    ``sums``: device uint32 ``[num_blocks, L]``; ``capacity``: block ids one step may
+    verify, an int in [1, 2**20].
+    """
+
+    def __init__(self, store, sums, capacity: int):
+        cfg = store.config
+        self.store, self.capacity = store, capacity
+        self.sums = checked(sums, "verify_sums", np.uint32, (store.num_blocks, cfg.num_layers))
+        if isinstance(sums, np.ndarray):
+            raise HexcoreInvalidArgumentError("verify_sums: expected a device array (the recorded digests), "
+                                              "got a host numpy array")
+        self.out = cuda.device_array((capacity, cfg.num_layers), np.uint32)
+        self.flags = cuda.to_device(np.zeros(2, np.uint32))
+        self.found = cuda.to_device(np.full((FOUND, 2), -1, np.int32))
+        self.guard_bad = cuda.to_device(np.zeros(len(store.guard_offsets), np.uint32))
+
+    def prepare(self, block_ids) -> PreparedLaunch:
+        """The capture-safe VERIFY launch over ``block_ids`` (a device int32 row)."""
+        n = block_ids.shape[0]
+        return prepare_checksum(self.store, block_ids, self.sums, self.out[:n], self.guard_bad, "verify",
+                                self.flags, self.found)
+
+    def run_eager(self, block_ids: np.ndarray, stream) -> None:
+        """The same launch over host ids (a batch above the largest bucket)."""
+        n = block_ids.shape[0]
+        if n:
+            checksum_launch(self.store, block_ids, self.sums, self.out[:n], self.guard_bad, "verify", self.flags,
+                            self.found).run(stream)
+
+    def read(self, stream) -> VerifyResults:
+        """The counts (and, when not zero, the list and guard counts) since the last read,
+        once the work queued on ``stream`` (resolved) is done; clears them (synchronises)."""
+        flags = to_host(self.flags, stream)
+        mismatches, guard_words = int(flags[0]), int(flags[1])
+        found = np.zeros((0, 2), np.int32)
+        guard_bad = np.zeros(len(self.store.guard_offsets), np.uint32)
+        if mismatches:
+            found = to_host(self.found, stream)[:min(mismatches, FOUND)].copy()
+        if guard_words:
+            guard_bad = to_host(self.guard_bad, stream)
+        if mismatches or guard_words:
+            self.flags.copy_to_device(np.zeros(2, np.uint32))  # synchronous; the stream is idle now
+        return VerifyResults(mismatches, found, guard_words, guard_bad)
+
+
+__all__ = ["FOUND", "MAX_CAPACITY", "StepVerify", "VerifyResults"]
