@@ -3,7 +3,8 @@
 On a GPU the run uses a preset's attention shapes (llama-3-8b: 32 query heads, 8 KV
 heads, head_dim 128) over ``DEMO_LAYERS`` layers; on numba's CUDA simulator, which runs
 one Python thread per CUDA thread, tiny shapes and a handful of requests, so the run
-finishes in about a minute on a small CPU. The serving loop is :class:`hexcore.serve.Server`.
+finishes in about a minute on a small CPU. The serving loop is :class:`hexcore.serve.Server`
+(its Engine runs the speculative allocator; :mod:`hexcore.serve_faults` its fault drill).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import sys
 import numpy as np
 
 from .config import PRESETS, KVCacheConfig, KVDtype
-from .serve import Server, ServeReport, synthetic_workload
+from .serve import Server, ServeReport
+from .serve_workload import synthetic_workload
 
 DEMO_LAYERS = 4  # layers of the GPU run (a full model has 32: the shapes per layer are the real ones)
 MIB = 1 << 20

@@ -15,6 +15,12 @@ a step once: fork copies, append, seal, attention for every layer::
     # or, layer by layer as a model computes them: fill q[l], k[l], v[l]; step.attend(l) -> out[l]
     engine.finish(seq)
 
+With ``speculative=True`` the Engine also runs the speculative allocator
+(:class:`hexcore.host.SpeculativeAllocator`): each ``step`` predicts the sequences whose
+new token seals a block and reserves their blocks before the block manager's step (a
+producer thread may push its own predictions through ``engine.speculative.predict``);
+``engine.speculative.stats()`` counts hits, misses and mispredicted reservations.
+
 With ``prefix_cache=True`` a request's cached prefix is shared and only the rest prefilled::
 
     adm = engine.admit(tokens)             # Admission(seq_id, cached_tokens); tokens: int32 [n]
@@ -35,6 +41,9 @@ from .config import KVCacheConfig
 from .errors import HexcoreInvalidArgumentError, Status, raise_for_status
 from .host import PagedKVCache
 from .host.prefix import DEFAULT_PRIORITY, as_tokens
+from .host.speculative import SpeculativeAllocator, next_sealers
+
+SPECULATIVE_OPTIONS = ("ring", "capacity", "reserve_floor", "max_reserved")  # SpeculativeAllocator's keywords
 
 
 class Engine:
@@ -50,16 +59,25 @@ class Engine:
     metrics : an optional ``MetricsCollector`` for the block manager.
     prefix_cache : cache sealed blocks by their token ids and share them with later
         requests (``PagedKVCache(prefix_cache=True)``; :meth:`admit`).
+    speculative : ``True`` to reserve the blocks a step's sequences seal into before the
+        step (``engine.speculative``, a :class:`~hexcore.host.SpeculativeAllocator`), or a
+        dict of its options (``ring``, ``capacity``, ``reserve_floor``, ``max_reserved``);
+        ``False`` (the default): no reservations, ``engine.speculative`` is None.
     """
 
     def __init__(self, config: KVCacheConfig, num_blocks: int, max_seqs: int, num_q_heads: int, *,
                  max_seq_len: int | None = None, batch_buckets=None, backend: str = "auto",
-                 scale: float | None = None, options=None, metrics=None, prefix_cache: bool = False):
+                 scale: float | None = None, options=None, metrics=None, prefix_cache: bool = False,
+                 speculative: bool | dict = False):
         from .cuda import DecodeGraph, DeviceKVStore
         from .cuda.steps.graph import DEFAULT_BUCKETS
 
+        speculative = _speculative_options(speculative)
         self.cache = PagedKVCache(config, num_blocks, max_seqs, metrics, max_seq_len=max_seq_len,
                                   prefix_cache=prefix_cache)
+        # the speculative allocator (None when off): every allocating call goes through it, so it counts
+        self.speculative = None if speculative is None else SpeculativeAllocator(self.cache, **speculative)
+        self._owner = self.cache if self.speculative is None else self.speculative
         self.store = DeviceKVStore(config, num_blocks, max_seqs)
         self.graph = DecodeGraph(self.store, num_q_heads, self.cache.max_blocks_per_seq,
                                  batch_buckets=DEFAULT_BUCKETS if batch_buckets is None else batch_buckets,
@@ -98,8 +116,9 @@ class Engine:
         return child
 
     def finish(self, seq_id: int) -> None:
-        """Free ``seq_id``'s tail and its references to blocks."""
-        self.cache.free_sequence(seq_id)
+        """Free ``seq_id``'s tail and its references to blocks (a block reserved for its next
+        seal goes back to the pool, counted as mispredicted)."""
+        self._owner.free_sequence(seq_id)
         self._forks = [(p, c) for p, c in self._forks if c != seq_id]
 
     def seq_len(self, seq_id: int) -> int:
@@ -127,7 +146,7 @@ class Engine:
         seq_id = as_int("seq_id", seq_id)
         start = self.cache.seq_len(seq_id)
         self._copy_forks(stream)
-        blocks = self.cache.grow_sequence(seq_id, start + n, tokens)  # raises before anything is written
+        blocks = self._owner.grow_sequence(seq_id, start + n, tokens)  # raises before anything is written
         bs, done, sealed = self.config.block_size, 0, 0
         while done < n:
             pos = (start + done) % bs
@@ -168,7 +187,11 @@ class Engine:
         blocks it seals are cached (without them its later blocks are not).
         All or nothing: when an entry cannot grow (not live, listed twice, at its maximum
         length, or the pool is short of blocks) or ``tokens`` is malformed, its typed error
-        is raised and nothing changed.
+        is raised and nothing changed. With ``speculative`` on, the sequences whose new token
+        seals get a reserved block once the step is known to fit (``speculative.stats()``
+        counts the seals it serves as hits); a producer's pending predictions are applied
+        first, and when the pool is short the blocks they reserved are released (mispredicted)
+        before the step is refused.
         """
         ids = _as_seq_ids(seq_ids)
         if tokens is not None:
@@ -176,14 +199,33 @@ class Engine:
             if tokens.shape != ids.shape:
                 raise HexcoreInvalidArgumentError(f"tokens: expected one token id per sequence, shape {ids.shape}, "
                                                   f"got {tokens.shape}")
+        if self.speculative is not None:
+            self.speculative.apply()  # a producer's predictions first: the check sees their reservations
+        self._check_step(ids)
+        if self.speculative is not None:
+            self._predict_sealers(ids)
+        result = self._owner.step(ids, tokens=tokens)  # the allocator's step applies the predictions first
+        result.raise_for_status()  # cannot fail after _check_step; kept as a guard
+        forks, self._forks = self._forks, []
+        return EngineStep(self, result, forks)
+
+    def _check_step(self, ids: np.ndarray) -> None:
+        """Raise the typed error of a step of ``ids`` that cannot run (see :meth:`step`)."""
         status, index = self.cache.can_step(ids)
+        if status is Status.OUT_OF_MEMORY and self.speculative is not None and self.speculative.release_all():
+            status, index = self.cache.can_step(ids)  # the blocks parked for predictions are free again
         if status is not Status.OK:
             what = "the pool is short of blocks" if index < 0 else f"seq_ids[{index}] = {ids[index]}"
             raise_for_status(status, f"step: {what} ({status.name}); nothing changed")
-        result = self.cache.step(ids, tokens=tokens)
-        result.raise_for_status()  # cannot fail after can_step; kept as a guard
-        forks, self._forks = self._forks, []
-        return EngineStep(self, result, forks)
+
+    def _predict_sealers(self, ids: np.ndarray) -> None:
+        """Push the sequences among ``ids`` whose next token fills their tail into the
+        speculative allocator's ring (its step reserves their blocks, then seals into them)."""
+        lens = np.fromiter(map(self.cache.seq_len, ids.tolist()), np.int64, len(ids))  # ~0.4 us each
+        sealers = np.empty(len(ids), np.int64)
+        count = next_sealers(ids.astype(np.int64), lens, 1, self.config.block_size, sealers)
+        if count:
+            self.speculative.predict(sealers[:count])
 
     def _copy_forks(self, stream) -> None:
         if self._forks:
@@ -253,6 +295,21 @@ class EngineStep:
             self._loaded = self.engine.graph.load(**self._indices(), stream=stream)
         self._loaded.enqueue(layer, self.engine.graph._resolve(stream).numba)
         return self.buffers.out[layer]
+
+
+def _speculative_options(speculative) -> dict | None:
+    """``Engine(speculative=...)`` as SpeculativeAllocator keywords (None: off); anything but
+    a bool or a dict of its options raises HexcoreInvalidArgumentError naming it."""
+    if isinstance(speculative, (bool, np.bool_)):
+        return {} if speculative else None
+    if not isinstance(speculative, dict):
+        raise HexcoreInvalidArgumentError(f"speculative: expected True, False or a dict of SpeculativeAllocator "
+                                          f"options, got {speculative!r}")
+    unknown = sorted(str(key) for key in speculative if key not in SPECULATIVE_OPTIONS)
+    if unknown:
+        raise HexcoreInvalidArgumentError(f"speculative: unknown option(s) {unknown}; expected some of "
+                                          f"{list(SPECULATIVE_OPTIONS)}")
+    return dict(speculative)
 
 
 def _rows(k, v, config: KVCacheConfig) -> int:

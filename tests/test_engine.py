@@ -64,14 +64,27 @@ def random_kv(rng, engine, n):
     return rng.standard_normal(shape).astype(np.float16), rng.standard_normal(shape).astype(np.float16)
 
 
+def poison_output(step):
+    """NaN in every entry of the step's output buffer, so an entry the step misses shows."""
+    out = step.buffers.out
+    if hasattr(out, "fill_"):  # a torch view
+        out.fill_(float("nan"))
+    else:
+        for layer in range(out.shape[0]):
+            out[layer].copy_to_device(np.full(out.shape[1:], np.nan, np.float16))
+
+
 def run_steps(engine, mirror, seqs, rng, steps, per_layer=False):
-    """Decode steps for ``seqs``; asserts each step's output equals the reference."""
+    """Decode steps for ``seqs``; asserts each step's output equals the reference; the
+    outputs, float16 [L, B, num_q_heads, D] per step."""
     cfg = engine.config
+    outputs = []
     for _ in range(steps):
         step = engine.step(seqs)
         q = rng.standard_normal((cfg.num_layers, len(seqs), engine.num_q_heads, cfg.head_dim)).astype(np.float16)
         k, v = random_kv(rng, engine, len(seqs))  # [L, B, H, D]: one new token per sequence
         step.write(q, k, v)
+        poison_output(step)
         if per_layer:
             for layer in range(cfg.num_layers):
                 step.attend(layer)
@@ -80,9 +93,12 @@ def run_steps(engine, mirror, seqs, rng, steps, per_layer=False):
         got = step.output()
         for j, seq in enumerate(seqs):
             mirror.add(seq, k[:, j:j + 1], v[:, j:j + 1])
+        assert not np.isnan(got).any()
         for layer in range(cfg.num_layers):
             expect = mirror.expect(engine, seqs, q[layer], layer)
             assert ref.relative_l2(got[layer], expect) <= 2e-3
+        outputs.append(got)
+    return outputs
 
 
 @pytest.mark.parametrize("dtype,per_layer", [("fp16", False), ("int4", True)], ids=["fp16-whole", "int4-per-layer"])
@@ -143,6 +159,75 @@ def test_bad_prefill_changes_nothing():
         with pytest.raises((HexcoreInvalidArgumentError, HexcoreInvalidSequenceError), match=text):
             engine.prefill(a, k, v)
     assert engine.seq_len(a) == 0 and engine.cache.num_free_blocks == 12
+
+
+def test_the_speculative_hook_changes_no_table_and_no_output(seed):
+    """The same prefill, fork and steps on an engine with the hook off and one with it on:
+    the same block tables and bit-identical outputs (both checked against the reference);
+    with the hook on every step's seal is served by a block reserved before the step."""
+    runs = {}
+    for speculative in (False, True):
+        engine, mirror, rng = make_engine("fp16", layers=1, speculative=speculative), Mirror(), np.random.default_rng(seed)
+        seqs = [engine.add(), engine.add()]
+        for seq, n in zip(seqs, (31, 15)):  # both seal in the first step
+            k, v = random_kv(rng, engine, n)
+            engine.prefill(seq, k, v)
+            mirror.add(seq, k, v)
+        seqs.append(engine.fork(seqs[0]))  # seals with its parent, into a block of its own
+        mirror.add(seqs[2], mirror.k[seqs[0]], mirror.v[seqs[0]])
+        outputs = run_steps(engine, mirror, seqs, rng, 2)  # the second attends over the blocks sealed
+        runs[speculative] = engine, [engine.cache.block_table(s).tolist() for s in seqs], outputs
+    (off, tables_off, out_off), (on, tables_on, out_on) = runs[False], runs[True]
+    assert off.speculative is None and tables_on == tables_off and [len(t) for t in tables_on] == [2, 1, 2]
+    assert all(np.array_equal(a, b) for a, b in zip(out_on, out_off))
+    stats = on.speculative.stats()
+    assert (stats["hits"], stats["misses"], stats["mispredicted"], stats["pending"]) == (3, 1, 0, 0)  # 1: prefill's
+    on.speculative.check_invariants()
+    assert on.cache.num_free_blocks == off.cache.num_free_blocks
+
+
+def test_a_mispredicted_reservation_goes_back_to_the_pool():
+    """A producer predicts two sequences seal next: one is finished before its step (its
+    block is released, mispredicted), the other seals into its reserved block."""
+    engine = make_engine("fp16", layers=1, num_blocks=3, speculative=True)
+    a, b = engine.add(), engine.add()
+    zeros = np.zeros((1, 15, 1, 64), np.float16)  # the next token of each fills its tail
+    for seq in (a, b):
+        engine.prefill(seq, zeros, zeros)
+    assert engine.speculative.predict([a, b]) == 2
+    engine.finish(b)  # applies the predictions (two blocks parked), then frees b's
+    assert engine.speculative.mispredicted() == 1 and engine.cache.num_reserved_blocks == 1
+    assert engine.cache.num_free_blocks == 2
+    engine.step([a]).run()
+    stats = engine.speculative.stats()
+    assert (stats["hits"], stats["mispredicted"], stats["pending"], stats["duplicate"]) == (1, 1, 0, 1)
+    assert engine.cache.num_free_blocks == 2 and engine.seq_len(a) == 16
+    engine.speculative.check_invariants()
+
+
+def test_a_short_pool_releases_reservations_before_refusing_a_step():
+    """A block parked for a predicted sequence goes back when a step needs it; a step
+    that still does not fit raises and changes nothing."""
+    engine = make_engine("fp16", layers=1, num_blocks=1, speculative=True)
+    a, b = engine.add(), engine.add()
+    zeros = np.zeros((1, 15, 1, 64), np.float16)
+    for seq in (a, b):
+        engine.prefill(seq, zeros, zeros)
+    engine.speculative.predict([b])
+    engine.step([a]).run()  # b's reservation took the only block: released, then a seals into it
+    assert engine.speculative.mispredicted() == 1 and engine.speculative.confirmed_hits() == 1
+    with pytest.raises(HexcoreOOMError, match="short of blocks"):
+        engine.step([b])
+    assert engine.seq_len(b) == 15 and engine.seq_len(a) == 16 and engine.cache.num_free_blocks == 0
+    engine.speculative.check_invariants()
+
+
+@pytest.mark.parametrize("value,text", [("yes", "speculative: expected True, False"), (1, "got 1"),
+                                        (None, "got None"), ({"bogus": 1}, r"unknown option\(s\) \['bogus'\]"),
+                                        ({"reserve_floor": -1}, "reserve_floor")])
+def test_bad_speculative_values_raise_typed_errors(value, text):
+    with pytest.raises(HexcoreInvalidArgumentError, match=text):
+        make_engine(layers=1, speculative=value)
 
 
 def test_a_step_runs_once():
