@@ -19,6 +19,9 @@ shared with later requests (``prefix.py``: :meth:`PagedKVCache.admit`, the ``tok
 arguments of growth and steps, pins, eviction); the calls then run the njit core of
 ``_prefix.py``, and with it off they run exactly the code they ran before it existed.
 
+A sequence shrinks with :meth:`PagedKVCache.truncate_sequence` (a rollback, e.g. of rejected
+draft tokens): inside its open tail, or to a block boundary, never into a sealed block.
+
 A block found corrupted can be quarantined (``quarantine.py``: :meth:`PagedKVCache.quarantine_block`,
 the read methods and table edit ``hexcore.fault`` migrates with); a quarantined block is never
 handed out again, and the decode step, which only pops the free stack, never checks for one.
@@ -517,6 +520,22 @@ class PagedKVCache(PrefixCacheMethods, QuarantineMethods):
     def seq_len(self, seq_id: int) -> int:
         """Length of ``seq_id`` in tokens (sealed blocks plus tail)."""
         return int(self._seqs[core.LEN, self._live("seq_id", seq_id)])
+
+    def seq_lens(self, seq_ids: np.ndarray) -> np.ndarray:
+        """Lengths of many sequences in one call (int32 [B]), for per-step host logic.
+
+        Parameters
+        ----------
+        seq_ids : [B] int32, C-contiguous -- live sequences (the first one that is not
+            raises HexcoreInvalidSequenceError naming its index).
+        """
+        check_ids("seq_ids", seq_ids, None)
+        inside = (seq_ids >= 0) & (seq_ids < self.max_seqs)
+        lens = np.where(inside, self._seqs[core.LEN, np.where(inside, seq_ids, 0)], -1)
+        dead = np.flatnonzero(lens < 0)
+        if len(dead):
+            self._fail(Status.INVALID_SEQUENCE, "use", f"seq_ids[{dead[0]}]", int(seq_ids[dead[0]]))
+        return lens.astype(np.int32)
 
     def generation(self, seq_id: int) -> int:
         """``seq_id``'s generation: how many times its slot was freed (tags predictions)."""

@@ -62,7 +62,7 @@ class HexcoreLayer(CacheLayerMixin):
 
     is_sliding = False
     is_compileable = False
-    is_croppable = False
+    is_croppable = True  # HexcoreCache.crop; a cut it cannot make raises
 
     def __init__(self, cache, layer: int):
         super().__init__()
@@ -127,11 +127,12 @@ class Prefill:
         return self.ids[row].index_select(0, self.keep[row]).to("cpu", torch.int32).numpy()
 
     def commit(self) -> None:
-        engine, cache, rows = self.cache.engine, self.cache, []
+        engine, cache, rows, all_ids = self.cache.engine, self.cache, [], []
         stream = torch.cuda.current_stream(self.k[0].device) if self.k and self.k[0].is_cuda else None
         try:
             for row, (k, v) in enumerate(zip(self.k, self.v)):
                 tokens = self._token_ids(row)
+                all_ids.append(tokens)
                 if tokens is None:
                     rows.append(engine.add())
                     cached = 0
@@ -148,7 +149,12 @@ class Prefill:
                 engine.finish(seq)
             cache._length = 0
             raise
-        cache.rows = rows
+        cache.rows, cache._journals = rows, [None] * len(rows)
+        for row, (k, v, ids) in enumerate(zip(self.k, self.v, all_ids)):
+            cache._remember(row, 0, k, v, ids)  # what a crop inside a sealed block stores again
+            n = int(k.shape[1])
+            if 0 < n < self.tokens and int(self.keep[row][0]) != self.tokens - n:
+                cache._block_crops(f"row {row}'s prompt has padding after a real token (right padding)")
 
 
 def real_tokens(mask, batch: int, tokens: int, device):

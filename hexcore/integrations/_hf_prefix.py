@@ -110,7 +110,7 @@ def admit_batch(cache, input_ids, attention_mask=None) -> list:
         for seq in seqs:
             engine.finish(seq)
         raise
-    cache.rows, cache._length = seqs, start
+    cache.rows, cache._length, cache._journals = seqs, start, [None] * len(seqs)
     return [engine.seq_len(seq) for seq in seqs]
 
 
@@ -172,10 +172,18 @@ class Extend:
         stream = torch.cuda.current_stream(self.k[0].device) if self.k and self.k[0].is_cuda else None
         try:
             for row, seq in enumerate(cache.rows):
-                if seq >= 0 and self.k[row].shape[1]:
+                n = int(self.k[row].shape[1])
+                if seq < 0:
+                    continue
+                start = engine.seq_len(seq)
+                if n:
                     tokens = None if self.token_ids is None else self.token_ids[row]
                     engine.prefill(seq, for_engine(self.k[row]), for_engine(self.v[row]), stream=stream,
                                    tokens=tokens)
+                    cache._remember(row, start, self.k[row], self.v[row], tokens)
+                if n < self.tokens and (start or (n and int(self.keep[row][0]) != self.tokens - n)):
+                    cache._block_crops(f"row {row} has padding after a real token (its {n} real tokens of a "
+                                      f"forward of {self.tokens} positions follow {start} it held)")
         except BaseException:
             cache.reset()
             raise

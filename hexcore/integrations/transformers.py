@@ -44,11 +44,16 @@ each row's cached prefix, and generate() then runs only the rest of the prompt::
         cache.admit(ids)                   # -> cached tokens per row
         out = model.generate(ids, past_key_values=cache, max_new_tokens=64)
 
+- **crop** (assisted decoding, ``generate(..., assistant_model=...)``): rows shrink in the
+  block manager (``truncate_sequence``); a cut inside a sealed block goes back to the
+  block's start and stores the kept tokens again from the row's journal, the float16 K/V
+  of its last ``max_rollback`` positions (``_hf_crop.py``).
+
 Refused with a typed error (``HexcoreConfigError`` at construction,
 ``HexcoreInvalidArgumentError`` at run time): sliding-window, chunked or other non-full
 attention layers, encoder-decoder models, softcapped or biased attention, a softmax
-scale other than the configured one, head_dim other than 64 or 128, and a ``crop`` that
-removes tokens (assisted decoding). docs/transformers.md says why.
+scale other than the configured one, head_dim other than 64 or 128, and a ``crop`` deeper
+than a row's journal. docs/transformers.md says why.
 """
 
 from __future__ import annotations
@@ -67,6 +72,8 @@ from ..config import KVCacheConfig
 from ..engine import Engine
 from ..errors import HexcoreConfigError, HexcoreInvalidArgumentError
 from ..host.prefix import DEFAULT_PRIORITY, check_namespace, check_priority
+from ._hf_crop import crop as crop_rows
+from ._hf_crop import record
 from ._hf_parts import HexcoreLayer, Prefill, ReleaseFinished, model_kv_shape, read_buffer, write_buffer
 from ._hf_prefix import Extend, admit_batch, install_token_hook
 
@@ -96,6 +103,10 @@ class HexcoreCache(Cache):
         rest of the prompt runs through the model.
     namespace, priority : the prefix cache's namespace (e.g. a model or adapter id; blocks
         are shared within one) and eviction priority 0..7 of this cache's requests.
+    max_rollback : tokens a :meth:`crop` can remove when the cut falls inside a sealed block
+        (assisted decoding's rejected draft tokens): each row keeps the float16 K/V of its
+        last ``max_rollback`` positions (plus the rest of their block) from the latest
+        forward; 0 keeps none (a crop then cuts inside the open tail or on a block boundary).
 
     Attributes: ``engine`` (the Engine), ``kv_config`` (its KVCacheConfig), ``rows`` (the
     sequence id of each batch row, -1 for a released row).
@@ -103,7 +114,8 @@ class HexcoreCache(Cache):
 
     def __init__(self, config, kv_dtype="int4", max_tokens: int = 32768, max_seqs: int = 16, *,
                  block_size: int = 32, group_size: int = 64, max_seq_len: int | None = None, options=None,
-                 prefix_cache: bool = False, namespace: int = 0, priority: int = DEFAULT_PRIORITY):
+                 prefix_cache: bool = False, namespace: int = 0, priority: int = DEFAULT_PRIORITY,
+                 max_rollback: int = 256):
         model, config = (config, config.config) if isinstance(config, torch.nn.Module) else (None, config)
         if type(prefix_cache) is not bool:
             raise HexcoreConfigError(f"prefix_cache: expected a bool, got {prefix_cache!r}")
@@ -111,6 +123,7 @@ class HexcoreCache(Cache):
             raise HexcoreConfigError("prefix_cache=True: build the cache from the model (HexcoreCache(model, ...)), "
                                      "not its config: the cache reads the token ids of each forward from it")
         self.namespace, self.priority = check_namespace(namespace), check_priority(priority)
+        self.max_rollback = as_int("max_rollback", max_rollback, 0)
         shape = model_kv_shape(config)
         block_size = as_int("block_size", block_size, 16, 256)
         max_tokens = as_int("max_tokens", max_tokens, 1)
@@ -134,6 +147,8 @@ class HexcoreCache(Cache):
         self._live = None
         self._extend = None  # new tokens on rows that hold some (an Extend)
         self._ids = None  # the token ids of the coming forward, [B, T] (prefix cache only)
+        self._journals: list = []  # per row: its latest positions' K/V for crop (a _hf_crop.Journal), or None
+        self._crop_blocked = None  # why a crop cannot map positions onto rows' tokens, None when it can
         if model is not None and prefix_cache:
             install_token_hook(model)
 
@@ -272,6 +287,8 @@ class HexcoreCache(Cache):
             seen.add(old[i])
             rows.append(seq)
         self.rows = rows
+        journals = self._journals
+        self._journals = [journals[i] if i < len(journals) else None for i in order]
 
     def release(self, rows) -> None:
         """Free the blocks of batch rows ``rows`` (finished sequences). Their attention
@@ -281,6 +298,8 @@ class HexcoreCache(Cache):
             if self.rows[row] >= 0:
                 self.engine.finish(self.rows[row])
                 self.rows[row] = -1
+                if row < len(self._journals):
+                    self._journals[row] = None
 
     def release_finished(self, eos_token_id) -> ReleaseFinished:
         """A stopping criterion for ``generate(stopping_criteria=[...])`` that releases each
@@ -288,15 +307,30 @@ class HexcoreCache(Cache):
         return ReleaseFinished(self, eos_token_id)
 
     def crop(self, max_length: int) -> None:
-        """Only a crop that removes nothing is served (``crop(0)``, or a length at least
-        ``get_seq_length()``): sealed blocks are immutable and the block manager does not
-        shrink a sequence, so assisted decoding is not supported."""
-        n = as_int("max_length", max_length)
-        if n != 0 and n < self._length:
-            removed = -n if n < 0 else self._length - n
-            raise HexcoreInvalidArgumentError(
-                f"crop: max_length {n} would remove {removed} of {self._length} tokens; hexcore does not shrink a "
-                f"row (sealed blocks are immutable), so assisted and speculative decoding need another cache")
+        """Remove the last positions of every row (assisted decoding's rejected draft tokens).
+
+        ``max_length``: negative removes that many (transformers 5.x); positive is the length
+        to keep (the older convention; at least ``get_seq_length()`` removes nothing); 0
+        removes nothing. A row's cut inside its open tail or on a block boundary only
+        shrinks it (:meth:`hexcore.host.PagedKVCache.truncate_sequence`); a cut inside a
+        sealed block goes back to the block's start and stores the kept tokens again from
+        the row's journal (``max_rollback``). A cut the cache cannot make (deeper than the
+        journal, or into a row's prompt padding) raises HexcoreInvalidArgumentError naming
+        ``max_length`` before any row changes.
+        """
+        crop_rows(self, max_length)
+
+    def _remember(self, row: int, start: int, k, v, ids) -> None:
+        # row's positions [start, start + n) were stored from k, v [L, n, H, D] (ids int32 [n] or None)
+        self._journals += [None] * (row + 1 - len(self._journals))
+        self._journals[row] = record(self._journals[row], start, k, v, ids, self.max_rollback,
+                                     self.kv_config.block_size)
+
+    def _block_crops(self, reason: str) -> None:
+        """Refuse crops until :meth:`reset` (or :meth:`admit`): a forward put padding after a
+        row's real tokens, so positions no longer map onto each row's tokens; ``reason`` says which."""
+        if self._crop_blocked is None:
+            self._crop_blocked = reason
 
     def reset(self) -> None:
         """Free every row; the cache is empty (ready for another generate()). With the
@@ -305,7 +339,8 @@ class HexcoreCache(Cache):
             if seq >= 0:
                 self.engine.finish(seq)
         self.rows, self._length, self._prefill, self._step, self._live = [], 0, None, None, None
-        self._extend = self._ids = None
+        self._extend = self._ids = self._crop_blocked = None
+        self._journals = []
 
     # -- the prefix cache -----------------------------------------------------------------
     def admit(self, input_ids, attention_mask=None) -> list:

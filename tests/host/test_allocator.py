@@ -135,6 +135,24 @@ def test_grow_reports_sealed_blocks():
     cache.check_invariants()
 
 
+def test_seq_lens_reads_many_lengths_and_names_a_dead_entry():
+    cache = make()
+    a, b = cache.add_sequence(), cache.add_sequence()
+    cache.grow_sequence(a, 5)
+    cache.grow_sequence(b, BS + 3)
+    got = cache.seq_lens(ids(b, a, b))
+    assert got.tolist() == [BS + 3, 5, BS + 3] and got.dtype == np.int32
+    assert cache.seq_lens(ids()).tolist() == []
+    before = state(cache)
+    for bad, match in ((ids(a, 3), r"seq_ids\[1\].*3"), (ids(a, 9), r"seq_ids\[1\].*9"), (ids(-1), r"seq_ids\[0\]")):
+        with pytest.raises(HexcoreInvalidSequenceError, match=match):
+            cache.seq_lens(bad)
+    for bad in ([a], ids(a, dtype=np.int64)):
+        with pytest.raises(HexcoreInvalidArgumentError, match="seq_ids"):
+            cache.seq_lens(bad)
+    assert_unchanged(cache, before)
+
+
 @pytest.mark.parametrize("new_len", [10, -1, 8 * BS + 1, 2**70])
 def test_grow_bad_lengths_name_the_range_and_change_nothing(new_len):
     cache = make()

@@ -85,6 +85,23 @@ class Model:
                 self.refs[block] += 1
         return status
 
+    def truncate(self, s, n):
+        """Shrink s to n tokens: (status, sealed blocks dropped); n inside the tail or on a
+        block boundary, the dropped blocks released leaves first as in a free."""
+        if s not in self.seqs:
+            return Status.INVALID_SEQUENCE, 0
+        seq = self.seqs[s]
+        tail_start = seq["len"] // self.bs * self.bs
+        if not 0 <= n <= seq["len"] or (n < tail_start and n % self.bs):
+            return Status.INVALID_ARGUMENT, 0
+        dropped, seq["blocks"] = seq["blocks"][n // self.bs:], seq["blocks"][:n // self.bs]
+        for block in reversed(dropped):
+            self.refs[block] -= 1
+            if self.refs[block] == 0 and block not in self.quarantined:
+                self.release_block(block)
+        seq["len"] = n
+        return Status.OK, len(dropped)
+
     def step(self, ids, lens):
         statuses, sealed, seen = [], [], set()
         for i, s in enumerate(ids):
@@ -210,7 +227,7 @@ picks = st.integers(0, 255)
 
 
 class AllocatorMachine(RuleBasedStateMachine):
-    """Random add / grow / try_grow / step / fork / free / reserve / release, valid or not."""
+    """Random add / grow / try_grow / step / fork / truncate / free / reserve / release, valid or not."""
 
     def __init__(self):
         super().__init__()
@@ -304,6 +321,20 @@ class AllocatorMachine(RuleBasedStateMachine):
                 return
         with pytest.raises(type(self._error(status))):
             self.cache.fork_sequence(parent, child)
+
+    @rule(pick=picks, cut=st.integers(-2, 2 * BLOCK_SIZE + 2), boundary=st.booleans())
+    def truncate(self, pick, cut, boundary):
+        """A rollback: ``cut`` tokens off, or to a block boundary ``cut % 4`` blocks down
+        (some cuts land inside a sealed block, past the length or below 0)."""
+        s = self._seq(pick)
+        length = self._length(s, 0)
+        n = (length // BLOCK_SIZE - cut % 4) * BLOCK_SIZE if boundary else length - cut
+        status, dropped = self.model.truncate(s, n)
+        if status == Status.OK:
+            assert self.cache.truncate_sequence(s, n) == dropped
+        else:
+            with pytest.raises(type(self._error(status))):
+                self.cache.truncate_sequence(s, n)
 
     @rule(pick=picks)
     def free(self, pick):
@@ -611,6 +642,13 @@ class PrefixModel(Model):
             self.free.append(seq["pref"])
         self.gen[s] += 1
         return Status.OK
+
+    def truncate(self, s, n):
+        """A tracked sequence stays tracked, with its first n token ids."""
+        status, dropped = super().truncate(s, n)
+        if status == Status.OK:
+            self.seqs[s]["tokens"] = self.seqs[s]["tokens"][:n]
+        return status, dropped
 
     def fork(self, parent, child):
         status = super().fork(parent, child)

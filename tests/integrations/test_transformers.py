@@ -156,16 +156,145 @@ def test_release_and_release_finished_free_rows(seed):
         cache.release([2])
 
 
-def test_crop_that_removes_tokens_is_refused(seed):
-    cache = make_cache(tiny_model(seed))
-    rows_with_blocks(cache, [10])
-    cache._length = 10
-    cache.crop(0)  # transformers' "nothing to remove"
-    cache.crop(10)  # the legacy absolute length, as long as the cache
-    for n, removed in [(-1, 1), (4, 6)]:
-        with pytest.raises(HexcoreInvalidArgumentError, match=f"max_length {n} would remove {removed} of 10"):
+def journal_rows(cache, lengths, seed, window=None, tokens=False):
+    """Rows stored through Engine.prefill from random float16 K/V (and token ids when
+    ``tokens``) that each row's journal keeps, as a prompt's commit does; the K/V per row."""
+    cfg, gen = cache.kv_config, torch.Generator().manual_seed(seed % 2**31)
+    cache.rows, cache._journals, kv = [], [], []
+    if window is not None:
+        cache.max_rollback = window
+    for row, n in enumerate(lengths):
+        k, v = (torch.randn((cfg.num_layers, n, cfg.num_kv_heads, cfg.head_dim), generator=gen).half()
+                for _ in range(2))
+        ids = torch.randint(3, 90, (n,), generator=gen).to(torch.int32).numpy() if tokens else None
+        seq = cache.engine.add()
+        cache.engine.prefill(seq, k.numpy(), v.numpy(), tokens=ids)
+        cache.rows.append(seq)
+        cache._journals.append(None)
+        cache._remember(row, 0, k, v, ids)
+        kv.append((k, v, ids))
+    cache._length = max(lengths)
+    return kv
+
+
+def tail_rows(cache, seq, layer, count):
+    """The first ``count`` rows of ``seq``'s tail in ``layer``'s K store: float16 [count, H, D]."""
+    tail = cache.engine.store.k_tails
+    host = tail.copy_to_host() if hasattr(tail, "copy_to_host") else tail.cpu().numpy()
+    return np.transpose(host[layer, seq, :, :count], (1, 0, 2))
+
+
+def test_crop_in_the_tail_or_on_a_boundary_only_shrinks_rows(seed):
+    cache = make_cache(tiny_model(seed), max_rollback=0)
+    rows_with_blocks(cache, [45, 37])
+    cache._length = 45
+    for n, lengths in [(0, [45, 37]), (50, [45, 37]),  # 5.x's "nothing"; the older absolute length, beyond
+                       (-2, [43, 35]), (41, [41, 33]), (-1, [40, 32])]:  # negative: remove; positive: keep
+        cache.crop(n)
+        assert [cache.engine.seq_len(s) for s in cache.rows] == lengths and cache.get_seq_length() == lengths[0]
+    cache.reset()
+    _, b = rows_with_blocks(cache, [48, 32])
+    cache._length, free = 48, cache.engine.cache.num_free_blocks
+    cache.crop(-16)  # both on a boundary: a block of each goes back to the pool
+    assert [cache.engine.seq_len(s) for s in cache.rows] == [32, 16]
+    assert cache.engine.cache.num_free_blocks == free + 2 and len(cache.engine.cache.block_table(b)) == 1
+    cache.engine.cache.check_invariants()
+
+
+def test_crop_inside_a_sealed_block_without_a_journal_is_refused(seed):
+    cache = make_cache(tiny_model(seed), max_rollback=0)
+    rows_with_blocks(cache, [40, 35])
+    cache._length = 40
+    before = [cache.engine.cache.block_table(s).tolist() for s in cache.rows]
+    for n, match in [(-4, r"max_length -4 would cut row 1 to 31 tokens, inside its sealed block 1 \(tokens "
+                           r"\[16, 32\)\), and the cache kept nothing"),
+                     (-41, "max_length -41 would remove 41 tokens, more than the cache's 40"),
+                     (-40, "max_length -40 would remove 40 positions, but row 1 holds 35 tokens"),
+                     (1.5, "max_length: expected an int, got float 1.5")]:
+        with pytest.raises(HexcoreInvalidArgumentError, match=match):
             cache.crop(n)
-    assert cache.get_seq_length() == 10 and cache.engine.seq_len(cache.rows[0]) == 10
+    assert cache.get_seq_length() == 40  # no row changed, not even the first (40 -> 36 is in its tail)
+    assert [cache.engine.seq_len(s) for s in cache.rows] == [40, 35]
+    assert [cache.engine.cache.block_table(s).tolist() for s in cache.rows] == before
+    cache.release([1])  # a released row is not cut
+    cache.crop(-4)
+    assert cache.rows[1] == -1 and cache.engine.seq_len(cache.rows[0]) == 36
+
+
+def test_crop_inside_a_sealed_block_stores_the_kept_tokens_again(seed):
+    cache = make_cache(tiny_model(seed))
+    (k, _, _), _ = journal_rows(cache, [37, 20], seed)
+    a = cache.rows[0]
+    sealed = cache.engine.cache.block_table(a)
+    cache.crop(-6)  # a: 37 -> 31, inside sealed block 1; b: 20 -> 14, inside sealed block 0
+    assert [cache.engine.seq_len(s) for s in cache.rows] == [31, 14] and cache.get_seq_length() == 31
+    assert cache.engine.cache.block_table(a).tolist() == sealed[:1].tolist()
+    for layer in range(cache.kv_config.num_layers):  # a's tail holds its tokens 16..30 again, bit for bit
+        np.testing.assert_array_equal(tail_rows(cache, a, layer, 15), k[layer, 16:31].numpy())
+    assert [j.end for j in cache._journals] == [31, 14]  # what is gone is no longer kept
+    cache.engine.cache.check_invariants()
+
+
+def test_crop_deeper_than_the_journal_is_refused(seed):
+    cache = make_cache(tiny_model(seed))
+    journal_rows(cache, [37, 20], seed, window=4)  # a keeps [32, 37): its last 4 tokens and their block
+    assert [(j.start, j.end) for j in cache._journals] == [(32, 37), (16, 20)]
+    with pytest.raises(HexcoreInvalidArgumentError, match=r"cut row 0 to 31 tokens.* kept tokens \[32, 37\)"):
+        cache.crop(-6)
+    assert [cache.engine.seq_len(s) for s in cache.rows] == [37, 20]
+    cache.crop(-3)  # a: 34 (its tail); b: 17, inside block 1 and in its journal
+    assert [cache.engine.seq_len(s) for s in cache.rows] == [34, 17]
+
+
+def test_crop_keeps_a_row_on_the_prefix_cache(seed):
+    cache = make_cache(tiny_model(seed), prefix_cache=True)
+    (_, _, ids), = journal_rows(cache, [37], seed, tokens=True)
+    a, engine = cache.rows[0], cache.engine.cache
+    cache.crop(-6)  # 37 -> 31: block 1 goes (it stays cached), tokens 16..30 are stored again with their ids
+    assert engine.is_tracked(a) and engine.num_cached_blocks == 1
+    assert engine.match_prefix(ids[:32]) == 32
+    engine.check_invariants()
+
+
+def draft_model(seed, candidates=5, **config):
+    """A random-weight assistant that drafts ``candidates`` tokens every round (no early stop):
+    unrelated to the main model, so most drafts are rejected and every round crops."""
+    assistant = tiny_model(seed + 1, **config)
+    assistant.generation_config.num_assistant_tokens = candidates
+    assistant.generation_config.num_assistant_tokens_schedule = "constant"
+    assistant.generation_config.assistant_confidence_threshold = 0.0
+    return assistant
+
+
+def spy_crops(cache):
+    """Record (max_length, length before) of each crop of ``cache``."""
+    calls, crop = [], cache.crop
+
+    def spy(max_length):
+        calls.append((max_length, cache.get_seq_length()))
+        crop(max_length)
+    cache.crop = spy
+    return calls
+
+
+def test_assisted_decoding_fp16_matches_dynamic_cache(seed):
+    # a 14-token prompt + 2 drafts (3 new tokens leave room for 2) seals block 0 (16 tokens);
+    # rejecting a draft cuts inside it, and the row's journal stores the kept tokens again
+    model = tiny_model(seed)
+    assistant = draft_model(seed)
+    ids, mask = ragged_prompts(seed, [14])
+    ref = generate(model, transformers.DynamicCache(config=model.config), ids, mask, 3, assistant_model=assistant)
+    cache = make_cache(model)
+    crops = spy_crops(cache)
+    got = generate(model, cache, ids, mask, 3, assistant_model=assistant)
+    same_greedy_path(got, ref)
+    print(f"crops (max_length, length before): {crops}")
+    after = [before + n if n < 0 else min(n or before, before) for n, before in crops]
+    assert crops[0][1] == 16  # the first forward (prompt + drafts) sealed block 0
+    # unless both drafts were accepted (about 1 in 96**2 with an unrelated assistant), the
+    # first crop cut inside the sealed block: the journal's path
+    assert 0 < after[0] < 16 or after[0] == 16 and crops[0][0] == 0, crops
+    cache.engine.cache.check_invariants()
 
 
 @pytest.mark.parametrize("change,match", [
@@ -267,7 +396,23 @@ def test_chunked_prefill_of_a_ragged_batch_matches_dynamic_cache(seed):
     for step, (a, b) in enumerate(zip(got.logits, ref.logits)):
         assert relative_error(a, b) <= 5e-3, step
     assert [cache.engine.seq_len(s) for s in cache.rows] == [21 + 1, 12 + 1]
+    cache.crop(-2)  # left padding across chunks still maps positions onto each row's tokens
+    assert [cache.engine.seq_len(s) for s in cache.rows] == [20, 11]
     cache.engine.cache.check_invariants()
+
+
+def test_crop_after_right_padding_is_refused(seed):
+    model = tiny_model(seed, layers=1)
+    ids, mask = ragged_prompts(seed, [9, 6])
+    mask[1] = torch.flip(mask[1], [0])  # row 1 right-padded: its positions 6..8 are padding
+    cache = make_cache(model)
+    with torch.no_grad():
+        model(ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+    with pytest.raises(HexcoreInvalidArgumentError, match="max_length -1: row 1's prompt has padding after a real"):
+        cache.crop(-1)
+    assert [cache.engine.seq_len(s) for s in cache.rows] == [9, 6]
+    cache.reset()
+    assert cache._crop_blocked is None
 
 
 def test_more_tokens_than_a_row_has_room_for_are_refused(seed):
@@ -489,4 +634,37 @@ def test_gpu_beam_search_on_the_prefix_cache_matches_dynamic_cache(seed):
         got = model.generate(ids, past_key_values=cache, **kwargs)
         ref = model.generate(ids, past_key_values=transformers.DynamicCache(config=model.config), **kwargs)
     assert torch.equal(got, ref)
+    cache.engine.cache.check_invariants()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ARCHS, ids=ARCH_IDS)
+def test_gpu_assisted_decoding_is_token_identical(arch, seed):
+    # 5 drafts a round from an unrelated assistant: nearly every round crops, many inside a
+    # block the verification forward sealed (block_size 32)
+    model, assistant = tiny_model(seed, **arch), draft_model(seed, **arch)
+    ids, mask = ragged_prompts(seed, [37])
+    ref = generate(model, transformers.DynamicCache(config=model.config), ids, mask, 32, assistant_model=assistant)
+    cache = make_cache(model, block_size=32)
+    crops = spy_crops(cache)
+    got = generate(model, cache, ids, mask, 32, assistant_model=assistant)
+    same = same_greedy_path(got, ref)
+    worst = max(relative_error(a, b) for a, b in zip(got.logits[:same + 1], ref.logits[:same + 1]))
+    print(f"assisted fp16 {ARCH_IDS[ARCHS.index(arch)]}: {len(crops)} crops, worst logits rel err {worst:.2e}")
+    assert worst <= 2e-2 and len(crops) >= 4
+    cache.engine.cache.check_invariants()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["int4", "fp16"])
+@pytest.mark.parametrize("prefix_cache", [False, True], ids=["plain", "prefix"])
+def test_gpu_assisted_decoding_follows_plain_greedy_on_the_same_cache(kv_dtype, prefix_cache, seed):
+    # greedy assisted decoding must give greedy decoding's tokens: on an INT4 cache the
+    # verification attends over the same quantized blocks as the decode kernel
+    model, assistant = tiny_model(seed, **ARCHS[0]), draft_model(seed, **ARCHS[0])
+    ids, mask = ragged_prompts(seed, [45])
+    ref = generate(model, make_cache(model, kv_dtype, block_size=32, prefix_cache=prefix_cache), ids, mask, 32)
+    cache = make_cache(model, kv_dtype, block_size=32, prefix_cache=prefix_cache)
+    got = generate(model, cache, ids, mask, 32, assistant_model=assistant)
+    same_greedy_path(got, ref, margin=3e-2)
     cache.engine.cache.check_invariants()
