@@ -1,8 +1,22 @@
 """Integrity costs: CPU FNV-1a, GPU scrub against the read ceiling, sampled verification
-against a decode step, and migration.
+against a decode step (separate launch, and inside a captured DecodeGraph step), and migration.
 
     python -m benchmarks.bench_fault --cpu     (this machine: FNV-1a and the CPU block checksum)
+    python -m benchmarks.bench_fault --graph   (an NVIDIA GPU: verification inside a graph step only;
+                                                writes $OUT/fault_graph.json)
+    NUMBA_ENABLE_CUDASIM=1 python -m benchmarks.bench_fault --sample
+                                               (any machine: host time of the in-graph sampling)
     python -m benchmarks.bench_fault           (an NVIDIA GPU: everything; writes $OUT/fault.json)
+
+In-graph case (``graph_rows``): llama-3-8b's KV shape (32 layers), B=64 sequences of 4k
+tokens, block 32; the GPU time of one replayed ``DecodeGraph`` step (CUDA events around 10
+back-to-back steps, index copy included) without verification, and with
+``verify_sums`` and a 1-in-N sample of the step's blocks as ``verify_blocks`` (the ids
+``FaultTolerantKVCache.graph_step`` would pick: ``(block + call) % N == 0``, a new call
+each step, capacity = the largest sample; ``share``: the blocks checked a step over the
+blocks the step reads, the floor of ``overhead`` for a bandwidth-bound step). Every block's
+digest is recorded first; after the timed steps ``verify_results()`` must report nothing
+(``false_alarms`` = 0).
 """
 
 from __future__ import annotations
@@ -118,6 +132,108 @@ def gpu_rows() -> list[dict]:
     return rows
 
 
+def graph_rows(every=(16, 32, 64), dtypes=("fp16", "int4"), batch: int = 64, ctx: int = 4096,
+               backend: str = "auto") -> list[dict]:
+    """GPU time of a 32-layer DecodeGraph step at ``batch`` x ``ctx`` with and without
+    sampled verification riding inside it (1-in-N for N in ``every``)."""
+    import warnings
+
+    from numba import cuda
+
+    from benchmarks.gpu_common import fill_store, time_gpu
+    from hexcore.cuda import DecodeGraph
+    from hexcore.cuda.integrity import checksum_launch
+
+    rows = []
+    HQ = 32
+    for dtype in dtypes:
+        cfg = KVCacheConfig(num_layers=L, num_kv_heads=H, head_dim=D, block_size=BS, kv_dtype=dtype)
+        per_seq = ctx // BS + 1
+        num_blocks = batch * per_seq
+        store = _store(cfg, num_blocks, batch, fill_store)
+        rng = np.random.default_rng(0)
+        tables = rng.permutation(num_blocks).astype(np.int32).reshape(batch, per_seq)
+        lens, slots = np.full(batch, ctx, np.int32), np.arange(batch, dtype=np.int32)
+        sums = cuda.device_array((num_blocks, L), np.uint32)
+        every_block = np.arange(num_blocks, dtype=np.int32)
+        checksum_launch(store, every_block, sums, cuda.device_array((num_blocks, L), np.uint32),
+                        cuda.device_array(len(store.guard_offsets), np.uint32), "record").run(0)
+        cuda.synchronize()
+        sealed = np.unique(tables[:, :ctx // BS])
+        data = [rng.standard_normal((L, batch, h, D)).astype(np.float16) for h in (HQ, H, H)]
+
+        def make(**kwargs):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                graph = DecodeGraph(store, HQ, per_seq, batch_buckets=(batch,), backend=backend, **kwargs)
+            for view, host in zip(graph.buffers(batch)[:3], data):
+                _fill_view(view, host)
+            return graph
+
+        plain = make()
+        s_off = time_gpu(lambda: plain.step(tables, lens, slots))
+        for n in every:
+            samples = [sealed[(sealed + call) % n == 0].astype(np.int32) for call in range(1, n + 1)]
+            capacity = max(len(x) for x in samples)
+            graph = make(verify_sums=sums, max_verify_blocks=capacity)
+            turn = [0]
+
+            def step():
+                turn[0] += 1
+                graph.step(tables, lens, slots, verify_blocks=samples[turn[0] % n])
+
+            s_on = time_gpu(step)
+            results = graph.verify_results()
+            rows.append(dict(op=f"graph step + verify 1-in-{n} {dtype}", backend=graph.backend,
+                             items=f"B={batch} ctx={ctx} L={L}: {capacity} of {sealed.size} blocks a step",
+                             off_us=s_off * 1e6, on_us=s_on * 1e6, overhead=s_on / s_off - 1,
+                             share=float(np.mean([len(x) for x in samples])) / sealed.size, steps_checked=turn[0],
+                             false_alarms=results.mismatches + results.guard_words))
+            del graph
+        del plain, store, sums
+    return rows
+
+
+def sample_rows(batch: int = 64, ctx: int = 4096, calls: int = 2000) -> list[dict]:
+    """Host time of ``FaultTolerantKVCache.sample_step`` (what ``graph_step`` adds on the
+    host) for a ``batch`` x ``ctx`` step, block 32, 1-in-16 and always; a tiny store (the
+    sampling reads only the tables). Median and p99 of ``calls`` calls."""
+    from hexcore import FaultTolerantKVCache, PagedKVCache
+    from hexcore.cuda import DeviceKVStore
+
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=BS, kv_dtype="fp16")
+    num_blocks = batch * (ctx // BS + 2)
+    cache, store = PagedKVCache(cfg, num_blocks, batch), DeviceKVStore(cfg, num_blocks, batch)
+    ids = np.array([cache.add_sequence() for _ in range(batch)], np.int32)
+    for s in ids.tolist():
+        cache.grow_sequence(s, ctx - 1)
+    rows = []
+    for policy, every in (("sampled", 16), ("always", 1)):
+        ft = FaultTolerantKVCache(cache, store, policy=policy, sample_every=every)
+        ft.recorded[:] = True
+        result = cache.step(ids, np.full(batch, ctx, np.int32))  # (the first call seals; then no-ops)
+        result.raise_for_status()
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter_ns()
+            n = ft.sample_step(result).size
+            times.append(time.perf_counter_ns() - t0)
+        times.sort()
+        rows.append(dict(op=f"sample_step {policy} 1-in-{every}", items=f"B={batch} ctx={ctx}: {n} blocks",
+                         us=statistics.median(times) / 1e3, p99_us=times[int(0.99 * calls)] / 1e3))
+    return rows
+
+
+def _fill_view(view, host) -> None:
+    if hasattr(view, "copy_"):  # torch
+        import torch
+
+        view.copy_(torch.as_tensor(host, device="cuda"))
+    else:
+        for layer in range(host.shape[0]):
+            view[layer].copy_to_device(host[layer])
+
+
 def _store(cfg, num_blocks, max_seqs, fill):
     from hexcore.cuda import DeviceKVStore
 
@@ -130,9 +246,9 @@ def _store(cfg, num_blocks, max_seqs, fill):
 def test_fault_costs():
     from benchmarks.gpu_common import save
 
-    rows = gpu_rows()
+    rows = gpu_rows() + graph_rows()
     save("fault", rows)
-    assert rows
+    assert rows and not any(r.get("false_alarms") for r in rows)
 
 
 def test_cpu_checksum_speed(benchmark):
@@ -143,7 +259,16 @@ def test_cpu_checksum_speed(benchmark):
 
 
 if __name__ == "__main__":
-    rows = cpu_rows() if "--cpu" in sys.argv else cpu_rows() + gpu_rows()
+    if "--sample" in sys.argv:
+        for r in sample_rows():
+            print(" | ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
+        sys.exit(0)
+    if "--graph" in sys.argv:
+        from benchmarks.gpu_common import save
+
+        save("fault_graph", graph_rows())
+        sys.exit(0)
+    rows = cpu_rows() if "--cpu" in sys.argv else cpu_rows() + gpu_rows() + graph_rows()
     keys = sorted({k for r in rows for k in r}, key=lambda k: (k != "op", k))
     for r in rows:
         print(" | ".join(f"{k}={r[k]:.4g}" if isinstance(r[k], float) else f"{k}={r[k]}" for k in keys if k in r))

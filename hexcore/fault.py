@@ -15,11 +15,20 @@ it: the error says which tokens of which sequences to recompute. ::
     moved = ft.migrate_sequence(seq_id)    # healthy blocks to fresh ones; bad ones quarantined
     ft.refill(seq_id, logical, k, v)       # the recomputed K/V of a lost block: [L, block_size, H, D]
 
+In a step graph (``hexcore.cuda.DecodeGraph`` made by :meth:`FaultTolerantKVCache.decode_graph`)
+the record and the verification ride inside the captured step, no launch of their own::
+
+    graph = ft.decode_graph(num_q_heads=32, max_verify_blocks=1024)
+    result = cache.step(seq_ids)
+    out = ft.graph_step(graph, result)     # samples blocks by the policy; the step records its
+    ...                                    # seals' digests and checks the sample on the device
+    ft.check_graph(graph)                  # after reading out: one 8-byte read; raises as verify
+
 Rules: records and checks run on the stream given (default: the default stream), after
-the seals they follow; the results are read back, so ``verify``, ``scrub`` and
-``migrate_sequence`` synchronise. ``prepare_verify`` gives the capture-safe form (a
-``PreparedLaunch`` over fixed device buffers) for a step graph. A block found corrupted is
-quarantined in the block manager at once (``PagedKVCache.quarantine_block``): never handed
+the seals they follow; the results are read back, so ``verify``, ``scrub``,
+``check_graph`` and ``migrate_sequence`` synchronise. ``prepare_verify`` gives the
+capture-safe launch alone (a ``PreparedLaunch`` over fixed device buffers). A block found
+corrupted is quarantined in the block manager at once (``PagedKVCache.quarantine_block``): never handed
 out again, and -- with the prefix cache on -- out of the key index with its descendants, so
 no later admission reuses it; the sequences holding it keep it until migrated. This class
 uses only the block manager's public methods. No event ring may be attached while a
@@ -31,6 +40,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 
 from ._checks import as_int
@@ -136,6 +146,10 @@ class FaultTolerantKVCache:
         self._bad: dict[int, list] = {}  # block_id -> layers: found corrupted (quarantined), not yet migrated
         self._lost: dict[int, tuple] = {}  # block_id -> (seq_id, logical): replaced a bad block, awaits refill
         self._calls = 0
+        self._stamps = np.full(cache.num_blocks, -1, np.int64)  # [block_id] -> last sampling that saw it
+        self._stamp = 0
+        self._sampled = np.empty(cache.num_blocks, np.int32)  # _sample_tables' output (distinct blocks)
+        self._graph_known: set = set()  # sampled by graph steps, known bad (reported by check_graph)
         self._scrub_at = 0
         self._stats = dict.fromkeys(PROMETHEUS_NAMES, 0)
         self.last_report = CorruptionReport()
@@ -152,10 +166,13 @@ class FaultTolerantKVCache:
         ids = self._block_ids(block_ids)
         if ids.size:
             self._launch(ids, "record", stream)
-            self.recorded[ids] = True
-            for b in ids.tolist():
-                self._bad.pop(b, None)
-                self._lost.pop(b, None)
+            self._mark_recorded(ids)
+
+    def _mark_recorded(self, ids) -> None:
+        self.recorded[ids] = True
+        for b in ids.tolist():
+            self._bad.pop(b, None)
+            self._lost.pop(b, None)
 
     # -- checking -------------------------------------------------------------------
     def verify(self, seq_ids, stream=None) -> int:
@@ -204,6 +221,86 @@ class FaultTolerantKVCache:
         ids = np.asarray(block_ids)
         report = self._report(ids, np.asarray(out), np.zeros(0, np.uint32))
         _raise_if_bad(report)
+
+    # -- inside a step graph ----------------------------------------------------------
+    def decode_graph(self, num_q_heads: int, max_verify_blocks: int = 1024, **kwargs):
+        """A ``hexcore.cuda.DecodeGraph`` over this cache's store that records its seals'
+        digests and verifies sampled blocks inside each step (``verify_sums=self.sums``).
+        ``max_verify_blocks``: block ids one step may verify (at least the policy's sample
+        of the largest batch: about ``B * blocks_per_seq / sample_every``, all of them with
+        ``"always"``); ``kwargs``: DecodeGraph's others (``batch_buckets``, ``backend``...)."""
+        from .cuda.steps import DecodeGraph
+
+        return DecodeGraph(self.store, num_q_heads, self.cache.max_blocks_per_seq, verify_sums=self.sums,
+                           max_verify_blocks=max_verify_blocks, **kwargs)
+
+    def sample_step(self, result) -> np.ndarray:
+        """The block ids a graph step of ``result`` (a ``StepResult``) would verify now by the
+        policy, as :meth:`verify` picks them from the step's tables (``"sampled"``: the
+        blocks with ``(block_id + call) % sample_every == 0``), less the step's own seals
+        (their digests are recorded by that step), blocks never recorded and blocks known
+        bad (:meth:`graph_step` reports those): int32 ``[n]``, distinct. Changes nothing
+        (:meth:`graph_step` counts the call)."""
+        return self._sample(result, self._calls + 1)[0]
+
+    def graph_step(self, graph, result, fork_src=None, fork_dst=None, stream=None):
+        """``graph.step`` for ``result`` (a ``StepResult`` of the block manager), with the
+        blocks :meth:`sample_step` picks as ``verify_blocks``; returns the step's ``out``.
+
+        The step records the digests of its seals and checks the sample on the device;
+        :meth:`check_graph` reads the outcome (after the step's outputs are read, each step
+        or every few). Sampled blocks already known bad (quarantined, or lost awaiting a
+        refill) are not checked again: :meth:`check_graph` reports them, as :meth:`verify`
+        does. ``graph``: made by :meth:`decode_graph` (verifying against ``self.sums``).
+        Bad input raises HexcoreInvalidArgumentError and changes nothing.
+        """
+        self._own_graph(graph)
+        return self._graph_call(graph.step, graph, result, fork_src, fork_dst, stream)
+
+    def graph_load(self, graph, result, fork_src=None, fork_dst=None, stream=None):
+        """:meth:`graph_step` through ``graph.load``: the step's indices (sampled blocks
+        included) copied and its forks run; returns the ``DecodeStep`` whose
+        ``enqueue(layer, stream)`` an engine captures in its own graph (layer 0 carries the
+        verification, the last layer the record of the seals)."""
+        self._own_graph(graph)
+        return self._graph_call(graph.load, graph, result, fork_src, fork_dst, stream)
+
+    def _graph_call(self, call, graph, result, fork_src, fork_dst, stream):
+        ids, known = self._sample(result, self._calls + 1)
+        if ids.size > graph.max_verify_blocks:
+            raise HexcoreInvalidArgumentError(
+                f"graph: the policy samples {ids.size} blocks, more than its max_verify_blocks "
+                f"{graph.max_verify_blocks}; make the graph with a larger max_verify_blocks")
+        seals = {"seal_slots": result.seal_slots, "seal_blocks": result.seal_blocks} if result.num_sealed else {}
+        done = call(result.block_tables, result.seq_lens, result.tail_slots, fork_src=fork_src, fork_dst=fork_dst,
+                    stream=stream, verify_blocks=ids, **seals)
+        self._calls += 1  # (after the call: bad input changed nothing)
+        self._graph_known.update(known)
+        self._stats["blocks_verified"] += int(ids.size) + len(known)
+        if result.num_sealed:
+            self._mark_recorded(result.seal_blocks)
+        return done
+
+    def check_graph(self, graph, stream=None) -> None:
+        """Raise HexcoreCorruptionError (``report`` as :meth:`verify`'s) for what the graph
+        steps since the last call found: blocks whose digests differ (quarantined at once),
+        sampled blocks already known bad, overwritten canaries. Synchronises ``stream``;
+        one 8-byte read when all is well. The mismatch list holds the first 1024
+        (block, layer) pairs between two calls: call it every step or every few."""
+        self._own_graph(graph)
+        results = graph.verify_results(stream)
+        known, self._graph_known = sorted(self._graph_known), set()
+        L = self.config.num_layers
+        ids = np.unique(results.found[:, 0]).astype(np.int32)
+        out = np.zeros((ids.size, L), np.uint32)
+        out[np.searchsorted(ids, results.found[:, 0]), results.found[:, 1]] = 1
+        report = self._report(ids, out, results.guard_bad)
+        self._add_blocks(report, [b for b in known if b not in report.block_ids])
+        _raise_if_bad(report)
+
+    def try_check_graph(self, graph, stream=None) -> Status:
+        """:meth:`check_graph` returning a Status (CORRUPTED: see ``last_report``)."""
+        return _try(lambda: self.check_graph(graph, stream))
 
     # -- containment ----------------------------------------------------------------
     def migrate_sequence(self, seq_id: int, stream=None) -> dict:
@@ -360,6 +457,34 @@ class FaultTolerantKVCache:
             self._add_blocks(report, lost)
         return report, int(ids.size)
 
+    def _sample(self, result, call: int) -> tuple:
+        """(ids to check on the device, known-bad ids) of a step's tables at ``call``."""
+        from .host._step import StepResult
+
+        if not isinstance(result, StepResult):
+            raise HexcoreInvalidArgumentError(f"result: expected a StepResult, got {type(result).__name__}")
+        every = {"always": 1, "sampled": self.sample_every, "off": 0}[self.policy]
+        if not every:
+            return np.zeros(0, np.int32), []
+        self._stamp += 1
+        n = _sample_tables(result.block_tables, result.seq_lens, self.config.block_size,
+                           np.ascontiguousarray(result.seal_blocks), self._stamps, self._stamp, call, every,
+                           self._sampled)
+        ids = self._sampled[:n].copy()
+        known = np.zeros(n, bool)
+        if self.cache.num_quarantined_blocks or self._lost or self._bad:
+            known = self.cache.block_states()[ids] == BlockState.QUARANTINED
+            known |= np.isin(ids, list(self._lost) + list(self._bad))
+        return ids[~known & self.recorded[ids]], ids[known].tolist()
+
+    def _own_graph(self, graph) -> None:
+        """Raise unless ``graph`` is a DecodeGraph verifying against ``self.sums``."""
+        from .cuda.steps import DecodeGraph
+
+        if not isinstance(graph, DecodeGraph) or graph.verify_sums is not self.sums:
+            raise HexcoreInvalidArgumentError(f"graph: expected a DecodeGraph verifying against this cache's sums "
+                                              f"(FaultTolerantKVCache.decode_graph), got {type(graph).__name__}")
+
     def _tables_of(self, seq_ids) -> np.ndarray:
         """The distinct block ids of the tables of ``seq_ids`` (int32 [B] of live sequences)."""
         _step_check(seq_ids, self.cache.max_seqs)
@@ -449,6 +574,27 @@ class _FaultCollector:
             yield self.counter(PROMETHEUS_NAMES[key].removesuffix("_total"), doc, value=stats[key])
         yield self.summary("hexcore_migration_latency_seconds", "Host time of migrate_sequence calls.",
                            count_value=stats["sequences_migrated"], sum_value=stats["migration_seconds"])
+
+
+@numba.njit(cache=True)
+def _sample_tables(tables, seq_lens, block_size, exclude, stamps, stamp, call, every, out):
+    """Write into ``out`` the distinct blocks of the tables (row ``i``: its first
+    ``seq_lens[i] // block_size`` entries), not in ``exclude``, with ``(block + call) %
+    every == 0``; their count. ``stamps[b] == stamp`` marks block ``b`` as seen."""
+    for b in exclude:
+        if 0 <= b < stamps.shape[0]:
+            stamps[b] = stamp
+    n = 0
+    for i in range(seq_lens.shape[0]):
+        for j in range(min(seq_lens[i] // block_size, tables.shape[1])):
+            b = tables[i, j]
+            if b < 0 or b >= stamps.shape[0] or stamps[b] == stamp:
+                continue
+            stamps[b] = stamp
+            if (b + call) % every == 0:
+                out[n] = b
+                n += 1
+    return n
 
 
 def _step_check(ids, max_len, name: str = "seq_ids") -> None:

@@ -12,6 +12,7 @@ from hexcore.errors import (HexcoreConfigError, HexcoreCorruptionError, HexcoreI
 
 CFG = KVCacheConfig(num_layers=2, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="int4")
 BS = CFG.block_size
+CFG1 = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="fp16")  # cheap steps
 
 
 class Rig:
@@ -323,3 +324,192 @@ def test_metrics_export_in_prometheus_style(rng):
     for name in ("hexcore_corruptions_found_total 1.0", "hexcore_quarantined_blocks 1.0",
                  "hexcore_migration_latency_seconds_count 0.0"):
         assert name in text
+
+
+# -- verification inside a DecodeGraph step -------------------------------------------
+class GraphRig:
+    """Sequences prefilled to ``lens`` (eager seals, digests recorded), then decode steps
+    through a DecodeGraph: ``verify`` one made by ``ft.decode_graph`` (seals recorded and
+    sampled blocks checked inside the step), else a plain one and ``ft.record_seals``."""
+
+    def __init__(self, seed, verify, lens=(31, 20), cfg=CFG, num_q_heads=1, buckets=(2,), backend="eager",
+                 num_blocks=16, max_seqs=4, max_verify_blocks=8, **kwargs):
+        import warnings
+
+        from hexcore.cuda import DecodeGraph
+        from tests.cuda.steps.test_graph import prefill
+
+        self.rng, self.verify, self.cfg = np.random.default_rng(seed), verify, cfg
+        self.cache = PagedKVCache(cfg, num_blocks, max_seqs)
+        self.store = DeviceKVStore(cfg, num_blocks, max_seqs)
+        self.store.poison()
+        self.ft = FaultTolerantKVCache(self.cache, self.store, **kwargs)
+        self.seq_ids = []
+        for n in lens:
+            s = self.cache.add_sequence()
+            prefill(self.cache, self.store, s, n, self.rng)
+            self.ft.record(self.cache.block_table(s))
+            self.seq_ids.append(s)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the simulator runs graphs eagerly
+            if verify:
+                self.graph = self.ft.decode_graph(num_q_heads, max_verify_blocks, batch_buckets=buckets,
+                                                  backend=backend)
+            else:
+                self.graph = DecodeGraph(self.store, num_q_heads, self.cache.max_blocks_per_seq,
+                                         batch_buckets=buckets, backend=backend)
+
+    def step(self, seq_ids=None):
+        """One decode step of ``seq_ids`` (default: all) with random q, k, v; out on the host."""
+        from tests.cuda.steps.test_graph import fill, to_host
+
+        ids = np.array(self.seq_ids if seq_ids is None else seq_ids, np.int32)
+        result = self.cache.step(ids)
+        result.raise_for_status()
+        for view in self.graph.buffers(len(ids))[:3]:
+            fill(view, self.rng.standard_normal(view.shape).astype(np.float16))
+        if self.verify == "load":  # the engine path: indices loaded, then each layer enqueued
+            launches = self.ft.graph_load(self.graph, result)
+            for layer in range(self.cfg.num_layers):
+                launches.enqueue(layer)
+            out = self.graph.buffers(len(ids)).out
+        elif self.verify:
+            out = self.ft.graph_step(self.graph, result)
+        else:
+            out = self.graph.step(result.block_tables, result.seq_lens, result.tail_slots,
+                                  seal_slots=result.seal_slots, seal_blocks=result.seal_blocks)
+            self.ft.record_seals(result)
+        return to_host(out), result
+
+
+def test_graph_verification_changes_no_output_and_records_like_record_seals(seed):
+    """The same steps with verification ("always": through graph_step, and through
+    graph_load and per-layer enqueue) and without: outputs and store bytes identical; the
+    digests the graph records of its seals equal record_seals'."""
+    runs = []
+    for verify in (False, True, "load"):
+        rig = GraphRig(seed, verify, cfg=CFG1, policy="always")
+        outs = [rig.step()[0] for _ in range(2)]  # step 1 seals a's tail; step 2 verifies that block
+        if verify:
+            rig.ft.check_graph(rig.graph)  # no false alarm
+            assert rig.ft.stats()["blocks_verified"] == 2 + 3
+        runs.append((outs, rig.store.pool.copy_to_host(), rig.ft.sums.copy_to_host(), rig.ft.recorded.copy()))
+    (outs_off, pool_off, sums_off, rec_off) = runs[0]
+    assert np.isfinite(np.stack(outs_off)).all() and rec_off.sum() == 3
+    for outs_on, pool_on, sums_on, rec_on in runs[1:]:
+        for a, b in zip(outs_off, outs_on):
+            assert np.array_equal(a.view(np.uint16), b.view(np.uint16))
+        assert np.array_equal(pool_off, pool_on)
+        assert np.array_equal(rec_off, rec_on)
+        assert np.array_equal(sums_off[rec_off], sums_on[rec_on])
+
+
+def test_graph_step_finds_a_flipped_bit_in_a_sampled_block(seed):
+    rig = GraphRig(seed, True, lens=(40, 20), policy="sampled", sample_every=2)
+    cache, ft = rig.cache, rig.ft
+    a, b = rig.seq_ids
+    c = cache.fork_sequence(a)  # shares a's blocks, not in the batch
+    result = cache.step(np.array([a, b], np.int32))
+    blocks = sorted(set(cache.block_table(a).tolist() + cache.block_table(b).tolist()))
+    call = ft._calls + 1
+    assert ft.sample_step(result).tolist() == [x for x in blocks if (x + call) % 2 == 0]
+    assert ft.sample_step(result).tolist() == ft.sample_step(result).tolist()  # changes nothing
+    from tests.cuda.steps.test_graph import fill
+
+    # that step through the graph: clean
+    for view in rig.graph.buffers(2)[:3]:
+        fill(view, rig.rng.standard_normal(view.shape).astype(np.float16))
+    ft.graph_step(rig.graph, result)
+    assert ft.try_check_graph(rig.graph) is Status.OK
+    # a bit flip in a's block sampled at the next call
+    logical = next(j for j, x in enumerate(cache.block_table(a).tolist()) if (x + call + 1) % 2 == 0)
+    bad = int(cache.block_table(a)[logical])
+    ft.flip_bit("k_meta", 1, bad, 7, 5)
+    rig.step([a, b])
+    with pytest.raises(HexcoreCorruptionError, match=rf"blocks {bad} \(layers \[1\]\)") as info:
+        ft.check_graph(rig.graph)
+    span = (logical * BS, (logical + 1) * BS)
+    assert info.value.report.token_ranges == {a: [span], c: [span]}  # the fork is named too
+    assert cache.is_quarantined(bad) and ft.stats()["corruptions_found"] == 1
+    ft.check_invariants()
+    # the next calls: a canary overwrite; then the quarantined block reported when sampled again
+    ft.clobber_canary(4, 3, 7)
+    rig.step([a, b])
+    assert ft.try_check_graph(rig.graph) is Status.CORRUPTED
+    assert ft.last_report.guards == ["k_tails"] and ft.last_report.block_ids == []
+    rig.store.fill_guards()
+    rig.step([a, b])
+    assert ft.try_check_graph(rig.graph) is Status.CORRUPTED
+    assert ft.last_report.layers == {bad: [1]} and ft.stats()["corruptions_found"] == 1  # known: not re-counted
+
+
+def test_graph_verification_above_the_largest_bucket_runs_eagerly(seed):
+    rig = GraphRig(seed, True, lens=(31, 20), cfg=CFG1, buckets=(1,), policy="always")
+    bad = int(rig.cache.block_table(rig.seq_ids[1])[0])
+    rig.ft.flip_bit("v_codes", 0, bad, 130, 0)
+    rig.step()  # batch 2 > bucket 1: the eager launchers, with record and verify
+    assert rig.graph.prepared == ()
+    with pytest.raises(HexcoreCorruptionError, match=rf"seq {rig.seq_ids[1]} tokens \[0, 16\)"):
+        rig.ft.check_graph(rig.graph)
+    assert rig.ft.recorded[rig.cache.block_table(rig.seq_ids[0])].all()  # a's seal recorded by the step
+
+
+def test_graph_verification_refuses_bad_input_and_changes_nothing(seed):
+    from hexcore.cuda import DecodeGraph
+
+    rig = GraphRig(seed, True, cfg=CFG1, policy="always", max_verify_blocks=1)
+    cache, ft, store = rig.cache, rig.ft, rig.store
+    result = cache.step(np.array(rig.seq_ids, np.int32))
+    state = (store.pool.copy_to_host(), ft._calls, dict(ft.stats()), ft.recorded.copy())
+    plain = DecodeGraph(store, 1, cache.max_blocks_per_seq, batch_buckets=(2,), backend="eager")
+    other = FaultTolerantKVCache(cache, store).decode_graph(1, batch_buckets=(2,), backend="eager")
+    for graph, text in ((plain, "DecodeGraph verifying against this cache's sums"), (other, "this cache's sums"),
+                        (None, "got NoneType"), (rig.graph, "samples 2 blocks, more than its max_verify_blocks 1")):
+        with pytest.raises(HexcoreInvalidArgumentError, match=text):
+            ft.graph_step(graph, result)
+    with pytest.raises(HexcoreInvalidArgumentError, match="result: expected a StepResult, got dict"):
+        ft.graph_step(rig.graph, {})
+    with pytest.raises(HexcoreInvalidArgumentError, match="this cache's sums"):
+        ft.check_graph(plain)
+    assert ft.try_check_graph(plain) is Status.INVALID_ARGUMENT
+    with pytest.raises(HexcoreInvalidArgumentError, match="max_verify_blocks"):
+        ft.decode_graph(1, max_verify_blocks=0)
+    assert np.array_equal(store.pool.copy_to_host(), state[0])
+    assert (ft._calls, ft.stats(), ft.recorded.tolist()) == (state[1], state[2], state[3].tolist())
+    assert rig.graph.prepared == ()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", "driver"])
+@pytest.mark.parametrize("dtype", ["fp16", "int4"])
+def test_graph_verification_in_captured_graphs_gpu(dtype, backend, seed):
+    """Captured and replayed steps: outputs and store bytes identical with verification on
+    and off, record equal to record_seals, no false alarm; then a flipped bit is found by a
+    replayed graph."""
+    if backend == "torch":
+        pytest.importorskip("torch")
+    cfg = KVCacheConfig(num_layers=4, num_kv_heads=8, head_dim=128, block_size=16, kv_dtype=dtype)
+    kwargs = dict(lens=(95, 40, 300), cfg=cfg, num_q_heads=32, buckets=(4,), backend=backend, num_blocks=64,
+                  max_seqs=8, max_verify_blocks=64, policy="sampled", sample_every=3)
+    runs = []
+    for verify in (False, True):
+        rig = GraphRig(seed, verify, **kwargs)
+        outs = [rig.step()[0] for _ in range(6)]  # a seals at step 1; replays after the first step
+        if verify:
+            assert rig.graph.captured, "no graph captured"
+            rig.ft.check_graph(rig.graph)
+        runs.append((outs, rig.store.pool.copy_to_host(), rig.ft.sums.copy_to_host(), rig.ft.recorded.copy(), rig))
+    for a, b in zip(runs[0][0], runs[1][0]):
+        assert np.array_equal(a.view(np.uint16), b.view(np.uint16))
+    assert np.array_equal(runs[0][1], runs[1][1]) and np.array_equal(runs[0][3], runs[1][3])
+    assert np.array_equal(runs[0][2][runs[0][3]], runs[1][2][runs[1][3]])
+    rig = runs[1][4]
+    table = rig.cache.block_table(rig.seq_ids[2])
+    for bad in table[:3].tolist():  # each is sampled in one of the next three calls
+        rig.ft.flip_bit("v_codes", 3, bad, 1000, 1)
+    found = set()
+    for _ in range(3):
+        rig.step()
+        if rig.ft.try_check_graph(rig.graph) is Status.CORRUPTED:
+            found |= set(rig.ft.last_report.block_ids)
+    assert found == set(table[:3].tolist())

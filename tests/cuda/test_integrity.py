@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from numba import cuda
@@ -65,6 +67,44 @@ def test_record_then_verify_finds_planted_flips(rng):
     assert found == planted
     assert (delta != 0).sum() == 4  # one layer each
     assert not bad.copy_to_host().any()
+
+
+def test_verify_flags_count_and_list_mismatches_and_guard_words(rng):
+    """The optional flags: a count and a (block, layer) list of mismatches, bad guard words
+    counted, accumulated over launches until the reader clears them; off by default."""
+    cfg = config("int4", num_layers=3)
+    store = random_store(cfg, rng)
+    L = cfg.num_layers
+    ids = np.array([4, 1, 2], np.int32)
+    sums = cuda.to_device(np.zeros((5, L), np.uint32))
+    out = cuda.device_array((3, L), np.uint32)
+    bad = cuda.device_array(len(store.guard_offsets), np.uint32)
+    integrity.checksum_launch(store, ids, sums, out, bad, "record").run()
+    flags = cuda.to_device(np.zeros(2, np.uint32))
+    found = cuda.to_device(np.full((2, 2), -7, np.int32))  # room for two
+    device_ids = cuda.to_device(ids)
+    verify = integrity.prepare_checksum(store, device_ids, sums, out, bad, "verify", flags, found)
+    verify.run(0)
+    assert flags.copy_to_host().tolist() == [0, 0] and (found.copy_to_host() == -7).all()  # intact: untouched
+    planted = {(4, int(rng.integers(L))), (2, int(rng.integers(L)))}
+    for block, layer in planted:
+        integrity.flip_bits(store, "v_meta", layer, block, int(rng.integers(64)), 1 << int(rng.integers(8)))
+    integrity.clobber_guard(store, 2, 5, 1)
+    verify.run(0)
+    assert flags.copy_to_host().tolist() == [2, 1]
+    assert {tuple(r) for r in found.copy_to_host().tolist()} == planted
+    verify.run(0)  # not cleared by the kernel: counts go on, the list is full
+    assert flags.copy_to_host().tolist() == [4, 2]
+    assert {tuple(r) for r in found.copy_to_host().tolist()} == planted
+    plain = cuda.to_device(np.zeros(2, np.uint32))
+    integrity.checksum_launch(store, ids, sums, out, bad, "verify").run()  # no flags: only out and bad
+    assert (out.copy_to_host() != 0).sum() == 2 and bad.copy_to_host()[2] == 1
+    for kwargs, text in (({"flags": plain}, "both or neither"), ({"found": found}, "both or neither"),
+                         ({"flags": cuda.device_array(3, np.uint32), "found": found}, "flags: expected shape (2,)"),
+                         ({"flags": plain, "found": cuda.device_array((2, 3), np.int32)}, "found: expected shape"),
+                         ({"flags": np.zeros(2, np.uint32), "found": found}, "flags: an output must be")):
+        with pytest.raises(HexcoreInvalidArgumentError, match=re.escape(text)):
+            integrity.checksum_launch(store, ids, sums, out, bad, "verify", **kwargs)
 
 
 def test_padding_rows_are_skipped(rng):

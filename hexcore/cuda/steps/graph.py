@@ -13,6 +13,12 @@ them, and one graph launch::
     out = graph.step(result.block_tables, result.seq_lens, result.tail_slots,
                      seal_slots=result.seal_slots, seal_blocks=result.seal_blocks)
 
+With ``verify_sums`` (``FaultTolerantKVCache.sums``: the digests recorded at seal) a step
+also records the digests of the blocks it seals and verifies the blocks given as
+``verify_blocks``: two checksum launches captured with the step, ids carried in the same
+index copy, nothing read back until ``verify_results()`` (``verify.py``). Without it the
+graph is exactly what it was.
+
 The context bucket (next power of two >= the longest sequence, at least one block)
 sizes the decode grid, so B=1 at 4k does not launch the splits of 128k. A bucket
 pair's first step runs eagerly (its warm-up), then is captured; ``warmup`` captures
@@ -38,6 +44,7 @@ from ..write import append, seal
 from .capture import DriverGraph, TorchGraph, choose_backend
 from .indices import NO_IDS, Staging, StepIndices, check_step
 from .step import DecodeStep, StepBuffers
+from .verify import MAX_CAPACITY, StepVerify, VerifyResults
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MAX_BUCKETS = 64  # batch bucket sizes one graph takes (each may own buffers and graphs)
@@ -65,10 +72,16 @@ class DecodeGraph:
     ``backend``: "torch" (torch.cuda.CUDAGraph), "driver" (cuda.bindings stream
     capture), "eager" (no capture) or "auto" (torch if installed, else driver; eager on
     the simulator). Steps of one DecodeGraph must run one after another on one stream.
+    ``verify_sums``: device uint32 ``[num_blocks, L]``, the recorded digests
+    (``FaultTolerantKVCache.sums``: each step writes its seals' digests there and checks
+    its ``verify_blocks`` against them), or None (no verification); ``max_verify_blocks``:
+    block ids one step may verify (an int in [1, 2**20]; a row of that many ids in every
+    bucket's index buffer, and the captured checksum grid, are sized by it).
     """
 
     def __init__(self, store, num_q_heads: int, max_blocks_per_seq: int, batch_buckets=DEFAULT_BUCKETS,
-                 scale: float | None = None, backend: str = "auto", options: DecodeOptions | None = None):
+                 scale: float | None = None, backend: str = "auto", options: DecodeOptions | None = None,
+                 verify_sums=None, max_verify_blocks: int = 1024):
         cfg = checked_store(store).config
         num_q_heads = _positive("num_q_heads", num_q_heads)
         if num_q_heads % cfg.num_kv_heads:
@@ -88,6 +101,8 @@ class DecodeGraph:
             raise HexcoreInvalidArgumentError(f"scale: expected a positive finite number or None, got {scale!r}")
         if options is not None and not isinstance(options, DecodeOptions):
             raise HexcoreInvalidArgumentError(f"options: expected DecodeOptions, got {type(options).__name__}")
+        max_verify_blocks = _positive("max_verify_blocks", max_verify_blocks, MAX_CAPACITY)
+        verify = None if verify_sums is None else StepVerify(store, verify_sums, max_verify_blocks)
         self.store, self.num_q_heads, self.max_blocks_per_seq, self.scale = store, num_q_heads, max_blocks_per_seq, scale
         self.options = options or DEFAULT_OPTIONS
         self.batch_buckets = tuple(sorted({min(int(b), store.max_seqs) for b in batch_buckets}))
@@ -97,6 +112,25 @@ class DecodeGraph:
         self._steps: dict = {}  # (bucket, context) -> DecodeStep
         self._graphs: dict = {}  # (bucket, context) -> DriverGraph | TorchGraph
         self._workspace, self._capture_stream, self._overflow = Workspace(), None, None
+        self._verify = verify
+
+    @property
+    def verify_sums(self):
+        """The recorded digests this graph verifies against (device array), or None."""
+        return None if self._verify is None else self._verify.sums
+
+    @property
+    def max_verify_blocks(self) -> int:
+        """Block ids one step may verify; 0 without verification."""
+        return 0 if self._verify is None else self._verify.capacity
+
+    def verify_results(self, stream=None) -> VerifyResults:
+        """What the verifications of the steps since the last call found, once the work
+        queued on ``stream`` is done (synchronises; one 8-byte read when all is well), and
+        clears it. HexcoreInvalidArgumentError for a graph made without ``verify_sums``."""
+        if self._verify is None:
+            raise HexcoreInvalidArgumentError("verify_results: this DecodeGraph was made without verify_sums")
+        return self._verify.read(self._resolve(stream))
 
     @property
     def captured(self) -> tuple:
@@ -126,7 +160,7 @@ class DecodeGraph:
         return self._bucket(batch).views(batch)
 
     def step(self, block_tables, seq_lens, tail_slots, positions=None, seal_slots=None, seal_blocks=None,
-             fork_src=None, fork_dst=None, stream=None):
+             fork_src=None, fork_dst=None, stream=None, verify_blocks=None):
         """One decode step: fork copies, append, seal, then attention for every layer.
 
         Parameters (host numpy int32, as ``PagedKVCache.step`` gives them)
@@ -140,12 +174,16 @@ class DecodeGraph:
             this step).
         stream : numba or torch stream; default torch's current stream under torch,
             else the default stream.
+        verify_blocks : ``[n]`` sealed, recorded block ids to verify against
+            ``verify_sums`` (n <= ``max_verify_blocks``; not this step's ``seal_blocks``,
+            whose digests are not recorded yet); only on a graph made with ``verify_sums``.
+            Read the outcome with :meth:`verify_results`.
 
         Returns ``out`` of ``buffers(B)``. Bad input raises HexcoreInvalidArgumentError
         before anything is enqueued.
         """
-        indices = check_step(self.store, self.max_blocks_per_seq, block_tables, seq_lens, tail_slots, positions,
-                             seal_slots, seal_blocks, fork_src, fork_dst)
+        indices = self._checked(block_tables, seq_lens, tail_slots, positions, seal_slots, seal_blocks, fork_src,
+                                fork_dst, verify_blocks)
         batch = indices.seq_lens.shape[0]
         resolved = self._resolve(stream)
         if batch > self.batch_buckets[-1]:
@@ -153,7 +191,9 @@ class DecodeGraph:
         launches = self._load(indices, resolved)
         graph = self._graphs.get(launches.key)
         if graph is None:  # eager, and the warm-up of a capture (which must launch everything)
-            launches.enqueue_all(resolved.numba, indices.seal_slots.shape[0] if self.backend == "eager" else None)
+            eager = self.backend == "eager"
+            launches.enqueue_all(resolved.numba, indices.seal_slots.shape[0] if eager else None,
+                                 indices.verify_blocks.shape[0] if eager else None)
             if self.backend != "eager":
                 self._graphs[launches.key] = self._capture(launches)
         elif self.backend == "driver":
@@ -166,13 +206,13 @@ class DecodeGraph:
         return self._buckets[launches.key[0]].views(batch).out
 
     def load(self, block_tables, seq_lens, tail_slots, positions=None, seal_slots=None, seal_blocks=None,
-             fork_src=None, fork_dst=None, stream=None) -> DecodeStep:
+             fork_src=None, fork_dst=None, stream=None, verify_blocks=None) -> DecodeStep:
         """``step`` without the attention: copy the step's index arrays into its bucket's
         buffer and run its fork copies on ``stream``; returns the :class:`DecodeStep`
         whose ``enqueue(layer, stream)`` an engine captures in its own graph (one per
         ``key``). Same parameters as ``step``; batches above the largest bucket raise."""
-        indices = check_step(self.store, self.max_blocks_per_seq, block_tables, seq_lens, tail_slots, positions,
-                             seal_slots, seal_blocks, fork_src, fork_dst)
+        indices = self._checked(block_tables, seq_lens, tail_slots, positions, seal_slots, seal_blocks, fork_src,
+                                fork_dst, verify_blocks)
         batch = indices.seq_lens.shape[0]
         if batch > self.batch_buckets[-1]:
             raise HexcoreInvalidArgumentError(f"seq_lens: batch {batch} exceeds the largest bucket "
@@ -198,6 +238,17 @@ class DecodeGraph:
         return launches.key
 
     # -- internals ------------------------------------------------------------------
+    def _checked(self, block_tables, seq_lens, tail_slots, positions, seal_slots, seal_blocks, fork_src, fork_dst,
+                 verify_blocks) -> StepIndices:
+        if verify_blocks is not None and self._verify is None:
+            raise HexcoreInvalidArgumentError("verify_blocks: this DecodeGraph was made without verify_sums")
+        indices = check_step(self.store, self.max_blocks_per_seq, block_tables, seq_lens, tail_slots, positions,
+                             seal_slots, seal_blocks, fork_src, fork_dst, verify_blocks)
+        if indices.verify_blocks.shape[0] > self.max_verify_blocks:
+            raise HexcoreInvalidArgumentError(f"verify_blocks: {indices.verify_blocks.shape[0]} ids exceed "
+                                              f"max_verify_blocks {self.max_verify_blocks}")
+        return indices
+
     def _bucket(self, batch: int):
         size = self.batch_buckets[bisect.bisect_left(self.batch_buckets, batch)]
         bucket = self._buckets.get(size)
@@ -249,7 +300,7 @@ class DecodeGraph:
 
     def _eager_step(self, indices: StepIndices, resolved):
         # a batch above the largest bucket: the eager launchers, on exact-size buffers
-        tables, seq_lens, tail_slots, seal_slots, seal_blocks, fork_src, fork_dst, _ = indices
+        tables, seq_lens, tail_slots, seal_slots, seal_blocks, fork_src, fork_dst, _, verify_blocks = indices
         (q, k, v, out), views = self._overflow_buffers(seq_lens.shape[0])
         store, block_size = self.store, self.store.config.block_size
         if fork_src.shape[0]:
@@ -257,6 +308,8 @@ class DecodeGraph:
         append(store, k, v, tail_slots, ((seq_lens - 1) % block_size).astype(np.int32), stream=resolved)
         if seal_slots.shape[0]:
             seal(store, seal_slots, seal_blocks, stream=resolved)
+        if self._verify is not None:
+            self._verify.run_eager(seal_blocks, verify_blocks, resolved)
         for layer in range(store.config.num_layers):
             paged_decode(q[layer], store, layer, tables, seq_lens, tail_slots, out=out[layer], scale=self.scale,
                          stream=resolved, options=self.options)
@@ -268,8 +321,8 @@ class _Bucket:
 
     def __init__(self, graph: DecodeGraph, size: int):
         self.size = size
-        self.buffers = b = StepBuffers(graph.store, graph.num_q_heads, size, graph.max_blocks_per_seq)
-        self.staging = Staging(b.index, graph.store.config.block_size)
+        self.buffers = b = StepBuffers(graph.store, graph.num_q_heads, size, graph.max_blocks_per_seq, graph._verify)
+        self.staging = Staging(b.index, graph.store.config.block_size, graph.max_verify_blocks)
         self.arrays = _as_views(graph, StepViews(b.q, b.k, b.v, b.out))
         self._views: dict = {}
 

@@ -38,11 +38,13 @@ class StepIndices(NamedTuple):
     fork_src: np.ndarray
     fork_dst: np.ndarray
     longest: int
+    verify_blocks: np.ndarray = NO_IDS
 
 
 def check_step(store, max_blocks_per_seq: int, block_tables, seq_lens, tail_slots, positions=None, seal_slots=None,
-               seal_blocks=None, fork_src=None, fork_dst=None) -> StepIndices:
-    """Validate a step's host index arrays (see ``DecodeGraph.step``); None means none."""
+               seal_blocks=None, fork_src=None, fork_dst=None, verify_blocks=None) -> StepIndices:
+    """Validate a step's host index arrays (see ``DecodeGraph.step``); None means none.
+    ``verify_blocks``: int32 ``[n]`` ids in ``[0, num_blocks)`` (repeats allowed)."""
     store = checked_store(store)
     max_blocks_per_seq = as_int("max_blocks_per_seq", max_blocks_per_seq, 1, 2**31 - 1)
     seq_lens = _ids("seq_lens", seq_lens, None)
@@ -69,15 +71,21 @@ def check_step(store, max_blocks_per_seq: int, block_tables, seq_lens, tail_slot
                                           store.num_blocks, store.max_seqs, max_len)
     if which != -1:
         raise _bad_entry(store, which, i, j, kind, tables, rows, max_len)
-    return StepIndices(tables, seq_lens, tail_slots, seal_slots, seal_blocks, fork_src, fork_dst, int(longest))
+    verify_blocks = NO_IDS if verify_blocks is None else _ids("verify_blocks", verify_blocks, None)
+    i = _first_outside(verify_blocks, store.num_blocks)
+    if i >= 0:
+        raise HexcoreInvalidArgumentError(f"verify_blocks[{i}] = {verify_blocks[i]} is outside "
+                                          f"[0, {store.num_blocks})")
+    return StepIndices(tables, seq_lens, tail_slots, seal_slots, seal_blocks, fork_src, fork_dst, int(longest),
+                       verify_blocks)
 
 
 class Staging:
     """Two pinned host buffers shaped like ``index`` (a bucket's device index buffer),
     each with an event recorded after the copy that reads it."""
 
-    def __init__(self, index, block_size: int):
-        self.index, self.block_size = index, block_size
+    def __init__(self, index, block_size: int, verify_capacity: int = 0):
+        self.index, self.block_size, self.verify_capacity = index, block_size, verify_capacity
         self._stages = [cuda.pinned_array(index.shape[0], np.int32) for _ in range(2)]
         self._addresses = [stage.ctypes.data for stage in self._stages]
         self._turn = 0
@@ -98,7 +106,8 @@ class Staging:
         if not SIMULATOR:  # the copy that last read this buffer must be done
             check(self._wait(self._events[self._turn].handle), "cuEventSynchronize")
         count = pack(stage, bucket, width, step.block_tables, step.seq_lens, step.tail_slots, step.seal_slots,
-                     step.seal_blocks, step.fork_src, step.fork_dst, self.block_size)
+                     step.seal_blocks, step.fork_src, step.fork_dst, step.verify_blocks, self.verify_capacity,
+                     self.block_size)
         if SIMULATOR:
             self.index[:count].copy_to_device(stage[:count])
         else:
@@ -207,10 +216,10 @@ def _first_repeat(ids):
 
 @numba.njit(cache=True)
 def pack(staging, bucket, width, tables, seq_lens, tail_slots, seal_slots, seal_blocks, fork_src, fork_dst,
-         block_size):
-    """Write a checked step into ``staging`` in the index buffer's layout, padded;
-    returns the number of int32 entries the device needs (table rows past the batch
-    are not read, so not copied)."""
+         verify_blocks, verify_capacity, block_size):
+    """Write a checked step into ``staging`` in the index buffer's layout, padded (the
+    ``verify_capacity`` verify rows only when it is not 0); returns the number of int32
+    entries the device needs (table rows past the batch are not read, so not copied)."""
     batch = seq_lens.shape[0]
     for b in range(bucket):
         real = b < batch
@@ -221,7 +230,8 @@ def pack(staging, bucket, width, tables, seq_lens, tail_slots, seal_slots, seal_
     _pack_ids(staging, SEAL_BLOCKS * bucket, bucket, seal_blocks)
     _pack_ids(staging, FORK_SRC * bucket, bucket, fork_src)
     _pack_ids(staging, FORK_DST * bucket, bucket, fork_dst)
-    base = TABLES_ROW * bucket
+    _pack_ids(staging, TABLES_ROW * bucket, verify_capacity, verify_blocks)
+    base = TABLES_ROW * bucket + verify_capacity
     for b in range(batch):
         for j in range(seq_lens[b] // block_size):
             staging[base + b * width + j] = tables[b, j]

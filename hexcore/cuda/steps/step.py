@@ -5,12 +5,15 @@ A bucket of ``Bb`` rows owns these device buffers (L layers)::
     q, out : float16 [L, Bb, num_q_heads, D]        k, v : float16 [L, Bb, H, D]
     index  : int32, one buffer, read by every launch of a step:
         seq_lens | tail_slots | positions | seal_slots | seal_blocks | fork_src | fork_dst
-        (each [Bb]), then block_tables [Bb, width] (width = sealed blocks of the context bucket)
+        (each [Bb]), then, only with in-step verification, verify_blocks [C] (C: the
+        ``StepVerify`` capacity), then block_tables [Bb, width] (width = sealed blocks of
+        the context bucket)
 
 Rows past the batch are padding: seq_len 0 (the decode writes zeros), slot and block
-ids -1 (append, seal and copy skip them). Every launch is a :class:`PreparedLaunch`
-made once, so ``enqueue`` and ``enqueue_all`` are capture-safe: no allocation, no
-synchronisation, no device-to-host read.
+ids -1 (append, seal, copy and checksum skip them). Without verification the buffer and
+the step's launches are exactly those of a graph that never heard of it. Every launch
+is a :class:`PreparedLaunch` made once, so ``enqueue`` and ``enqueue_all`` are
+capture-safe: no allocation, no synchronisation, no device-to-host read.
 """
 
 from __future__ import annotations
@@ -37,28 +40,50 @@ class StepBuffers:
     """The static device buffers of one batch bucket (see the module docstring).
 
     Attributes: ``q``, ``k``, ``v``, ``out`` (numba device arrays), ``index`` (the int32
-    buffer), ``rows`` (name -> its ``[Bb]`` view), ``bucket`` (Bb).
+    buffer), ``rows`` (name -> its ``[Bb]`` view), ``bucket`` (Bb), ``verify`` (the
+    graph's ``StepVerify`` or None), ``verify_ids`` (its ``[C]`` row of ``index``, or
+    None), ``tables_at`` (where the block tables start in ``index``).
     """
 
-    def __init__(self, store, num_q_heads: int, bucket: int, max_blocks_per_seq: int):
+    def __init__(self, store, num_q_heads: int, bucket: int, max_blocks_per_seq: int, verify=None):
         cfg = store.config
         L, H, D = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
-        self.store, self.bucket, self.max_blocks_per_seq = store, bucket, max_blocks_per_seq
+        self.store, self.bucket, self.max_blocks_per_seq, self.verify = store, bucket, max_blocks_per_seq, verify
+        capacity = 0 if verify is None else verify.capacity
+        self.tables_at = TABLES_ROW * bucket + capacity
         self.q = cuda.to_device(np.zeros((L, bucket, num_q_heads, D), np.float16))
         self.out = cuda.to_device(np.zeros((L, bucket, num_q_heads, D), np.float16))
         self.k = cuda.to_device(np.zeros((L, bucket, H, D), np.float16))
         self.v = cuda.to_device(np.zeros((L, bucket, H, D), np.float16))
-        host = np.full(TABLES_ROW * bucket + bucket * max_blocks_per_seq, -1, np.int32)
+        host = np.full(self.tables_at + bucket * max_blocks_per_seq, -1, np.int32)
         for i, value in enumerate(PADDING):
             host[i * bucket:(i + 1) * bucket] = value
         self.index = cuda.to_device(host)  # all padding until the first step is loaded
         self.rows = {name: self.index[i * bucket:(i + 1) * bucket] for i, name in enumerate(ROWS)}
+        self.verify_ids = self.index[TABLES_ROW * bucket:self.tables_at] if capacity else None
         self._launches: dict = {}
 
     def tables(self, width: int):
         """The ``[Bb, width]`` block-table view of the index buffer."""
-        base = TABLES_ROW * self.bucket
+        base = self.tables_at
         return self.index[base:base + self.bucket * width].reshape(self.bucket, width)
+
+    def record_launch(self, count: int) -> PreparedLaunch:
+        """The checksum RECORD launch of the first ``count`` seal rows (their digests into
+        the verification's sums), made once; a graph records all ``bucket`` rows."""
+        key = ("record", count)
+        if key not in self._launches:
+            out = cuda.device_array((count, self.store.config.num_layers), np.uint32)
+            self._launches[key] = self.verify.prepare_record(self.rows["seal_blocks"][:count], out)
+        return self._launches[key]
+
+    def verify_launch(self, count: int) -> PreparedLaunch:
+        """The checksum VERIFY launch of the first ``count`` verify rows, made once (a graph
+        verifies all ``C`` rows: padding rows are skipped by the kernel)."""
+        key = ("verify", count)
+        if key not in self._launches:
+            self._launches[key] = self.verify.prepare(self.verify_ids[:count])
+        return self._launches[key]
 
     def fork(self, count: int) -> PreparedLaunch:
         """The tail copy of the first ``count`` fork rows (fork_src -> fork_dst), made once."""
@@ -97,6 +122,9 @@ class DecodeStep:
         rows = buffers.rows
         self._append = prepare_append(store, buffers.k, buffers.v, rows["tail_slots"], rows["positions"])
         self._seal = buffers.seal(buffers.bucket)
+        verify = buffers.verify is not None
+        self._record = buffers.record_launch(buffers.bucket) if verify else None
+        self._verify = buffers.verify_launch(buffers.verify.capacity) if verify else None
         self._decode = []
         for layer in range(cfg.num_layers):
             launch, _ = decode_launch(buffers.q[layer], store, layer, self.block_tables, rows["seq_lens"],
@@ -104,15 +132,26 @@ class DecodeStep:
             self._decode.append(launch.prepare(options.launch_path))
         self._layers: dict = {}
 
-    def enqueue_all(self, stream=0, num_seals: int | None = None) -> None:
+    def enqueue_all(self, stream=0, num_seals: int | None = None, num_verify: int | None = None) -> None:
         """Enqueue the whole step on ``stream``: append and seal for every layer (one
-        launch each), then one decode launch per layer. Capture-safe. ``num_seals`` (an
-        eager step) seals only that many rows, none when 0; None seals the bucket's."""
+        launch each), with a ``StepVerify`` the record of the seals' digests and the
+        verification (a checksum launch each), then one decode launch per layer.
+        Capture-safe. ``num_seals`` and ``num_verify`` (an eager step) launch over only
+        that many rows, not at all when 0; None: the bucket's."""
         self._append.run(stream)
         if num_seals is None:
             self._seal.run(stream)
+            if self._record is not None:
+                self._record.run(stream)
         elif num_seals:
             self.buffers.seal(num_seals).run(stream)
+            if self._record is not None:
+                self.buffers.record_launch(num_seals).run(stream)
+        if self._verify is not None:
+            if num_verify is None:
+                self._verify.run(stream)
+            elif num_verify:
+                self.buffers.verify_launch(num_verify).run(stream)
         for launch in self._decode:
             launch.run(stream)
 
@@ -121,7 +160,9 @@ class DecodeStep:
 
         For an engine that captures hexcore inside its own model graph: call it once per
         layer after writing ``buffers.k[layer]``, ``buffers.v[layer]`` and
-        ``buffers.q[layer]``; the output lands in ``buffers.out[layer]``. Capture-safe
+        ``buffers.q[layer]``; the output lands in ``buffers.out[layer]``. With a verifying
+        graph, layer 0 also runs the verification (of all layers) and the last layer,
+        after its seal, the record of the sealed blocks' digests. Capture-safe
         once a layer has run: its first call prepares (and loads) its kernels, so run a
         step eagerly before capturing, as every CUDA graph capture needs.
         """
@@ -132,6 +173,11 @@ class DecodeStep:
             rows, b = self.buffers.rows, self.buffers
             launches = self._layers[layer] = [
                 prepare_append(self.store, b.k[layer], b.v[layer], rows["tail_slots"], rows["positions"], layer),
-                b.seal(b.bucket, layer), self._decode[layer]]
+                b.seal(b.bucket, layer)]
+            if layer == len(self._decode) - 1 and self._record is not None:
+                launches.append(self._record)  # every layer of the seals is sealed by now
+            if layer == 0 and self._verify is not None:
+                launches.append(self._verify)
+            launches.append(self._decode[layer])
         for launch in launches:
             launch.run(stream)

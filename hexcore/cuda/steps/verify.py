@@ -1,11 +1,13 @@
-"""Checksum verification riding inside a decode step: one captured launch, flags read later.
+"""Checksum verification riding inside a decode step: captured launches, flags read later.
 
 A :class:`StepVerify` belongs to one ``DecodeGraph`` made with ``verify_sums``. Each batch
 bucket's index buffer then holds a row of ``capacity`` block ids (``StepBuffers``), which
-a step's ``verify_blocks`` fill (-1 padding after them). The step runs one ``VERIFY``
-checksum launch over that row (``hexcore.cuda.integrity``) between its seal and its
-first decode; the launch is a ``PreparedLaunch``, so it is captured with the step and
-costs no launch of its own. Nothing is read back then: the kernel counts mismatches and
+a step's ``verify_blocks`` fill (-1 padding after them). After its seal, the step runs a
+``RECORD`` checksum launch over its ``seal_blocks`` row (the digests of the blocks it
+sealed go into ``sums``: no separate ``record_seals`` launch), then one ``VERIFY`` launch
+over the verify row (``hexcore.cuda.integrity``), then its decodes. Both are prepared
+launches (``PreparedLaunch``), captured with the step: no launch of their own from the
+host. Nothing is read back then: the kernel counts mismatches and
 bad guard words into ``flags`` and lists the first ``FOUND`` mismatches as (block, layer)
 in ``found``; :meth:`StepVerify.read` (``DecodeGraph.verify_results``) reads the two
 counts, and the list and guard counts only when a count is not zero, then clears them.
@@ -67,10 +69,10 @@ class StepVerify:
     def __init__(self, store, sums, capacity: int):
         cfg = store.config
         self.store, self.capacity = store, capacity
-        self.sums = checked(sums, "verify_sums", np.uint32, (store.num_blocks, cfg.num_layers))
         if isinstance(sums, np.ndarray):
             raise HexcoreInvalidArgumentError("verify_sums: expected a device array (the recorded digests), "
                                               "got a host numpy array")
+        self.sums = checked(sums, "verify_sums", np.uint32, (store.num_blocks, cfg.num_layers), output=False)
         self.out = cuda.device_array((capacity, cfg.num_layers), np.uint32)
         self.flags = cuda.to_device(np.zeros(2, np.uint32))
         self.found = cuda.to_device(np.full((FOUND, 2), -1, np.int32))
@@ -82,11 +84,21 @@ class StepVerify:
         return prepare_checksum(self.store, block_ids, self.sums, self.out[:n], self.guard_bad, "verify",
                                 self.flags, self.found)
 
-    def run_eager(self, block_ids: np.ndarray, stream) -> None:
-        """The same launch over host ids (a batch above the largest bucket)."""
-        n = block_ids.shape[0]
+    def prepare_record(self, seal_blocks, out) -> PreparedLaunch:
+        """The capture-safe RECORD launch of a step's sealed blocks (a device int32 row,
+        -1 padding): ``sums[block] = digest``, after the step's seal; ``out``: uint32
+        ``[len(seal_blocks), L]`` scratch."""
+        return prepare_checksum(self.store, seal_blocks, self.sums, out, self.guard_bad, "record")
+
+    def run_eager(self, seal_blocks: np.ndarray, verify_blocks: np.ndarray, stream) -> None:
+        """Both launches over host ids (a batch above the largest bucket)."""
+        n, L = seal_blocks.shape[0], self.store.config.num_layers
         if n:
-            checksum_launch(self.store, block_ids, self.sums, self.out[:n], self.guard_bad, "verify", self.flags,
+            out = cuda.device_array((n, L), np.uint32)
+            checksum_launch(self.store, seal_blocks, self.sums, out, self.guard_bad, "record").run(stream)
+        n = verify_blocks.shape[0]
+        if n:
+            checksum_launch(self.store, verify_blocks, self.sums, self.out[:n], self.guard_bad, "verify", self.flags,
                             self.found).run(stream)
 
     def read(self, stream) -> VerifyResults:
