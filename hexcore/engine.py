@@ -38,12 +38,13 @@ import numpy as np
 
 from ._checks import as_int
 from .config import KVCacheConfig
-from .errors import HexcoreInvalidArgumentError, Status, raise_for_status
+from .errors import HexcoreConfigError, HexcoreInvalidArgumentError, Status, raise_for_status
 from .host import PagedKVCache
 from .host.prefix import DEFAULT_PRIORITY, as_tokens
 from .host.speculative import SpeculativeAllocator, next_sealers
 
 SPECULATIVE_OPTIONS = ("ring", "capacity", "reserve_floor", "max_reserved")  # SpeculativeAllocator's keywords
+FAULT_OPTIONS = ("policy", "sample_every", "scrub_blocks", "metrics", "max_verify_blocks")  # fault_tolerance's
 
 
 class Engine:
@@ -63,25 +64,40 @@ class Engine:
         step (``engine.speculative``, a :class:`~hexcore.host.SpeculativeAllocator`), or a
         dict of its options (``ring``, ``capacity``, ``reserve_floor``, ``max_reserved``);
         ``False`` (the default): no reservations, ``engine.speculative`` is None.
+    fault_tolerance : ``True`` or a dict of :class:`~hexcore.FaultTolerantKVCache` options
+        (``policy``, ``sample_every``, ``scrub_blocks``, ``metrics``) and the graph's
+        ``max_verify_blocks`` (default 1024): ``engine.faults`` records every seal's digest
+        and each step checks the policy's sample of its blocks inside the step's launches
+        (``FaultTolerantKVCache.graph_step``); :meth:`check` reads the outcome. ``False``
+        (the default): ``engine.faults`` is None and the steps are unchanged.
     """
 
     def __init__(self, config: KVCacheConfig, num_blocks: int, max_seqs: int, num_q_heads: int, *,
                  max_seq_len: int | None = None, batch_buckets=None, backend: str = "auto",
                  scale: float | None = None, options=None, metrics=None, prefix_cache: bool = False,
-                 speculative: bool | dict = False):
+                 speculative: bool | dict = False, fault_tolerance: bool | dict = False):
         from .cuda import DecodeGraph, DeviceKVStore
         from .cuda.steps.graph import DEFAULT_BUCKETS
 
-        speculative = _speculative_options(speculative)
+        speculative = _options("speculative", speculative, SPECULATIVE_OPTIONS, "SpeculativeAllocator")
+        faults = _options("fault_tolerance", fault_tolerance, FAULT_OPTIONS, "FaultTolerantKVCache")
         self.cache = PagedKVCache(config, num_blocks, max_seqs, metrics, max_seq_len=max_seq_len,
                                   prefix_cache=prefix_cache)
         # the speculative allocator (None when off): every allocating call goes through it, so it counts
         self.speculative = None if speculative is None else SpeculativeAllocator(self.cache, **speculative)
         self._owner = self.cache if self.speculative is None else self.speculative
         self.store = DeviceKVStore(config, num_blocks, max_seqs)
-        self.graph = DecodeGraph(self.store, num_q_heads, self.cache.max_blocks_per_seq,
-                                 batch_buckets=DEFAULT_BUCKETS if batch_buckets is None else batch_buckets,
-                                 scale=scale, backend=backend, options=options)
+        graph_options = dict(batch_buckets=DEFAULT_BUCKETS if batch_buckets is None else batch_buckets, scale=scale,
+                             backend=backend, options=options)
+        self.faults = None
+        if faults is None:
+            self.graph = DecodeGraph(self.store, num_q_heads, self.cache.max_blocks_per_seq, **graph_options)
+        else:
+            from .fault import FaultTolerantKVCache
+
+            max_verify = faults.pop("max_verify_blocks", 1024)
+            self.faults = FaultTolerantKVCache(self.cache, self.store, **faults)
+            self.graph = self.faults.decode_graph(num_q_heads, max_verify, **graph_options)
         self.config, self.num_q_heads, self.scale = config, num_q_heads, scale
         self._forks: list = []  # (parent, child) tail copies not yet made
 
@@ -162,7 +178,10 @@ class Engine:
                    stream=stream, rows=(done, take))
             done += take
             if pos + take == bs:
-                seal(self.store, np.array([seq_id], np.int32), np.array([blocks[sealed]], np.int32), stream=stream)
+                block = np.array([blocks[sealed]], np.int32)
+                seal(self.store, np.array([seq_id], np.int32), block, stream=stream)
+                if self.faults is not None:
+                    self.faults.record(block, stream)  # its digest, for the steps' checks
                 sealed += 1
 
     def prefill_attention(self, seq_id: int, layer: int, q, k, v, out=None, backend: str = "auto", stream=None):
@@ -186,6 +205,15 @@ class Engine:
     def buffers(self, batch: int):
         """The (q, k, v, out) views of a step of ``batch`` sequences (fill them before running)."""
         return self.graph.buffers(batch)
+
+    def check(self, stream=None) -> None:
+        """Raise HexcoreCorruptionError for what the steps since the last call found (with
+        ``fault_tolerance``: ``FaultTolerantKVCache.check_graph``; synchronises ``stream``,
+        one 8-byte read when all is well). Without ``fault_tolerance`` it raises
+        HexcoreConfigError: there is nothing to check."""
+        if self.faults is None:
+            raise HexcoreConfigError("check: this Engine was built without fault_tolerance")
+        self.faults.check_graph(self.graph, stream)
 
     def step(self, seq_ids, tokens=None) -> "EngineStep":
         """One decode step for ``seq_ids`` (each grows by one token): the block manager's part.
@@ -291,6 +319,10 @@ class EngineStep:
         if self._loaded is not None:
             raise HexcoreInvalidArgumentError("run: this step was already loaded by attend()")
         self._loaded = True
+        faults = self.engine.faults
+        if faults is not None:  # the same step, with its sample verified and its seals recorded
+            i = self._indices()
+            return faults.graph_step(self.engine.graph, self.result, i["fork_src"], i["fork_dst"], stream)
         return self.engine.graph.step(**self._indices(), stream=stream)
 
     def attend(self, layer: int, stream=None):
@@ -299,24 +331,29 @@ class EngineStep:
         if self._loaded is True:
             raise HexcoreInvalidArgumentError("attend: this step already ran whole")
         if self._loaded is None:
-            self._loaded = self.engine.graph.load(**self._indices(), stream=stream)
+            faults = self.engine.faults
+            if faults is not None:  # layer 0 carries the verification, the last layer the seals' record
+                i = self._indices()
+                self._loaded = faults.graph_load(self.engine.graph, self.result, i["fork_src"], i["fork_dst"], stream)
+            else:
+                self._loaded = self.engine.graph.load(**self._indices(), stream=stream)
         self._loaded.enqueue(layer, self.engine.graph._resolve(stream).numba)
         return self.buffers.out[layer]
 
 
-def _speculative_options(speculative) -> dict | None:
-    """``Engine(speculative=...)`` as SpeculativeAllocator keywords (None: off); anything but
-    a bool or a dict of its options raises HexcoreInvalidArgumentError naming it."""
-    if isinstance(speculative, (bool, np.bool_)):
-        return {} if speculative else None
-    if not isinstance(speculative, dict):
-        raise HexcoreInvalidArgumentError(f"speculative: expected True, False or a dict of SpeculativeAllocator "
-                                          f"options, got {speculative!r}")
-    unknown = sorted(str(key) for key in speculative if key not in SPECULATIVE_OPTIONS)
+def _options(name: str, value, allowed: tuple, owner: str) -> dict | None:
+    """``Engine(name=value)`` for an optional part: True -> {} (its defaults), False -> None
+    (off), a dict of ``allowed`` keywords -> a copy; anything else raises
+    HexcoreInvalidArgumentError naming ``name`` and the value."""
+    if isinstance(value, (bool, np.bool_)):
+        return {} if value else None
+    if not isinstance(value, dict):
+        raise HexcoreInvalidArgumentError(f"{name}: expected True, False or a dict of {owner} options, "
+                                          f"got {value!r}")
+    unknown = sorted(str(key) for key in value if key not in allowed)
     if unknown:
-        raise HexcoreInvalidArgumentError(f"speculative: unknown option(s) {unknown}; expected some of "
-                                          f"{list(SPECULATIVE_OPTIONS)}")
-    return dict(speculative)
+        raise HexcoreInvalidArgumentError(f"{name}: unknown option(s) {unknown}; expected some of {list(allowed)}")
+    return dict(value)
 
 
 def _rows(k, v, config: KVCacheConfig) -> int:

@@ -230,6 +230,52 @@ def test_bad_speculative_values_raise_typed_errors(value, text):
         make_engine(layers=1, speculative=value)
 
 
+@pytest.mark.parametrize("per_layer", [False, True], ids=["whole", "per-layer"])
+def test_fault_tolerance_changes_no_output_and_finds_a_flipped_bit(per_layer, seed):
+    """The same prefill and steps with fault tolerance off and on (every block verified in
+    each step): bit-identical outputs, both checked against the reference, no false alarm;
+    then one flipped bit of a sealed block is reported by ``check`` after the next step,
+    naming the block and the sequence's token range, and the block is quarantined."""
+    from hexcore import HexcoreConfigError, HexcoreCorruptionError
+
+    runs = {}
+    for faults in (False, {"policy": "always", "max_verify_blocks": 8}):
+        engine, mirror, rng = make_engine("int4", fault_tolerance=faults), Mirror(), np.random.default_rng(seed)
+        seqs = [engine.add(), engine.add()]
+        for seq, n in zip(seqs, (40, 17)):
+            k, v = random_kv(rng, engine, n)
+            engine.prefill(seq, k, v)
+            mirror.add(seq, k, v)
+        runs[bool(faults)] = engine, seqs, run_steps(engine, mirror, seqs, rng, 1, per_layer)
+    (off, _, out_off), (on, seqs, out_on) = runs[False], runs[True]
+    assert all(np.array_equal(a, b) for a, b in zip(out_on, out_off))
+    assert off.faults is None
+    with pytest.raises(HexcoreConfigError, match="without fault_tolerance"):
+        off.check()
+    on.check()  # a clean step: no false alarm
+    assert on.faults.stats()["blocks_verified"] > 0
+    bad = int(on.cache.block_table(seqs[0])[1])
+    on.faults.flip_bit("k_codes", 1, bad, 3, 2)
+    step = on.step(seqs)
+    step.write(*(np.zeros(view.shape, np.float16) for view in step.buffers[:3]))
+    if per_layer:
+        for layer in range(on.config.num_layers):
+            step.attend(layer)
+    else:
+        step.run()
+    with pytest.raises(HexcoreCorruptionError, match=rf"blocks {bad} \(layers \[1\]\)") as info:
+        on.check()
+    assert info.value.report.token_ranges == {seqs[0]: [(16, 32)]}
+    assert on.cache.is_quarantined(bad)
+
+
+@pytest.mark.parametrize("value,text", [("yes", "fault_tolerance: expected True, False"), (1, "got 1"),
+                                        ({"bogus": 1}, r"unknown option\(s\) \['bogus'\]")])
+def test_bad_fault_tolerance_values_raise_typed_errors(value, text):
+    with pytest.raises(HexcoreInvalidArgumentError, match=text):
+        make_engine(layers=1, fault_tolerance=value)
+
+
 def test_a_step_runs_once():
     engine = make_engine()
     a = engine.add()
