@@ -1,5 +1,6 @@
 """Hostile values into the entry points added in the third session (pass 4): the block
-manager's quarantine and migration edits, each with the prefix cache off and on. Prints
+manager's quarantine, migration and truncation edits and seq_lens, each with the prefix
+cache off and on, and the Engine's speculative / fault_tolerance options. Prints
 every call that ended in anything but a typed error, and every call that raised but left
 the block manager's state changed or its invariants broken.
 NUMBA_ENABLE_CUDASIM=1 python fuzz/probes/api_pass_4.py"""
@@ -7,6 +8,7 @@ import numpy as np
 
 from _probe import RAW, report, t
 from hexcore import KVCacheConfig, PagedKVCache
+from hexcore.engine import Engine
 
 H = [None, True, 1.5, float("nan"), -1, 10**30, "3", [1], object(), np.array([1]), np.zeros((2, 2)),
      np.int64(2), np.uint8(1), 7, 10**6]
@@ -49,7 +51,26 @@ for prefix in (False, True):
         c = fresh(prefix)
         t(f"replace_blocks(seq={h!r}, prefix={prefix})",
           lambda: unchanged("replace_blocks", c, lambda: c.replace_blocks(h, np.array([5, 6, 7], np.int32))))
+        c = fresh(prefix)
+        t(f"truncate_sequence(0, {h!r}, prefix={prefix})",
+          lambda: unchanged("truncate_sequence", c, lambda: c.truncate_sequence(0, h)))
+        c = fresh(prefix)
+        t(f"truncate_sequence({h!r}, 32, prefix={prefix})",
+          lambda: unchanged("truncate_sequence", c, lambda: c.truncate_sequence(h, 32)))
+        for new_len in (-1, 1, 17, 31, 41, 2**40):  # inside a sealed block, past the end, negative
+            c = fresh(prefix)
+            t(f"truncate_sequence(0, {new_len}, prefix={prefix})",
+              lambda: unchanged("truncate_sequence", c, lambda: c.truncate_sequence(0, new_len)))
     for a in ARRAYS:
         c = fresh(prefix)
         t(f"replace_blocks(0, {a!r}, prefix={prefix})", lambda: unchanged("replace_blocks", c, lambda: c.replace_blocks(0, a)))
+        c = fresh(prefix)
+        t(f"seq_lens({a!r}, prefix={prefix})", lambda: unchanged("seq_lens", c, lambda: c.seq_lens(a)))
+cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16)
+for h in H + [{"bogus": 1}, {"policy": "x"}, {"sample_every": 0}, {"capacity": -1}, {"max_verify_blocks": 0}]:
+    t(f"Engine(speculative={h!r})", lambda: Engine(cfg, 8, 2, 1, speculative=h))
+    t(f"Engine(fault_tolerance={h!r})", lambda: Engine(cfg, 8, 2, 1, fault_tolerance=h))
+    e = Engine(cfg, 8, 2, 1)
+    t(f"engine.truncate({h!r}, 0)", lambda: e.truncate(h, 0))
+    t(f"engine.check({h!r})", lambda: e.check(h))
 report()
