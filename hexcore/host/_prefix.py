@@ -486,18 +486,9 @@ def truncate(blocks, seqs, counters, tables, pblocks, ptok, pseqs, pc, seq_id, n
     keep, end = new_len // block_size, old_len // block_size
     if new_len < 0 or new_len > old_len or (keep < end and new_len % block_size != 0):
         return INVALID_ARGUMENT, 0
-    released = 0
-    for j in range(end - 1, keep - 1, -1):  # leaves first
-        block_id = tables[seq_id, j]
+    released = drop_references(blocks, counters, pblocks, pc, tables[seq_id, keep:end])  # leaves first
+    for j in range(keep, end):
         tables[seq_id, j] = -1
-        refs = blocks[REFS, block_id] - 1
-        blocks[REFS, block_id] = refs
-        if refs == 0:
-            if blocks[STATE, block_id] == QUARANTINED:
-                continue
-            _release(blocks, counters, pblocks, pc, block_id)
-            released += 1
-    counters[NUM_LIVE] -= released
     if keep < end and pseqs[S_TRACKED, seq_id] != 0:
         v1, v2, v3, v4 = start_state(pseqs[S_ROOT, seq_id])
         for j in range(keep):

@@ -11,21 +11,10 @@ from hexcore import KVCacheConfig
 from hexcore.errors import HexcoreConfigError, HexcoreInvalidArgumentError, HexcoreInvalidSequenceError
 from hexcore.host import LockFreeRingBuffer, MetricsCollector, PagedKVCache
 from hexcore.host.quarantine import BlockState
+from tests.host.snapshots import assert_unchanged, snapshot
 
 BS = 16
 CONFIG = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=BS)
-
-
-def snapshot(cache):
-    arrays = [cache._blocks, cache._seqs, cache._tables, cache._counters]
-    if cache._prefix is not None:
-        arrays += list(cache._prefix.arrays())
-    return [a.copy() for a in arrays]
-
-
-def assert_unchanged(cache, before):
-    assert all(np.array_equal(x, y) for x, y in zip(before, snapshot(cache)))
-    cache.check_invariants()
 
 
 @pytest.fixture(params=[False, True], ids=["plain", "prefix"])
