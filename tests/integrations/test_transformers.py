@@ -92,6 +92,14 @@ def same_greedy_path(got, ref, margin: float = 1e-2) -> int:
     return first
 
 
+def worst_logits_error(got, ref) -> float:
+    """The largest relative error of ``got``'s logits against ``ref``'s over the steps where
+    both still follow the same greedy path (``same_greedy_path``), the first divergent one
+    included."""
+    same = same_greedy_path(got, ref)
+    return max(relative_error(a, b) for a, b in zip(got.logits[:same + 1], ref.logits[:same + 1]))
+
+
 def relative_error(got, ref) -> float:
     return float((got.float() - ref.float()).norm() / ref.float().norm())
 
@@ -519,8 +527,7 @@ def test_gpu_fp16_generate_is_token_identical(arch, lengths, seed):
     ref = generate(model, transformers.DynamicCache(config=model.config), ids, mask, 32)
     cache = make_cache(model, block_size=32)
     got = generate(model, cache, ids, mask, 32)
-    same = same_greedy_path(got, ref)
-    worst = max(relative_error(a, b) for a, b in zip(got.logits[:same + 1], ref.logits[:same + 1]))
+    worst = worst_logits_error(got, ref)
     print(f"fp16 {ARCH_IDS[ARCHS.index(arch)]} {lengths}: worst logits rel err {worst:.2e}")
     assert worst <= 2e-2
 
@@ -599,8 +606,7 @@ def test_gpu_second_chat_turn_on_the_prefix_cache_is_token_identical(arch, seed)
     assert cache.admit(ids) == [held // 32 * 32]
     got = generate(model, cache, ids, None, 32)
     ref = generate(model, transformers.DynamicCache(config=model.config), ids, None, 32)
-    same = same_greedy_path(got, ref)
-    worst = max(relative_error(a, b) for a, b in zip(got.logits[:same + 1], ref.logits[:same + 1]))
+    worst = worst_logits_error(got, ref)
     print(f"prefix turn 2 {ARCH_IDS[ARCHS.index(arch)]}: {held // 32 * 32} cached tokens, worst logits rel err "
           f"{worst:.2e}")
     assert worst <= 2e-2
@@ -615,8 +621,7 @@ def test_gpu_chunked_prefill_of_a_ragged_batch_is_token_identical(arch, seed):
     ref = generate(model, transformers.DynamicCache(config=model.config), ids, mask, 32)
     cache = make_cache(model, block_size=32)
     got = generate(model, cache, ids, mask, 32, prefill_chunk_size=16)
-    same = same_greedy_path(got, ref)
-    worst = max(relative_error(a, b) for a, b in zip(got.logits[:same + 1], ref.logits[:same + 1]))
+    worst = worst_logits_error(got, ref)
     print(f"chunked prefill {ARCH_IDS[ARCHS.index(arch)]}: worst logits rel err {worst:.2e}")
     assert worst <= 2e-2
 
@@ -648,8 +653,7 @@ def test_gpu_assisted_decoding_is_token_identical(arch, seed):
     cache = make_cache(model, block_size=32)
     crops = spy_crops(cache)
     got = generate(model, cache, ids, mask, 32, assistant_model=assistant)
-    same = same_greedy_path(got, ref)
-    worst = max(relative_error(a, b) for a, b in zip(got.logits[:same + 1], ref.logits[:same + 1]))
+    worst = worst_logits_error(got, ref)
     print(f"assisted fp16 {ARCH_IDS[ARCHS.index(arch)]}: {len(crops)} crops, worst logits rel err {worst:.2e}")
     assert worst <= 2e-2 and len(crops) >= 4
     cache.engine.cache.check_invariants()
