@@ -1,7 +1,7 @@
 """Every kernel once on small shapes, for compute-sanitizer (memcheck, racecheck,
 initcheck, synccheck): append, seal, copy (blocks, tails), dequantize, the layout check,
 paged decode (every dtype, MHA and GQA, one split and many, a head group of 9), a
-DecodeGraph step, prefill over a cached prefix (gather and extend kernels), block
+DecodeGraph step (and one that verifies blocks against their digests inside the step), prefill over a cached prefix (gather and extend kernels), block
 checksums and guard words, and the persistent decode (several slices).
 
     compute-sanitizer --tool racecheck python3 -m benchmarks.sanitize
@@ -61,6 +61,19 @@ def run_dtype(dtype: str, rng, only_new: bool = False) -> None:
         graph.step(np.array([[5, 6, 0], [6, 5, 0]], np.int32), np.array([36, 33], np.int32),
                    np.array([0, 1], np.int32))
         cuda.synchronize()
+    # the same step verifying blocks 5 and 6 against their digests inside the step (and
+    # recording its seals' digests): the checksum kernel's verify outputs, captured
+    sums = np.zeros((store.num_blocks, cfg.num_layers), np.uint32)
+    sums[[5, 6]] = checksum_blocks(store, np.array([5, 6], np.int32))
+    verifying = DecodeGraph(store, 8, max_blocks_per_seq=3, batch_buckets=(2,), backend="driver",
+                            verify_sums=cuda.to_device(sums), max_verify_blocks=4)
+    for view, source in zip(verifying.buffers(2)[:3], views[:3]):
+        view.copy_(source) if hasattr(view, "copy_") else view.copy_to_device(source)
+    for _ in range(2):
+        verifying.step(np.array([[5, 6, 0], [6, 5, 0]], np.int32), np.array([36, 33], np.int32),
+                       np.array([0, 1], np.int32), verify_blocks=np.array([5, 6], np.int32))
+        cuda.synchronize()
+    assert verifying.verify_results().ok, dtype
 
 
 def run_new_kernels(store, tables, rng) -> None:
