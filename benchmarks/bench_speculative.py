@@ -7,10 +7,10 @@ rounds, each round on fresh state). ``pytest benchmarks/bench_speculative.py`` r
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
+from benchmarks.per_unit import min_ns
 from hexcore import KVCacheConfig
 from hexcore.host import LockFreeRingBuffer, PagedKVCache, SpeculativeAllocator
 from hexcore.host.events import BlockTableMirror
@@ -18,16 +18,6 @@ from hexcore.host.events import BlockTableMirror
 BS, NUM_SEQS, NUM_BLOCKS, ROUNDS = 16, 256, 65536, 200
 CONFIG = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=BS)
 IDS = np.arange(NUM_SEQS, dtype=np.int32)
-
-
-def _min_ns(setup, run, rounds=ROUNDS) -> float:
-    best = float("inf")
-    for _ in range(rounds):
-        setup()
-        t0 = time.perf_counter_ns()
-        run()
-        best = min(best, time.perf_counter_ns() - t0)
-    return best
 
 
 def _fresh(cache, length=BS - 1):
@@ -54,7 +44,7 @@ def seal_step(hit: bool, events: bool = False) -> float:
         if events:
             cache.flush_events(), mirror.poll(), cache.flush_events(), mirror.poll()
 
-    return _min_ns(setup, lambda: cache.step(IDS)) / NUM_SEQS
+    return min_ns(setup, lambda: cache.step(IDS), ROUNDS) / NUM_SEQS
 
 
 def seal_call(hit: bool) -> float:
@@ -71,7 +61,7 @@ def seal_call(hit: bool) -> float:
         for s in range(NUM_SEQS):
             grow(s, BS)
 
-    return _min_ns(setup, run) / NUM_SEQS
+    return min_ns(setup, run, ROUNDS) / NUM_SEQS
 
 
 def apply_predictions() -> float:
@@ -83,7 +73,7 @@ def apply_predictions() -> float:
         _fresh(cache)
         spec.predict(IDS)
 
-    return _min_ns(setup, spec.apply) / NUM_SEQS
+    return min_ns(setup, spec.apply, ROUNDS) / NUM_SEQS
 
 
 def spec_step_hit() -> float:
@@ -95,7 +85,7 @@ def spec_step_hit() -> float:
         _fresh(cache)
         spec.predict(IDS)
 
-    return _min_ns(setup, lambda: spec.step(IDS)) / NUM_SEQS
+    return min_ns(setup, lambda: spec.step(IDS), ROUNDS) / NUM_SEQS
 
 
 def mirror_rate() -> float:
@@ -110,7 +100,7 @@ def mirror_rate() -> float:
     def setup():
         ring.push_batch(alloc), mirror.poll(), ring.push_batch(seals)
 
-    best = _min_ns(setup, lambda: (mirror.poll(), ring.push_batch(frees), mirror.poll()), rounds=50)
+    best = min_ns(setup, lambda: (mirror.poll(), ring.push_batch(frees), mirror.poll()), rounds=50)
     return (n + NUM_SEQS) / (best * 1e-9)
 
 

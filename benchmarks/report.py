@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.per_unit import min_ns
+
 HERE = Path(__file__).resolve().parent
 GPU_RUN = HERE / "gpu-runs" / "2026-12-01-s3"  # the latest H200 decode table (graph.json: the 2026-12-01 run)
 GRAPH_RUN = HERE / "gpu-runs" / "2026-12-01"
@@ -50,16 +52,6 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
-def _min_ns(setup, run, rounds: int) -> float:
-    best = float("inf")
-    for _ in range(rounds):
-        setup()
-        t0 = time.perf_counter_ns()
-        run()
-        best = min(best, time.perf_counter_ns() - t0)
-    return best
-
-
 def allocator_rows(pools=POOLS, rounds: int = 100) -> list[dict]:
     """PagedKVCache per-operation times (minimum over ``rounds``) at each pool size."""
     from hexcore import KVCacheConfig
@@ -78,8 +70,8 @@ def allocator_rows(pools=POOLS, rounds: int = 100) -> list[dict]:
             if length:
                 cache.grow_sequence(0, length)
 
-        alloc = _min_ns(fresh, lambda: cache.grow_sequence(0, BATCH_BLOCKS * BS), rounds) / BATCH_BLOCKS
-        free = _min_ns(lambda: fresh(BATCH_BLOCKS * BS), lambda: cache.free_sequence(0), rounds) / BATCH_BLOCKS
+        alloc = min_ns(fresh, lambda: cache.grow_sequence(0, BATCH_BLOCKS * BS), rounds) / BATCH_BLOCKS
+        free = min_ns(lambda: fresh(BATCH_BLOCKS * BS), lambda: cache.free_sequence(0), rounds) / BATCH_BLOCKS
         starts = np.random.default_rng(0).integers(0, 4 * BS, NUM_SEQS)
         ids = np.arange(NUM_SEQS, dtype=np.int32)
 
@@ -90,8 +82,8 @@ def allocator_rows(pools=POOLS, rounds: int = 100) -> list[dict]:
                 cache.add_sequence(s)
                 cache.grow_sequence(s, int(starts[s]))
 
-        step = _min_ns(staggered, lambda: [cache.step(ids) for _ in range(32)], rounds) / 32
-        grow = _min_ns(fresh, lambda: [cache.grow_sequence(0, n) for n in range(1, 257)], rounds) / 256
+        step = min_ns(staggered, lambda: [cache.step(ids) for _ in range(32)], rounds) / 32
+        grow = min_ns(fresh, lambda: [cache.grow_sequence(0, n) for n in range(1, 257)], rounds) / 256
         rows.append({"pool_blocks": pool, "alloc_ns_per_block": alloc, "free_ns_per_block": free,
                      "step_ns_per_seq": step / NUM_SEQS, "step_us_256_seqs": step / 1e3, "grow_call_ns": grow})
         print(f"allocator, pool {pool:>7,}: alloc {alloc:.2f} ns/block, free {free:.2f} ns/block, "
