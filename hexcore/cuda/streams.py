@@ -61,6 +61,25 @@ def resolve_stream(stream=None, *arrays) -> Stream:
     return found
 
 
+def torch_stream(torch, stream, resolved: Stream):
+    """A context in which torch's work goes to ``resolved`` (what ``stream``, given by the
+    caller, resolved to); no change when ``stream`` is None or already torch's current one.
+
+    A torch stream is entered as given and handle 0 as torch's own default stream: wrapping
+    handle 0 in ``torch.cuda.ExternalStream`` gave wrong prefill outputs on a busy H200
+    (2026-12-01), which the default stream's own object does not."""
+    import contextlib
+
+    if stream is None:
+        return contextlib.nullcontext()
+    if isinstance(stream, torch.cuda.Stream):
+        return torch.cuda.stream(stream)
+    handle = int(resolved.handle or 0)
+    if handle == torch.cuda.current_stream().cuda_stream:
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.default_stream() if handle == 0 else torch.cuda.ExternalStream(handle))
+
+
 def _simulated_stream(stream):
     # What the GPU path would accept, refused as it would refuse it (the simulator has no
     # handles): a numba (simulator) stream, an int handle, or a stream-like object.

@@ -30,7 +30,7 @@ from ..._checks import as_int
 from ...errors import HexcoreInvalidArgumentError
 from ..arrays import check_outside_store, checked, checked_layer, checked_store
 from ..device import SIMULATOR
-from ..streams import resolve_stream
+from ..streams import resolve_stream, torch_stream
 from .prefill_kernels import (EXTEND_THREADS, GATHER_THREADS, extend_grid, extend_kernel, gather_grid,
                               gather_kernel)
 
@@ -171,21 +171,12 @@ def _sdpa_path(store, layer, table, prefix_len, slot, q, k_new, v_new, out, scal
     q, out = (x if isinstance(x, torch.Tensor) else torch.as_tensor(dev, device="cuda")
               for x, dev in ((q, q_dev), (out, out_dev)))
     shape = (cfg.num_kv_heads, prefix_len + q.shape[0], cfg.head_dim)
-    with _torch_stream(torch, stream, launch_stream):
+    with torch_stream(torch, stream, launch_stream):
         k_s = torch.empty(shape, dtype=torch.float16, device=q.device)
         v_s = torch.empty(shape, dtype=torch.float16, device=q.device)
         _gather(store, layer, table, prefix_len, slot, k_new, v_new, cuda.as_cuda_array(k_s),
                 cuda.as_cuda_array(v_s), launch_stream)
         out.copy_(sdpa_extend(q, k_s, v_s, scale))
-
-
-def _torch_stream(torch, stream, launch_stream):
-    """torch's current stream unless the caller named another (then torch runs on it too)."""
-    import contextlib
-
-    if stream is None:
-        return contextlib.nullcontext()
-    return torch.cuda.stream(torch.cuda.ExternalStream(int(launch_stream.handle)))
 
 
 # -- checks ---------------------------------------------------------------------------

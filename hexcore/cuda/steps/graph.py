@@ -39,7 +39,7 @@ from ..attention.launcher import Workspace, paged_decode
 from ..arrays import checked_store
 from ..attention.options import DEFAULT_OPTIONS, DecodeOptions
 from ..blocks import copy_tails
-from ..streams import resolve_stream, torch_current_stream
+from ..streams import resolve_stream, torch_current_stream, torch_stream
 from ..write import append, seal
 from .capture import DriverGraph, TorchGraph, choose_backend
 from .indices import NO_IDS, Staging, StepIndices, check_step
@@ -201,7 +201,7 @@ class DecodeGraph:
         elif stream is None:
             graph.replay()
         else:
-            with self._torch.cuda.stream(self._torch.cuda.ExternalStream(int(resolved.handle))):
+            with torch_stream(self._torch, stream, resolved):
                 graph.replay()
         return self._buckets[launches.key[0]].views(batch).out
 

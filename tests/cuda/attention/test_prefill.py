@@ -180,3 +180,22 @@ def test_prefill_with_torch_tensors_runs_on_the_current_stream(rng):
             got = out.cpu().numpy()
             expect = extend_reference(q, keys, values, k_new, v_new, 1 / math.sqrt(128))
             assert ref.relative_l2(got, expect) <= TOLERANCE
+
+
+@pytest.mark.gpu
+def test_prefill_behind_a_busy_default_stream_gpu(rng):
+    # torch's default stream passed explicitly while a long matmul chain is still queued on
+    # it: the gather and SDPA must wait for it and for each other. Wrapping handle 0 in
+    # torch.cuda.ExternalStream gave garbage here under load (H200, 2026-12-01, session 4).
+    torch = pytest.importorskip("torch")
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=128, block_size=32, kv_dtype="fp16")
+    store, table, slot, keys, values, q, k_new, v_new = make_case(cfg, 80, 16, 4, rng)
+    tq, tk, tv = (torch.from_numpy(x).cuda() for x in (q, k_new, v_new))
+    busy = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    expect = extend_reference(q, keys, values, k_new, v_new, 1 / math.sqrt(128))
+    for _ in range(3):
+        for _ in range(50):  # tens of ms queued ahead of the prefill
+            busy = (busy @ busy).clamp_(-1, 1)
+        out = prefill_attention(tq, tk, tv, store, 0, table, 80, slot, backend="sdpa",
+                                stream=torch.cuda.current_stream())
+        assert ref.relative_l2(out.cpu().numpy(), expect) <= TOLERANCE
