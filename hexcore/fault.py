@@ -373,7 +373,7 @@ class FaultTolerantKVCache:
             raise HexcoreInvalidArgumentError(f"logical: block {logical} of seq {seq_id} is not awaiting a refill")
         stream = resolve_stream(stream)
         tails = [self.store.k_tails, self.store.v_tails]
-        saved = [[t[layer, seq_id].copy_to_host(stream=stream) for layer in range(t.shape[0])] for t in tails]
+        saved = [[t[layer, seq_id].copy_to_host(stream=stream.numba) for layer in range(t.shape[0])] for t in tails]
         try:
             bs = self.config.block_size
             append(self.store, k, v, np.full(bs, seq_id, np.int32), np.arange(bs, dtype=np.int32), stream=stream)
@@ -381,7 +381,7 @@ class FaultTolerantKVCache:
         finally:
             for t, rows in zip(tails, saved):
                 for layer, row in enumerate(rows):
-                    t[layer, seq_id].copy_to_device(row, stream=stream)
+                    t[layer, seq_id].copy_to_device(row, stream=stream.numba)
         self.record(np.array([block], np.int32), stream)
 
     # -- fault injection (tests, demos) ------------------------------------------------
