@@ -2,6 +2,7 @@
 yield, what a competing stream sees, and %globaltimer's granularity. One JSON line per row.
 
     python -m benchmarks.bench_persistent [--shapes all|quick] [--dtypes fp16,int4,int2] [--skip-latency]
+                                          [--registers default,168,128]
 
 Rows:
 - ``timer``: the smallest nonzero step of ``%globaltimer`` seen by one thread over many reads.
@@ -9,12 +10,13 @@ Rows:
   no decode reaches (one slice, the reset included) against ``DecodePlan.run``; target
   ratio <= 1.05; also the eager ``run`` (which reads the cursor back) per call.
 - ``yield_1ms``: the same with a 1 ms budget (first on a ~15 ms decode, ``LONG``, then on
-  each decode shape): slices, GPU time, cost per yield
+  each decode shape; per persistent-kernel register cap of ``--registers``, "default" being
+  the kernel's own): slices, GPU time, cost per yield
   ``(t - t_no_yield) / yields``, and the relaunch gap (GPU time minus the sum of slice
   spans by %globaltimer, per yield).
 - ``latency``: a one-CTA kernel on a second stream, launched every ~0.2 ms while a ~50 ms
-  decode runs on the first: its launch-to-end latency (events; median, p99, max), with
-  the decode as one launch and in slices of 1 ms.
+  decode runs on the first (both created streams): its launch-to-end latency (host
+  time; median, p99, max), with the decode as one launch and in slices of 1 ms.
 """
 
 from __future__ import annotations
@@ -81,24 +83,26 @@ def case(dtype, batch, hq, hkv, ctx, num_blocks=None):
 LONG = (128, 32, 8, 131072)
 
 
-def cost_rows(dtype, shape, num_blocks=None) -> list[dict]:
+def cost_rows(dtype, shape, num_blocks=None, registers=None) -> list[dict]:
     from benchmarks.gpu_common import host_seconds_per_call, time_gpu
     from hexcore.cuda import DecodePlan
+    from hexcore.cuda.attention.options import DecodeOptions
     from hexcore.cuda.attention.persistent import MAX_BUDGET_US, PersistentDecode
 
     batch, hq, hkv, ctx = shape
     store, q, tables, lens, slots = case(dtype, *shape, num_blocks=num_blocks)
-    base = dict(dtype=dtype, B=batch, Hq=hq, Hkv=hkv, ctx=ctx)
+    base = dict(dtype=dtype, B=batch, Hq=hq, Hkv=hkv, ctx=ctx, registers=registers or "default")
+    options = DecodeOptions(max_registers=registers)  # the persistent kernel's cap only (the plan keeps its own)
     plan = DecodePlan(q, store, tables, lens, slots, max_seq_len=ctx)
     t_plan = time_gpu(lambda: plan.run(0))
-    whole = PersistentDecode(q, store, tables, lens, slots, MAX_BUDGET_US, max_seq_len=ctx)
+    whole = PersistentDecode(q, store, tables, lens, slots, MAX_BUDGET_US, max_seq_len=ctx, options=options)
     whole.run(0)
     t_whole = time_gpu(lambda: whole.enqueue(0, 1))
     assert whole.stats().drained and whole.stats().launches == 1
     eager = host_seconds_per_call(lambda: whole.run(0), calls=50, until_done=True)
     rows = [dict(row="no_yield", **base, paged_ms=t_plan * 1e3, persistent_ms=t_whole * 1e3, ratio=t_whole / t_plan,
                  eager_run_ms=eager * 1e3, items=whole.num_items)]
-    sliced = PersistentDecode(q, store, tables, lens, slots, 1000.0, max_seq_len=ctx)
+    sliced = PersistentDecode(q, store, tables, lens, slots, 1000.0, max_seq_len=ctx, options=options)
     sliced.run(0)
     stats = sliced.stats()
     slices = stats.launches
@@ -172,10 +176,12 @@ def main(argv) -> None:
     if "--skip-latency" not in argv:
         for row in latency_rows():
             emit(row)
+    caps = [None if c == "default" else int(c) for c in arg("--registers", "default").split(",")]
     for shape in shapes:
         for dtype in dtypes:
-            for row in cost_rows(dtype, shape):
-                emit(row)
+            for cap in caps:
+                for row in cost_rows(dtype, shape, registers=cap):
+                    emit(row)
 
 
 if __name__ == "__main__":
