@@ -35,6 +35,8 @@ Code order: codes are packed into little-endian 32-bit words in the order the de
 kernel's tensor-core fragments read them: key rows with adjacent channels interleaved
 within each word, value blocks in fragment order (``hexcore/layout.py``:
 ``key_code_field``, ``value_code_field``; ``docs/design-notes.md``, "Sealed format").
+The seal's threads take those words in the order of ``seal_order.py``, so that a warp's
+reads of the staged tail rows fall in distinct shared-memory banks.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from .arrays import (check_distinct, check_distinct_pairs, check_outside_store, 
 from .device import load_u32x4
 from .device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch
+from .seal_order import key_rotations, value_order
 from .streams import resolve_stream
 from .store import DeviceKVStore, flat_words
 
@@ -200,10 +203,11 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False):
 
     @cuda.jit
     def kernel(k_tails, v_tails, k_codes, v_codes, k_meta, v_meta, slots, block_ids, first_layer, num_blocks,
-               max_seqs, nonfinite):
+               max_seqs, nonfinite, order):
         # tails, meta: flat float16; codes: flat uint32 words; one CTA per (seal, layer), a
         # head at a time: its scales and mins (kept in shared memory), then its code words.
-        # nonfinite: int32 [layers, seals] (with report), 1 where a group was not finite
+        # nonfinite: int32 [layers, seals] (with report), 1 where a group was not finite.
+        # order: int32 [2, run_words], seal_order's key rotations and value word order
         s = cuda.blockIdx.x
         layer = first_layer + cuda.blockIdx.y
         slot = slots[s]
@@ -237,19 +241,25 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False):
                                      levels, s_value, t * 2 * NG + g)
             cuda.syncthreads()  # the head's scales and mins in shared memory
             run = code_offset(layer, block, h, 0, num_blocks, H, BS, row) // 4
-            for w in range(cuda.threadIdx.x, run_words, cuda.blockDim.x):  # one 32-bit word per step
-                t, kword = w // row_words, w % row_words
+            # one 32-bit word per thread and step, taken in seal_order's order so that a
+            # warp's lanes read distinct shared-memory banks (fields in the sealed order)
+            for w in range(cuda.threadIdx.x, run_words, cuda.blockDim.x):  # keys: plain order
+                t, kword, rotation = w // row_words, w % row_words, order[0, w]
                 kbits = np.uint32(0)
-                vbits = np.uint32(0)
-                for f in range(fields):  # fields in the sealed order (layout.py)
+                for i in range(fields):
+                    f = (i + rotation) & (fields - 1)
                     d = key_code_dim(kword, f, bits)
                     q = _quantize(np.float32(keys[at + t * D + d]), s_key[d], s_key[D + d], levels)
                     kbits |= np.uint32(q) << np.uint32(f * bits)
+                k_codes[run + w] = kbits
+            for i in range(cuda.threadIdx.x, run_words, cuda.blockDim.x):  # values: permuted
+                w = order[1, i]
+                vbits = np.uint32(0)
+                for f in range(fields):
                     vt, vd = value_code_token_dim(w, f, bits, D, chunk)
                     m = vt * 2 * NG + vd // GS
                     q = _quantize(np.float32(values[at + vt * D + vd]), s_value[m], s_value[m + NG], levels)
                     vbits |= np.uint32(q) << np.uint32(f * bits)
-                k_codes[run + w] = kbits
                 v_codes[run + w] = vbits
             cuda.syncthreads()  # the shared metadata is free for the next head
         if report and bad:
@@ -385,11 +395,19 @@ def seal_launch(store, slots, block_ids, layer=None, nonfinite=None) -> Launch:
         f, w = store.flat, store.words
         return Launch(_seal_quantized_kernel(cfg, report), (num, count), THREADS, (
             f["k_tails"], f["v_tails"], w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"], slots, block_ids, first,
-            store.num_blocks, store.max_seqs, flags))
+            store.num_blocks, store.max_seqs, flags, _seal_order(cfg.kv_dtype.bits, cfg.head_dim, cfg.block_size,
+                                                                 cfg.group_size)))
     w = store.words
     return Launch(_seal_fp16_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim, report), (num, count), THREADS, (
         w["k_tails"], w["v_tails"], w["k_codes"], w["v_codes"], slots, block_ids, first, store.num_blocks,
         store.max_seqs, flags))
+
+
+@functools.cache
+def _seal_order(bits: int, head_dim: int, block_size: int, group_size: int):
+    # the quantizing seal's word order (seal_order.py), int32 [2, run_words] on the device
+    return cuda.to_device(np.stack([key_rotations(bits, head_dim, block_size),
+                                    value_order(bits, head_dim, block_size, group_size)]))
 
 
 @functools.cache
