@@ -1,5 +1,5 @@
 """Every kernel once on small shapes, for compute-sanitizer (memcheck, racecheck,
-initcheck, synccheck): append, seal, copy (blocks, tails), dequantize, the layout check,
+initcheck, synccheck): append, seal (from tails and from rows), copy (blocks, tails), dequantize, the layout check,
 paged decode (every dtype, MHA and GQA, one split and many, a head group of 9), a
 DecodeGraph step (and one that verifies blocks against their digests inside the step), prefill over a cached prefix (gather and extend kernels), block
 checksums and guard words, and the persistent decode (several slices).
@@ -17,7 +17,7 @@ from numba import cuda
 from hexcore import KVCacheConfig
 from hexcore.cuda import (DecodeGraph, DecodeOptions, DeviceKVStore, append, copy_blocks, copy_tails,
                           dequantize_blocks, layout_agrees, nonfinite_flags, paged_decode, persistent_decode,
-                          prefill_attention, seal)
+                          prefill_attention, seal, seal_rows)
 from hexcore.cuda.integrity import check_guards, checksum_blocks
 
 SPLIT = DecodeOptions(ctas_per_sm=64, min_split_blocks=1)
@@ -32,6 +32,7 @@ def run_dtype(dtype: str, rng, only_new: bool = False) -> None:
     append(store, k, k, np.zeros(16, np.int32), np.arange(16, dtype=np.int32))
     flags = nonfinite_flags(store, 1)  # the seal kernels' non-finite report
     seal(store, np.array([0], np.int32), np.array([5], np.int32), nonfinite=flags)
+    seal_rows(store, k, k, 0, np.array([7], np.int32), nonfinite=flags)  # a prompt's block, from its rows
     append(store, k[:, :3], k[:, :3], np.zeros(3, np.int32), np.arange(3, dtype=np.int32))
     copy_blocks(store, np.array([5], np.int32), np.array([6], np.int32))
     copy_tails(store, np.array([0], np.int32), np.array([1], np.int32))

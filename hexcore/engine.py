@@ -150,7 +150,9 @@ class Engine:
 
     # -- writing a prompt -------------------------------------------------------------
     def prefill(self, seq_id: int, k, v, stream=None, tokens=None) -> None:
-        """Append a prompt's K/V to ``seq_id``, sealing every block it fills.
+        """Append a prompt's K/V to ``seq_id``, sealing every block it fills: at most four
+        launches whatever its length (complete the open tail and seal it, seal the whole
+        blocks straight from the rows, append the rest into the tail).
 
         ``k``, ``v``: float16 ``[L, n, H, D]`` (host arrays, device arrays or CUDA tensors).
         ``tokens``: their token ids, int32 [n], with the prefix cache on (so the blocks
@@ -159,7 +161,7 @@ class Engine:
         own); this stores its K/V. A failure (out of blocks, a bad array, tokens of another
         length) raises before the store or the tables change.
         """
-        from .cuda import append, seal
+        from .cuda import append, seal, seal_rows
         from .cuda.arrays import checked
 
         n = _rows(k, v, self.config)
@@ -169,20 +171,27 @@ class Engine:
         seq_id = as_int("seq_id", seq_id)
         start = self.cache.seq_len(seq_id)
         self._copy_forks(stream)
-        blocks = self._owner.grow_sequence(seq_id, start + n, tokens)  # raises before anything is written
-        bs, done, sealed = self.config.block_size, 0, 0
-        while done < n:
-            pos = (start + done) % bs
-            take = min(n - done, bs - pos)
-            append(self.store, k, v, np.full(take, seq_id, np.int32), np.arange(pos, pos + take, dtype=np.int32),
-                   stream=stream, rows=(done, take))
-            done += take
-            if pos + take == bs:
-                block = np.array([blocks[sealed]], np.int32)
-                seal(self.store, np.array([seq_id], np.int32), block, stream=stream)
-                if self.faults is not None:
-                    self.faults.record(block, stream)  # its digest, for the steps' checks
-                sealed += 1
+        blocks = np.asarray(self._owner.grow_sequence(seq_id, start + n, tokens), np.int32)  # raises first
+        bs, slot = cfg.block_size, np.array([seq_id], np.int32)
+        pos = start % bs
+        head = min(n, (bs - pos) % bs)  # rows that complete the open tail (none when it is empty)
+        full = (n - head) // bs  # whole blocks sealed straight from the rows
+        sealed = 0
+        if head:
+            append(self.store, k, v, np.full(head, seq_id, np.int32), np.arange(pos, pos + head, dtype=np.int32),
+                   stream=stream, rows=(0, head))
+            if pos + head == bs:
+                seal(self.store, slot, blocks[:1], stream=stream)
+                sealed = 1
+        if full:
+            seal_rows(self.store, k, v, head, blocks[sealed:sealed + full], stream=stream)
+            sealed += full
+        rest = n - head - full * bs  # into the tail
+        if rest:
+            append(self.store, k, v, np.full(rest, seq_id, np.int32), np.arange(rest, dtype=np.int32),
+                   stream=stream, rows=(n - rest, rest))
+        if sealed and self.faults is not None:
+            self.faults.record(blocks[:sealed], stream)  # their digests, for the steps' checks
 
     def prefill_attention(self, seq_id: int, layer: int, q, k, v, out=None, backend: str = "auto", stream=None):
         """Causal attention of ``seq_id``'s new tokens over the tokens it holds now (sealed

@@ -132,6 +132,29 @@ def test_prefill_onto_a_partial_tail_and_after_a_fork(rng):
     run_steps(engine, mirror, [a, b], rng, 1)
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "int4"])
+def test_prefill_in_pieces_stores_what_token_by_token_stores(dtype, rng):
+    # pieces that start mid-tail, seal whole blocks from the rows and leave a remainder
+    # (at most four launches each) against one token at a time (append, and a seal from
+    # the tail when it fills): the same bytes in every sealed block and tail
+    engines = [make_engine(dtype, num_blocks=16), make_engine(dtype, num_blocks=16)]
+    k, v = random_kv(rng, engines[0], 5 + 40 + 3 + 70)
+    seqs = [engine.add() for engine in engines]
+    start = 0
+    for n in (5, 40, 3, 70):
+        engines[0].prefill(seqs[0], k[:, start:start + n], v[:, start:start + n])
+        start += n
+    for t in range(start):
+        engines[1].prefill(seqs[1], k[:, t:t + 1], v[:, t:t + 1])
+    tables = [engine.cache.block_table(seq) for engine, seq in zip(engines, seqs)]
+    np.testing.assert_array_equal(*tables)
+    got, want = ({name: a.copy_to_host() for name, a in engine.store.arrays.items()} for engine in engines)
+    live = start % engines[0].config.block_size  # a tail's rows past its length are stale by design
+    for name in got:
+        a, b = (x[:, seqs[0], :, :live] if name.endswith("tails") else x for x in (got[name], want[name]))
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8), err_msg=name)
+
+
 def test_a_step_is_all_or_nothing():
     engine = make_engine(num_blocks=2)
     a, b = engine.add(), engine.add()

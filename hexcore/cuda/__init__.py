@@ -23,7 +23,7 @@ from .layout_check import device_layout_offsets, host_layout_offsets, layout_agr
 from .steps import DecodeGraph, DecodeStep, StepBuffers, StepViews
 from .store import DeviceKVStore
 from .streams import resolve_stream
-from .write import append, nonfinite_flags, prepare_append, prepare_seal, seal
+from .write import append, nonfinite_flags, prepare_append, prepare_seal, seal, seal_rows
 
 __all__ = [
     "DecodeGraph",
@@ -55,4 +55,5 @@ __all__ = [
     "prepare_seal",
     "resolve_stream",
     "seal",
+    "seal_rows",
 ]

@@ -187,9 +187,10 @@ def _row_range(rows, rows_in: int) -> tuple[int, int]:
 
 # -- seal -----------------------------------------------------------------------------
 @functools.cache
-def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False):
+def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False, from_rows: bool = False):
     # report: write nonfinite[layer_in, s] (a specialisation: without it the flag array is
-    # never touched)
+    # never touched). from_rows: the block's tokens are rows row0 + s * BS .. of K/V arrays
+    # [layers_in, rows_in, H, D] (seal_rows) instead of a tail (slots unused)
     H, BS, D, GS = cfg.num_kv_heads, cfg.block_size, cfg.head_dim, cfg.group_size
     bits, row, NG = cfg.kv_dtype.bits, cfg.row_bytes, cfg.num_groups
     levels = (1 << bits) - 1
@@ -200,10 +201,12 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False):
     KEY_PARAMS, VALUE_PARAMS = 2 * D, BS * 2 * NG  # one head's metadata, float32 in shared memory
     TAIL = BS * D  # one head's tail rows, float16
     STAGED = 2 * TAIL * 2 <= STAGE_BYTES  # the head's K and V tails fit in shared memory
+    SRC_ROW = H * D if from_rows else D  # source elements from one token to the next
+    ROW = D if STAGED else SRC_ROW  # the same in what the loops below read
 
     @cuda.jit
     def kernel(k_tails, v_tails, k_codes, v_codes, k_meta, v_meta, slots, block_ids, first_layer, num_blocks,
-               max_seqs, nonfinite, order):
+               max_seqs, nonfinite, order, row0, rows_in):
         # tails, meta: flat float16; codes: flat uint32 words; one CTA per (seal, layer), a
         # head at a time: its scales and mins (kept in shared memory), then its code words.
         # nonfinite: int32 [layers, seals] (with report), 1 where a group was not finite.
@@ -214,7 +217,7 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False):
         block = block_ids[s]
         if report and cuda.threadIdx.x == 0:
             nonfinite[cuda.blockIdx.y, s] = 0  # ordered before any 1 by the barriers below
-        if slot < 0 or slot >= max_seqs or block < 0 or block >= num_blocks:
+        if (not from_rows and (slot < 0 or slot >= max_seqs)) or block < 0 or block >= num_blocks:
             return
         s_key = cuda.shared.array(KEY_PARAMS, float32)  # [2, D]: scale, min as stored (float16)
         s_value = cuda.shared.array(VALUE_PARAMS, float32)  # [BS, 2, NG]
@@ -222,21 +225,25 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False):
         s_v = cuda.shared.array(TAIL if STAGED else 1, np.float16)
         bad = False  # this thread saw a group holding a NaN or an infinity
         for h in range(H):
-            tail = tail_offset(layer, slot, h, 0, max_seqs, H, BS, D) // 2
+            if from_rows:
+                src = ((cuda.blockIdx.y * rows_in + row0 + s * BS) * H + h) * D
+            else:
+                src = tail_offset(layer, slot, h, 0, max_seqs, H, BS, D) // 2
             if STAGED:  # coalesced reads of the tail once; the code words below gather from shared memory
                 for i in range(cuda.threadIdx.x, TAIL, cuda.blockDim.x):
-                    s_k[i] = k_tails[tail + i]
-                    s_v[i] = v_tails[tail + i]
+                    j = src + (i // D) * SRC_ROW + i % D
+                    s_k[i] = k_tails[j]
+                    s_v[i] = v_tails[j]
                 cuda.syncthreads()  # the head's tail rows staged
                 keys, values, at = s_k, s_v, 0
             else:
-                keys, values, at = k_tails, v_tails, tail
+                keys, values, at = k_tails, v_tails, src
             for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):  # keys: per channel over the tokens
-                bad |= _write_params(keys, at + d, D, BS, k_meta,
+                bad |= _write_params(keys, at + d, ROW, BS, k_meta,
                                      key_meta_offset(layer, block, h, num_blocks, H, D) // 2 + d, D, levels, s_key, d)
             for work in range(cuda.threadIdx.x, BS * NG, cuda.blockDim.x):  # values: per token and group
                 t, g = work // NG, work % NG
-                bad |= _write_params(values, at + t * D + g * GS, 1, GS, v_meta,
+                bad |= _write_params(values, at + t * ROW + g * GS, 1, GS, v_meta,
                                      value_meta_offset(layer, block, h, t, num_blocks, H, BS, NG) // 2 + g, NG,
                                      levels, s_value, t * 2 * NG + g)
             cuda.syncthreads()  # the head's scales and mins in shared memory
@@ -249,7 +256,7 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False):
                 for i in range(fields):
                     f = (i + rotation) & (fields - 1)
                     d = key_code_dim(kword, f, bits)
-                    q = _quantize(np.float32(keys[at + t * D + d]), s_key[d], s_key[D + d], levels)
+                    q = _quantize(np.float32(keys[at + t * ROW + d]), s_key[d], s_key[D + d], levels)
                     kbits |= np.uint32(q) << np.uint32(f * bits)
                 k_codes[run + w] = kbits
             for i in range(cuda.threadIdx.x, run_words, cuda.blockDim.x):  # values: permuted
@@ -258,7 +265,7 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False):
                 for f in range(fields):
                     vt, vd = value_code_token_dim(w, f, bits, D, chunk)
                     m = vt * 2 * NG + vd // GS
-                    q = _quantize(np.float32(values[at + vt * D + vd]), s_value[m], s_value[m + NG], levels)
+                    q = _quantize(np.float32(values[at + vt * ROW + vd]), s_value[m], s_value[m + NG], levels)
                     vbits |= np.uint32(q) << np.uint32(f * bits)
                 v_codes[run + w] = vbits
             cuda.syncthreads()  # the shared metadata is free for the next head
@@ -304,12 +311,15 @@ def _nonfinite_halves(w):
 
 
 @functools.cache
-def _seal_fp16_kernel(num_kv_heads: int, block_size: int, head_dim: int, report: bool = False):
+def _seal_fp16_kernel(num_kv_heads: int, block_size: int, head_dim: int, report: bool = False,
+                      from_rows: bool = False):
+    # from_rows: as in _seal_quantized_kernel (rows of [layers_in, rows_in, H, D] words)
     words = num_kv_heads * block_size * head_dim // 2  # one (layer, block) run, as uint32
+    row_words = head_dim // 2
 
     @cuda.jit
     def kernel(k_tails, v_tails, k_blocks, v_blocks, slots, block_ids, first_layer, num_blocks, max_seqs,
-               nonfinite):
+               nonfinite, row0, rows_in):
         # nonfinite: int32 [layers, seals] (with report), 1 where a copied value is not finite
         s = cuda.blockIdx.x
         layer = first_layer + cuda.blockIdx.y
@@ -317,15 +327,20 @@ def _seal_fp16_kernel(num_kv_heads: int, block_size: int, head_dim: int, report:
         block = block_ids[s]
         if report and cuda.threadIdx.x == 0:
             nonfinite[cuda.blockIdx.y, s] = 0  # ordered before any 1 by the barrier below
-        if slot < 0 or slot >= max_seqs or block < 0 or block >= num_blocks:
+        if (not from_rows and (slot < 0 or slot >= max_seqs)) or block < 0 or block >= num_blocks:
             return
         src = (layer * max_seqs + slot) * words
         dst = (layer * num_blocks + block) * words
         bad = False
         for w in range(cuda.threadIdx.x * 4, words, cuda.blockDim.x * 4):
-            a0, a1, a2, a3 = load_u32x4(k_tails, src + w)
+            at = src + w
+            if from_rows:  # block word w = (head, token, word of the row): a 4-word chunk stays in one row
+                h, t = w // (block_size * row_words), (w // row_words) % block_size
+                at = ((cuda.blockIdx.y * rows_in + row0 + s * block_size + t) * num_kv_heads + h) * row_words \
+                    + w % row_words
+            a0, a1, a2, a3 = load_u32x4(k_tails, at)
             k_blocks[dst + w], k_blocks[dst + w + 1], k_blocks[dst + w + 2], k_blocks[dst + w + 3] = a0, a1, a2, a3
-            b0, b1, b2, b3 = load_u32x4(v_tails, src + w)
+            b0, b1, b2, b3 = load_u32x4(v_tails, at)
             v_blocks[dst + w], v_blocks[dst + w + 1], v_blocks[dst + w + 2], v_blocks[dst + w + 3] = b0, b1, b2, b3
             if report:
                 bad |= (_nonfinite_halves(a0) or _nonfinite_halves(a1) or _nonfinite_halves(a2)
@@ -395,12 +410,73 @@ def seal_launch(store, slots, block_ids, layer=None, nonfinite=None) -> Launch:
         f, w = store.flat, store.words
         return Launch(_seal_quantized_kernel(cfg, report), (num, count), THREADS, (
             f["k_tails"], f["v_tails"], w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"], slots, block_ids, first,
-            store.num_blocks, store.max_seqs, flags, _seal_order(cfg.kv_dtype.bits, cfg.head_dim, cfg.block_size,
-                                                                 cfg.group_size)))
+            store.num_blocks, store.max_seqs, flags, _order(cfg), 0, 0))
     w = store.words
     return Launch(_seal_fp16_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim, report), (num, count), THREADS, (
         w["k_tails"], w["v_tails"], w["k_codes"], w["v_codes"], slots, block_ids, first, store.num_blocks,
-        store.max_seqs, flags))
+        store.max_seqs, flags, 0, 0))
+
+
+def seal_rows(store: DeviceKVStore, k, v, first_row: int, block_ids, layer: int | None = None, stream=None,
+              nonfinite=None) -> None:
+    """Seal whole blocks straight from K/V rows (a prompt's full blocks), one launch, no tail.
+
+    Block ``block_ids[i]`` gets rows ``first_row + i * block_size`` .. ``+ block_size`` of
+    ``k`` and ``v``, quantized exactly as :func:`seal` quantizes a tail holding them (the
+    same bytes; the tails are not touched).
+
+    Parameters
+    ----------
+    k, v : float16 ``[n, H, D]`` for one ``layer``, or ``[L, n, H, D]`` with ``layer=None``;
+        device arrays or CUDA tensors.
+    first_row : the first row of the first block, an int with ``first_row + len(block_ids)
+        * block_size <= n``.
+    block_ids : int32 ``[num_blocks_sealed]``: distinct destination blocks.
+    nonfinite : as in :func:`seal` (``[layers, len(block_ids)]``).
+    """
+    seal_rows_launch(store, k, v, first_row, block_ids, layer, nonfinite).run(
+        resolve_stream(stream, k, v, block_ids))
+
+
+def seal_rows_launch(store, k, v, first_row, block_ids, layer=None, nonfinite=None) -> Launch:
+    """Validate :func:`seal_rows`'s arguments; the launch that does it."""
+    cfg = checked_store(store).config
+    first, count = _layer_range(layer, cfg.num_layers)
+    lead = () if layer is not None else (cfg.num_layers,)
+    k = checked(k, "k", np.float16, lead + (None, cfg.num_kv_heads, cfg.head_dim))
+    rows_in = tuple(k.shape)[-3]
+    v = checked(v, "v", np.float16, lead + (rows_in, cfg.num_kv_heads, cfg.head_dim))
+    host = block_ids
+    block_ids = checked_ids(block_ids, "block_ids", None, store.num_blocks)
+    num = block_ids.shape[0]
+    first_row = as_int("first_row", first_row, 0, rows_in)
+    if first_row + num * cfg.block_size > rows_in:
+        raise HexcoreInvalidArgumentError(
+            f"block_ids: {num} blocks of {cfg.block_size} rows from first_row {first_row} need "
+            f"{first_row + num * cfg.block_size} rows, k has {rows_in}")
+    check_distinct(host, "block_ids")
+    report = nonfinite is not None
+    flags = checked(nonfinite, "nonfinite", np.int32, (count, num), align=4, output=True) if report else _no_flags()
+    check_outside_store(store, k=k, v=v, block_ids=block_ids, nonfinite=flags if report else None)
+    if cfg.kv_dtype.is_quantized:
+        f, w = store.flat, store.words
+        return Launch(_seal_quantized_kernel(cfg, report, True), (num, count), THREADS, (
+            _flat(k), _flat(v), w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"], block_ids, block_ids, first,
+            store.num_blocks, store.max_seqs, flags, _order(cfg), first_row, rows_in))
+    w = store.words
+    kernel = _seal_fp16_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim, report, True)
+    return Launch(kernel, (num, count), THREADS, (flat_words(k), flat_words(v), w["k_codes"], w["v_codes"], block_ids,
+                                                  block_ids, first, store.num_blocks, store.max_seqs, flags,
+                                                  first_row, rows_in))
+
+
+def _flat(x):
+    # a contiguous float16 device array (or tensor) as a flat float16 array (no copy)
+    return flat_words(x).view(np.float16)
+
+
+def _order(cfg: KVCacheConfig):
+    return _seal_order(cfg.kv_dtype.bits, cfg.head_dim, cfg.block_size, cfg.group_size)
 
 
 @functools.cache

@@ -16,6 +16,7 @@ from hexcore.cuda import (
     prepare_copy_tails,
     prepare_seal,
     seal,
+    seal_rows,
 )
 from tests import reference as ref
 
@@ -117,11 +118,91 @@ def test_seal_without_staging_in_shared_memory(monkeypatch, seed):
         write._seal_quantized_kernel.cache_clear()
 
 
+def check_seal_rows(cfg, seed, layer=None, nan=False):
+    """seal_rows of a prompt's full blocks writes the bytes that appending those rows into
+    tails and sealing them writes, and touches no tail; with a NaN, the same flags."""
+    rng = np.random.default_rng(seed)
+    L, BS, first_row, blocks = cfg.num_layers, cfg.block_size, 3, np.array([4, 1], np.int32)
+    n = first_row + len(blocks) * BS + 5
+    shape = (L, n, cfg.num_kv_heads, cfg.head_dim)
+    k, v = rng.standard_normal(shape).astype(np.float16), rng.standard_normal(shape).astype(np.float16)
+    if nan:
+        k[-1, first_row + BS + 2, 0, 1] = np.nan  # block 1 of the last layer
+    layers = range(L) if layer is None else [layer]
+    src = (k, v) if layer is None else (np.ascontiguousarray(k[layer]), np.ascontiguousarray(v[layer]))
+    flags = {}
+    stores = {}
+    for path in ("tails", "rows"):
+        store = DeviceKVStore(cfg, num_blocks=6, max_seqs=len(blocks))
+        store.poison()
+        flags[path] = cuda.to_device(np.full((len(layers), len(blocks)), 7, np.int32))
+        if path == "tails":
+            for i in range(len(blocks)):
+                append(store, *src, np.full(BS, i, np.int32), np.arange(BS, dtype=np.int32), layer=layer,
+                       rows=(first_row + i * BS, BS))
+            seal(store, np.arange(len(blocks), dtype=np.int32), blocks, layer=layer, nonfinite=flags[path])
+        else:
+            seal_rows(store, *src, first_row, blocks, layer=layer, nonfinite=flags[path])
+        stores[path] = snapshot(store)
+    tails, rows = stores["tails"], stores["rows"]
+    for name in rows:  # every block, layer and guard word alike: only the tails differ
+        if not name.endswith("tails"):
+            np.testing.assert_array_equal(rows[name].view(np.uint8), tails[name].view(np.uint8), err_msg=name)
+    assert np.isnan(rows["k_tails"]).all() and np.isnan(rows["v_tails"]).all()  # no tail touched
+    np.testing.assert_array_equal(flags["rows"].copy_to_host(), flags["tails"].copy_to_host())
+    assert flags["rows"].copy_to_host().sum() == (1 if nan and (layer is None or layer == L - 1) else 0)
+
+
+@pytest.mark.parametrize("cfg", SIM_CONFIGS, ids=ids)
+@pytest.mark.parametrize("layer", [None, 1], ids=["all", "layer1"])
+def test_seal_rows_writes_what_append_and_seal_write(cfg, layer, seed):
+    check_seal_rows(cfg, seed, layer, nan=True)
+
+
+def test_seal_rows_without_staging_in_shared_memory(monkeypatch, seed):
+    from hexcore.cuda import write
+
+    monkeypatch.setattr(write, "STAGE_BYTES", 0)
+    write._seal_quantized_kernel.cache_clear()
+    try:
+        check_seal_rows(SIM_CONFIGS[1], seed)
+    finally:
+        write._seal_quantized_kernel.cache_clear()
+
+
+@pytest.mark.parametrize("call,match", [
+    (dict(first_row=-1), "first_row"), (dict(first_row=30), "first_row"),
+    (dict(first_row=5), "need 37 rows, k has 36"), (dict(blocks=[1, 1]), "block_ids"),
+    (dict(blocks=[1, 9]), "block_ids"), (dict(rows=35), "v: expected"),
+])
+def test_seal_rows_refuses_bad_arguments_and_writes_nothing(call, match, seed):
+    cfg = SIM_CONFIGS[1]
+    store = DeviceKVStore(cfg, num_blocks=6, max_seqs=2)
+    store.poison()
+    before = snapshot(store)
+    rng = np.random.default_rng(seed)
+    shape = (cfg.num_layers, 36, cfg.num_kv_heads, cfg.head_dim)
+    k = rng.standard_normal(shape).astype(np.float16)
+    v = k[:, :call["rows"]].copy() if "rows" in call else k.copy()
+    with pytest.raises(HexcoreInvalidArgumentError, match=match):
+        seal_rows(store, k, v, call.get("first_row", 0), np.array(call.get("blocks", [1, 2]), np.int32))
+    after = snapshot(store)
+    for name in before:
+        np.testing.assert_array_equal(after[name].view(np.uint8), before[name].view(np.uint8))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", GPU_CONFIGS, ids=ids)
 def test_append_seal_roundtrip_gpu(cfg, seed):
     check_roundtrip(cfg, seed, None)
     check_roundtrip(cfg, seed + 1, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", GPU_CONFIGS, ids=ids)
+def test_seal_rows_writes_what_append_and_seal_write_gpu(cfg, seed):
+    check_seal_rows(cfg, seed, None, nan=True)
+    check_seal_rows(cfg, seed + 1, 1)
 
 
 @pytest.mark.parametrize("cfg", SIM_CONFIGS, ids=ids)
