@@ -30,13 +30,19 @@ Scheme names (``Scheme.parse``): tiers joined by ``+``, then options joined by `
     rot / rotk / rotv (Walsh-Hadamard of head_dim, ``hexcore.quant.rotate``, on K+V / K / V
     before quantizing), prerope (keys quantized before RoPE, re-rotated after: KVQuant;
     Llama models), oNN (per block and head, the NN channels of largest magnitude of K and
-    of V kept FP16, out of the scales), sink (block 0 stays FP16), f32 (K/V not rounded to FP16: checks the emulation
-    against the model's own attention with --sdpa)
+    of V kept FP16, out of the scales), koNN (the same for keys only, in 2-bit key tiers only),
+    sink (block 0 stays FP16), f32 (K/V not rounded to FP16: checks the emulation against
+    the model's own attention with --sdpa), fitk / nuk (2-bit key tiers only: each channel's
+    float16 pair (a, s) per block fitted by 3 Lloyd steps from the block's mean and std,
+    ``fit_levels``, instead of (min, scale)): fitk levels a + s * {0, 1, 2, 3} (today's
+    format and decode, only the seal's a = min and s = scale change: range clipped for
+    MSE), nuk non-uniform levels a + s * NU2 (NU2 a fixed codebook, the Lloyd-Max levels
+    of a standard normal: a 4-entry table in the decode kernel)
 
 Bytes per token are those of a llama-3-8b shaped cache (``hexcore.config.PRESETS``) at a
 4096-token context (``hexcore.quant.bytes_per_token``: every tier's codes and float16
 scales/mins, the FP16 window, the tail buffer; outlier channels add their FP16 values and
-a one-byte index per channel and block).
+a one-byte index per channel and block, on top of their codes; fitk/nuk add none).
 """
 
 from __future__ import annotations
@@ -162,6 +168,8 @@ class Scheme:
     rot_v: bool = False
     prerope: bool = False     # keys quantized before RoPE
     outliers: int = 0         # channels of largest magnitude per block and head kept FP16
+    key_outliers: int = 0     # the same for keys only, in 2-bit key tiers only
+    key_levels: str = ""      # 2-bit key tiers: "" (min, scale), "fitk" or "nuk" (Lloyd-fitted)
     sink: bool = False        # block 0 (the attention sink) stays FP16
     fp16: bool = True         # K/V rounded to float16 (the cache's storage); False only for checks
 
@@ -178,8 +186,10 @@ class Scheme:
                 tiers.append(quant.AgeTier(int(m[4] or 0), kb, vb))
         kw = dict(name=name, tiers=tuple(tiers), fp16=head != "f32")
         for o in opts:
-            if m := re.fullmatch(r"([bgo])(\d+)", o):
-                kw[dict(b="block", g="group", o="outliers")[m[1]]] = int(m[2])
+            if m := re.fullmatch(r"([bgo]|ko)(\d+)", o):
+                kw[dict(b="block", g="group", o="outliers", ko="key_outliers")[m[1]]] = int(m[2])
+            elif o in ("fitk", "nuk"):
+                kw["key_levels"] = o
             elif o in ("rot", "rotk", "rotv"):
                 kw["rot_k"] = kw.get("rot_k", False) or o in ("rot", "rotk")
                 kw["rot_v"] = kw.get("rot_v", False) or o in ("rot", "rotv")
@@ -201,6 +211,10 @@ class Scheme:
         if self.outliers:  # per quantized token: K and V FP16 values; per block: a byte per channel index
             quantized = int((level >= 0).sum()) * self.block
             b += heads * quantized * 2 * self.outliers * (quant.FP16_BYTES + 1 / self.block) / context
+        if self.key_outliers:  # per token of a 2-bit key tier: K's FP16 values; per block: the indices
+            two = [i for i, t in enumerate(self.tiers) if t.key_bits == 2]
+            quantized = int(np.isin(level, two).sum()) * self.block
+            b += heads * quantized * self.key_outliers * (quant.FP16_BYTES + 1 / self.block) / context
         return b
 
 
@@ -221,12 +235,46 @@ def _outlier_mask(xb: np.ndarray, r: int) -> np.ndarray:
     return np.broadcast_to(m[:, :, None, :], xb.shape)
 
 
-def quantize_keys(k: np.ndarray, bits: int, block: int, outliers: int = 0) -> np.ndarray:
+# Lloyd-Max levels of a standard normal at 4 levels (Max 1960): the nuk codebook
+NU2 = np.array([-1.5104, -0.4528, 0.4528, 1.5104])
+
+
+def fit_levels(kb: np.ndarray, codebook: np.ndarray, steps: int = 3) -> np.ndarray:
+    """float64 dequantized keys [H, NB, BS, D]: per (head, block, channel) the levels
+    a + s * codebook (a, s float16), fitted by `steps` Lloyd steps from a = mean - s * mean(codebook),
+    s = std / std(codebook); each step codes to the nearest level, then least-squares a, s."""
+    x = kb.astype(np.float32).astype(np.float64)
+    c = np.asarray(codebook, np.float64)
+    s = x.std(axis=2, keepdims=True) / c.std()
+    a = x.mean(axis=2, keepdims=True) - s * c.mean()
+
+    def code(a, s):
+        a, s = a.astype(np.float16).astype(np.float64), s.astype(np.float16).astype(np.float64)
+        lv = a[..., None] + s[..., None] * c  # [H, NB, 1, D, L]
+        return np.abs(x[..., None] - lv).argmin(-1), a, s
+
+    for _ in range(steps):
+        q, _, _ = code(a, s)
+        cq = c[q]
+        cm, xm = cq.mean(axis=2, keepdims=True), x.mean(axis=2, keepdims=True)
+        var = ((cq - cm) ** 2).mean(axis=2, keepdims=True)
+        cov = ((cq - cm) * (x - xm)).mean(axis=2, keepdims=True)
+        s = np.where(var > 0, np.maximum(cov, 0) / np.where(var > 0, var, 1), 0)
+        a = xm - s * cm
+    q, a, s = code(a, s)
+    return a + s * c[q]
+
+
+def quantize_keys(k: np.ndarray, bits: int, block: int, outliers: int = 0, levels: str = "") -> np.ndarray:
     """float64 dequantized keys [H, S, D] (float16-valued `k`, S a multiple of `block`):
-    per channel over each block, the reference quantizer; `outliers` channels kept exact."""
+    per channel over each block, the reference quantizer (or, at 2 bits, `levels` "fitk" /
+    "nuk": fit_levels); `outliers` channels kept exact."""
     H, S, D = k.shape
     kb = k.reshape(H, S // block, block, D)
-    out = _reference().fake_quantize(kb, bits, axis=2)
+    if levels and bits == 2:
+        out = fit_levels(kb, np.arange(4.0) if levels == "fitk" else NU2)
+    else:
+        out = _reference().fake_quantize(kb, bits, axis=2)
     if outliers:  # per-channel scales: an FP16 channel changes no other channel's scale
         m = _outlier_mask(kb, outliers)
         out = np.where(m, kb.astype(np.float16).astype(np.float64), out)
@@ -330,7 +378,8 @@ class Emulator:
         vin = quant.rotate(vin) if sc.rot_v else vin
         out = []
         for tier in sc.tiers:
-            kin = quantize_keys(kin, tier.key_bits, sc.block, sc.outliers)
+            kout = sc.outliers or (sc.key_outliers if tier.key_bits == 2 else 0)
+            kin = quantize_keys(kin, tier.key_bits, sc.block, kout, sc.key_levels)
             vin = quantize_values(vin, tier.value_bits, sc.group, sc.block, sc.outliers)
             ko = torch.from_numpy(quant.rotate(kin) if sc.rot_k else kin)
             if sc.prerope:
@@ -497,7 +546,13 @@ def self_check() -> None:
         assert np.array_equal(quantize_keys(k, bits, 32)[:, :32], ref.dequantize_keys(kc, km, bits))
         vc, vm = ref.quantize_values(k[:, :32].astype(np.float16), bits, 32)
         assert np.array_equal(quantize_values(k, bits, 32, 32)[:, :32], ref.dequantize_values(vc, vm, bits, 32))
-    print("self-check: RoPE inverse, Hadamard rotation, reference quantizer: ok")
+    kb = k.reshape(3, 2, 32, 128)  # fitk/nuk: 4 levels per channel and block, lower MSE than (min, scale)
+    err = {lv: ((quantize_keys(k, 2, 32, levels=lv) - k) ** 2).mean() for lv in ("", "fitk", "nuk")}
+    assert err["fitk"] < err[""] and err["nuk"] < err[""], err
+    for lv in ("fitk", "nuk"):
+        assert max(len(np.unique(c)) for c in quantize_keys(k, 2, 32, levels=lv).reshape(kb.shape)
+                   .transpose(0, 1, 3, 2).reshape(-1, 32)) <= 4
+    print("self-check: RoPE inverse, Hadamard rotation, reference quantizer, fitted 2-bit key levels: ok")
 
 
 def measure(model_name: str, window: int, tokens: int, schemes, json_path=None, sdpa=False):
