@@ -30,6 +30,7 @@ from ..._checks import as_int
 from ...errors import HexcoreInvalidArgumentError
 from ..arrays import check_outside_store, checked, checked_layer, checked_store
 from ..device import SIMULATOR
+from ..store import flat_words
 from ..streams import resolve_stream, torch_stream
 from .prefill_kernels import (EXTEND_THREADS, GATHER_THREADS, extend_grid, extend_kernel, gather_grid,
                               gather_kernel)
@@ -152,15 +153,16 @@ def _gather(store, layer, table, prefix_len, slot, k_new, v_new, k_out, v_out, s
     total = k_out.shape[1]
     if total == 0:
         return
-    if k_new is None:  # nothing past the prefix: any float16 array of the right rank serves
+    if k_new is None:  # nothing past the prefix: any float16 array serves
         k_new = v_new = k_out
-    codes = store.words if cfg.kv_dtype.is_quantized else store.flat
-    meta = store.flat.get("k_meta", store.flat["k_tails"]), store.flat.get("v_meta", store.flat["v_tails"])
+    w = store.words
+    meta = w.get("k_meta", w["k_tails"]), w.get("v_meta", w["v_tails"])  # (FP16 stores have none)
     if table.shape[0] == 0:  # no sealed block is read; the kernel still takes an array
         table = _placeholder_table(store)
     gather_kernel(cfg)[gather_grid(cfg, total), GATHER_THREADS, stream.numba](
-        codes["k_codes"], codes["v_codes"], *meta, store.flat["k_tails"], store.flat["v_tails"], table, layer,
-        store.num_blocks, store.max_seqs, slot, prefix_len, k_new, v_new, k_out, v_out)
+        w["k_codes"], w["v_codes"], *meta, w["k_tails"], w["v_tails"], table, layer, store.num_blocks,
+        store.max_seqs, slot, prefix_len, flat_words(k_new), flat_words(v_new), flat_words(k_out),
+        flat_words(v_out), total)
 
 
 def _sdpa_path(store, layer, table, prefix_len, slot, q, k_new, v_new, out, scale, stream, launch_stream) -> None:

@@ -19,7 +19,9 @@ import numpy as np
 from numba import cuda, float32
 
 from ... import layout
+from ..device import load_u32x4
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
+from .mma import half2_hi, half2_lo, pack_f16x2
 
 key_code_field = cuda.jit(device=True)(layout.key_code_field)
 value_code_field = cuda.jit(device=True)(layout.value_code_field)
@@ -30,90 +32,122 @@ EXTEND_THREADS = 128
 ROWS = 16  # query rows (query token, query head of one KV head) per CTA
 LANES = EXTEND_THREADS // ROWS  # threads that share one query row
 NAN = float32(math.nan)  # (a float16 constant is invalid NVVM IR; stores convert it)
+NAN_PAIR = np.uint32(0x7E007E00)  # two float16 NaN
 
 
 # -- gather ---------------------------------------------------------------------------
-def _sealed_readers(cfg):
-    """Device functions ``(key_at, value_at)``: float32 element (layer, block, head, token,
-    dim) of a sealed block, from the store's flat arrays (codes as float16 for FP16 stores,
-    as uint32 words otherwise; metadata float16)."""
+def _sealed_chunks(cfg):
+    """Device functions ``(key_chunk, value_chunk)``: channels ``d0 .. d0 + 7`` of (layer,
+    block, head, token) of a sealed block as four words of float16 pairs (low half first),
+    from the store's flat uint32 code and metadata words; dequantized in float32
+    (``scale * code + min``) and rounded to float16, as ``blocks.dequantize_blocks`` does."""
     H, BS, D, GS = cfg.num_kv_heads, cfg.block_size, cfg.head_dim, cfg.group_size
     bits, row, NG = cfg.kv_dtype.bits, cfg.row_bytes, cfg.num_groups
 
     if not cfg.kv_dtype.is_quantized:
         @cuda.jit(device=True)
-        def fp16_at(codes, meta, layer, block, h, t, d, num_blocks):
-            return float32(codes[code_offset(layer, block, h, t, num_blocks, H, BS, row) // 2 + d])
+        def fp16_chunk(codes, meta, layer, block, h, t, d0, num_blocks):
+            return load_u32x4(codes, (code_offset(layer, block, h, t, num_blocks, H, BS, row) + 2 * d0) // 4)
 
-        return fp16_at, fp16_at
+        return fp16_chunk, fp16_chunk
 
     mask = np.uint32((1 << bits) - 1)
     chunk = layout.value_chunk_dims(GS)
 
     @cuda.jit(device=True)
-    def key_at(words, meta, layer, block, h, t, d, num_blocks):
+    def key_code(words, at, d):
         word, field = key_code_field(d, bits)
-        at = code_offset(layer, block, h, t, num_blocks, H, BS, row) // 4 + word
-        q = float32((words[at] >> np.uint32(field * bits)) & mask)
-        m = key_meta_offset(layer, block, h, num_blocks, H, D) // 2
-        return float32(meta[m + d]) * q + float32(meta[m + D + d])
+        return float32((words[at + word] >> np.uint32(field * bits)) & mask)
 
     @cuda.jit(device=True)
-    def value_at(words, meta, layer, block, h, t, d, num_blocks):
-        word, field = value_code_field(t, d, bits, D, chunk)
-        at = code_offset(layer, block, h, 0, num_blocks, H, BS, row) // 4 + word
-        q = float32((words[at] >> np.uint32(field * bits)) & mask)
-        m = value_meta_offset(layer, block, h, t, num_blocks, H, BS, NG) // 2
-        return float32(meta[m + d // GS]) * q + float32(meta[m + NG + d // GS])
+    def key_chunk(words, meta, layer, block, h, t, d0, num_blocks):
+        # the 8 channels' scales and mins: 16 bytes each (a head's key metadata is 4 * D bytes)
+        at = code_offset(layer, block, h, t, num_blocks, H, BS, row) // 4
+        m = (key_meta_offset(layer, block, h, num_blocks, H, D) + 2 * d0) // 4
+        s0, s1, s2, s3 = load_u32x4(meta, m)
+        n0, n1, n2, n3 = load_u32x4(meta, m + D // 2)
+        return (key_pair(words, at, d0, s0, n0), key_pair(words, at, d0 + 2, s1, n1),
+                key_pair(words, at, d0 + 4, s2, n2), key_pair(words, at, d0 + 6, s3, n3))
 
-    return key_at, value_at
+    @cuda.jit(device=True)
+    def key_pair(words, at, d, scales, mins):
+        # channels d, d + 1 as one word of float16 (scales, mins: their float16 pairs)
+        return pack_f16x2(half2_lo(scales) * key_code(words, at, d) + half2_lo(mins),
+                          half2_hi(scales) * key_code(words, at, d + 1) + half2_hi(mins))
+
+    @cuda.jit(device=True)
+    def value_code(words, at, t, d):
+        word, field = value_code_field(t, d, bits, D, chunk)
+        return float32((words[at + word] >> np.uint32(field * bits)) & mask)
+
+    @cuda.jit(device=True)
+    def value_chunk(words, meta, layer, block, h, t, d0, num_blocks):
+        # 8 channels lie in one value group (group_size >= 32): one scale, one min
+        at = code_offset(layer, block, h, 0, num_blocks, H, BS, row) // 4
+        m = value_meta_offset(layer, block, h, t, num_blocks, H, BS, NG) // 2 + d0 // GS
+        scale, low = half_at(meta, m), half_at(meta, m + NG)
+        return (value_pair(words, at, t, d0, scale, low), value_pair(words, at, t, d0 + 2, scale, low),
+                value_pair(words, at, t, d0 + 4, scale, low), value_pair(words, at, t, d0 + 6, scale, low))
+
+    @cuda.jit(device=True)
+    def value_pair(words, at, t, d, scale, low):
+        return pack_f16x2(scale * value_code(words, at, t, d) + low, scale * value_code(words, at, t, d + 1) + low)
+
+    return key_chunk, value_chunk
+
+
+@cuda.jit(device=True)
+def half_at(words, i):
+    """Float16 ``i`` of a flat uint32 array, as float32."""
+    w = words[i // 2]
+    return half2_hi(w) if i % 2 else half2_lo(w)
 
 
 @functools.cache
 def gather_kernel(cfg):
     """The gather kernel of a cache config; grid ``ceil(H * S * D / 8 / GATHER_THREADS)``.
 
-    One thread writes ``DIMS_PER_THREAD`` consecutive channels of one (head, position)
-    row of K and of V. A sealed block id outside ``[0, num_blocks)`` (a device table is
+    One thread writes ``DIMS_PER_THREAD`` (8) consecutive channels of one (head, position)
+    row of K and of V: 16-byte loads of FP16 rows (new tokens, the tail, FP16 blocks), one
+    16-byte store per row. A sealed block id outside ``[0, num_blocks)`` (a device table is
     not checked) gives NaN rows, so a bad table shows in the output.
     """
     H, BS, D = cfg.num_kv_heads, cfg.block_size, cfg.head_dim
-    key_at, value_at = _sealed_readers(cfg)
-    chunks = D // DIMS_PER_THREAD
+    key_chunk, value_chunk = _sealed_chunks(cfg)
+    chunks, row_words = D // DIMS_PER_THREAD, D // 2
 
     @cuda.jit
     def kernel(k_src, v_src, k_meta, v_meta, k_tails, v_tails, table, layer, num_blocks, max_seqs, slot,
-               prefix_len, k_new, v_new, k_out, v_out):
-        # k_src, v_src: flat sealed codes; k_meta, v_meta: flat float16 metadata; k_tails,
-        # v_tails: flat float16 tails; table: int32 [>= prefix_len // BS];
-        # k_new, v_new: [n_new, H, D] float16; k_out, v_out: [H, prefix_len + n_new, D] float16
-        S = k_out.shape[1]
+               prefix_len, k_new, v_new, k_out, v_out, S):
+        # every array a flat uint32 view: k_src, v_src sealed codes; k_meta, v_meta float16
+        # metadata; k_tails, v_tails float16 tails; table int32 [>= prefix_len // BS];
+        # k_new, v_new [n_new, H, D] float16; k_out, v_out [H, S = prefix_len + n_new, D] float16
         i = cuda.grid(1)
         if i >= H * S * chunks:
             return
-        d0 = (i % chunks) * DIMS_PER_THREAD
+        c = i % chunks
         p = (i // chunks) % S
         h = i // (chunks * S)
+        out = (h * S + p) * row_words + 4 * c
         sealed = (prefix_len // BS) * BS
         if p >= prefix_len:  # a new token
-            for e in range(DIMS_PER_THREAD):
-                k_out[h, p, d0 + e] = k_new[p - prefix_len, h, d0 + e]
-                v_out[h, p, d0 + e] = v_new[p - prefix_len, h, d0 + e]
+            at = ((p - prefix_len) * H + h) * row_words + 4 * c
+            k0, k1, k2, k3 = load_u32x4(k_new, at)
+            v0, v1, v2, v3 = load_u32x4(v_new, at)
         elif p >= sealed:  # the prefix's open tail
-            at = tail_offset(layer, slot, h, p - sealed, max_seqs, H, BS, D) // 2 + d0
-            for e in range(DIMS_PER_THREAD):
-                k_out[h, p, d0 + e] = k_tails[at + e]
-                v_out[h, p, d0 + e] = v_tails[at + e]
+            at = tail_offset(layer, slot, h, p - sealed, max_seqs, H, BS, D) // 4 + 4 * c
+            k0, k1, k2, k3 = load_u32x4(k_tails, at)
+            v0, v1, v2, v3 = load_u32x4(v_tails, at)
         else:
             block = table[p // BS]
-            t = p % BS
-            for e in range(DIMS_PER_THREAD):
-                if block < 0 or block >= num_blocks:
-                    k_out[h, p, d0 + e] = NAN
-                    v_out[h, p, d0 + e] = NAN
-                else:
-                    k_out[h, p, d0 + e] = key_at(k_src, k_meta, layer, block, h, t, d0 + e, num_blocks)
-                    v_out[h, p, d0 + e] = value_at(v_src, v_meta, layer, block, h, t, d0 + e, num_blocks)
+            if block < 0 or block >= num_blocks:
+                k0 = k1 = k2 = k3 = v0 = v1 = v2 = v3 = NAN_PAIR
+            else:
+                t = p % BS
+                k0, k1, k2, k3 = key_chunk(k_src, k_meta, layer, block, h, t, 8 * c, num_blocks)
+                v0, v1, v2, v3 = value_chunk(v_src, v_meta, layer, block, h, t, 8 * c, num_blocks)
+        k_out[out], k_out[out + 1], k_out[out + 2], k_out[out + 3] = k0, k1, k2, k3
+        v_out[out], v_out[out + 1], v_out[out + 2], v_out[out + 3] = v0, v1, v2, v3
 
     return kernel
 

@@ -13,7 +13,7 @@ import pytest
 from numba import cuda
 
 from hexcore import HexcoreInvalidArgumentError, KVCacheConfig
-from hexcore.cuda import gather_prefix, prefill_attention
+from hexcore.cuda import dequantize_blocks, gather_prefix, prefill_attention
 from tests import reference as ref
 from tests.cuda.fill import random_cache
 
@@ -88,6 +88,21 @@ def test_gather_gives_the_dequantized_prefix_then_the_new_tokens(dtype, rng):
         np.testing.assert_array_equal(got[:, 35:], new.transpose(1, 0, 2))
         np.testing.assert_allclose(got[:, :35].astype(np.float64), prefix, rtol=1e-3, atol=1e-3)
         np.testing.assert_array_equal(got[:, 32:35], prefix[:, 32:35].astype(np.float16))  # the tail, exact
+    # the sealed rows are dequantize_blocks' float16, bit for bit
+    k_blocks, v_blocks = (x.copy_to_host() for x in dequantize_blocks(store, 1, np.ascontiguousarray(table[:2])))
+    for got, blocks in ((k_out, k_blocks), (v_out, v_blocks)):
+        want = blocks.transpose(1, 0, 2, 3).reshape(2, 32, 64)  # [H, 2 blocks x 16 tokens, D]
+        np.testing.assert_array_equal(got.copy_to_host()[:, :32].view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "int4"])
+def test_gather_gives_nan_rows_for_device_block_ids_out_of_range(dtype, rng):
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype=dtype, group_size=32)
+    store, table, slot, *_ = make_case(cfg, 32, 0, 1, rng)
+    bad = cuda.to_device(np.array([table[0], store.num_blocks], np.int32))  # device ids are not read back
+    k_out, v_out = (x.copy_to_host() for x in gather_prefix(store, 0, bad, 32))
+    for out in (k_out, v_out):
+        assert not np.isnan(out[:, :16]).any() and np.isnan(out[:, 16:]).all()
 
 
 def test_device_arrays_give_what_host_arrays_give(rng):
