@@ -949,7 +949,7 @@ def test_seeded_prefix_workload_with_quarantine(rng):
         elif op == 5 and len(model.quarantined) < 8 and rng.random() < 0.4:
             chains = [q for q in live if len(model.seqs[q]["blocks"]) > 1
                       and model.seqs[q]["blocks"][0] in model.content]
-            if chains and rng.random() < 0.5:  # a chain's root: its descendants leave the index too
+            if chains and (roots == 0 or rng.random() < 0.5):  # a chain's root: its descendants leave the index
                 block = model.seqs[chains[int(rng.integers(len(chains)))]]["blocks"][0]
             else:
                 block = int(rng.integers(32))
