@@ -210,6 +210,30 @@ class Engine:
         return prefill_attention(q, k, v, self.store, layer, table, prefix_len, seq_id, out=out, scale=self.scale,
                                  backend=backend, stream=stream)
 
+    def prefill_attention_batch(self, seq_ids, layer: int, q, k, v, n_new, out=None, backend: str = "auto",
+                                stream=None):
+        """:meth:`prefill_attention` of several sequences at once: one gather launch into a
+        padded scratch and one attention call (:func:`hexcore.cuda.prefill_attention_batch`).
+
+        ``seq_ids``: ``B`` distinct live sequences; ``q``: float16 ``[B, n_max, num_q_heads,
+        D]``; ``k``, ``v``: float16 ``[B, n_max, H, D]``; ``n_new``: host int32 ``[B]``, row
+        ``r``'s first ``n_new[r]`` entries being its new tokens (the rest padding). Returns
+        ``out`` ``[B, n_max, num_q_heads, D]``. Pending fork copies run first.
+        """
+        from .cuda import prefill_attention_batch
+
+        ids = _as_seq_ids(seq_ids)
+        if np.unique(ids).shape[0] != ids.shape[0]:
+            raise HexcoreInvalidArgumentError(f"seq_ids: a sequence appears twice in {ids.tolist()}")
+        tables = [self.cache.block_table(int(s)) for s in ids]  # (raises for a sequence that is not live)
+        padded = np.zeros((ids.shape[0], max([1] + [t.shape[0] for t in tables])), np.int32)
+        for r, table in enumerate(tables):
+            padded[r, :table.shape[0]] = table
+        prefix = np.array([self.cache.seq_len(int(s)) for s in ids], np.int32)
+        self._copy_forks(stream)
+        return prefill_attention_batch(q, k, v, self.store, layer, padded, prefix, ids, n_new, out=out,
+                                       scale=self.scale, backend=backend, stream=stream)
+
     # -- decode steps ----------------------------------------------------------------
     def buffers(self, batch: int):
         """The (q, k, v, out) views of a step of ``batch`` sequences (fill them before running)."""

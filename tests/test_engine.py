@@ -400,6 +400,27 @@ def test_a_cached_prefix_is_shared_and_only_the_rest_prefilled(rng):
     engine.cache.check_invariants()
 
 
+def test_prefill_attention_of_a_batch_is_its_rows_one_by_one(rng):
+    engine = make_engine("int4", layers=1)
+    seqs, news = [engine.add(), engine.add(), engine.add()], [3, 0, 5]
+    for seq, n in zip(seqs, (21, 16, 0)):  # a partial tail, a whole block, nothing yet
+        if n:
+            engine.prefill(seq, *random_kv(rng, engine, n))
+    cfg, n_max = engine.config, max(news)
+    q = rng.standard_normal((3, n_max, 2, cfg.head_dim)).astype(np.float16)
+    k, v = (rng.standard_normal((3, n_max, cfg.num_kv_heads, cfg.head_dim)).astype(np.float16) for _ in range(2))
+    got = engine.prefill_attention_batch(seqs, 0, q, k, v, np.array(news, np.int32), backend="numba").copy_to_host()
+    for r, (seq, n) in enumerate(zip(seqs, news)):
+        if n:
+            one = engine.prefill_attention(seq, 0, q[r, :n], k[r, :n], v[r, :n], backend="numba").copy_to_host()
+            np.testing.assert_array_equal(got[r, :n], one)
+        assert (got[r, n:] == 0).all()
+    with pytest.raises(HexcoreInvalidArgumentError, match="appears twice"):
+        engine.prefill_attention_batch([seqs[0], seqs[0], seqs[1]], 0, q, k, v, np.array(news, np.int32))
+    with pytest.raises(HexcoreInvalidSequenceError):
+        engine.prefill_attention_batch([seqs[0], seqs[1], 3], 0, q, k, v, np.array(news, np.int32))
+
+
 def test_chunked_prefill_attends_over_a_partial_tail(rng):
     engine, mirror = make_engine("int2", layers=1), Mirror()
     seq = engine.add()

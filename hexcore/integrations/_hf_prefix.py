@@ -119,8 +119,9 @@ class Extend:
     """``tokens`` new positions per row on rows that hold some already (a prompt's later
     chunk, the uncached rest of an admitted prompt, a continuation).
 
-    Per layer each live row's real new tokens attend over what the row holds plus
-    themselves, causally (``Engine.prefill_attention``); their K/V are staged as float16
+    Per layer the live rows' real new tokens attend over what each row holds plus
+    themselves, causally, all rows in one call (``Engine.prefill_attention_batch``: one
+    gather launch, one attention call); their K/V are staged as float16
     ``[L, n, H, D]`` and stored after the last layer (``Engine.prefill``, with their token
     ids when the prefix cache tracks the row). Padding positions and released rows get zeros.
     """
@@ -137,16 +138,24 @@ class Extend:
         engine = self.cache.engine
         stream = torch.cuda.current_stream(query.device) if query.is_cuda else None  # pending fork copies too
         out = query.new_zeros((self.batch, self.tokens, query.shape[1], query.shape[3]))
-        for row, seq in enumerate(self.cache.rows):
-            index = self.keep[row]
-            if seq < 0 or not index.numel():
-                continue
+        live = [(row, seq, self.keep[row]) for row, seq in enumerate(self.cache.rows)
+                if seq >= 0 and self.keep[row].numel()]
+        if not live:
+            return out
+        lengths = [int(index.numel()) for _, _, index in live]  # shapes: no synchronisation
+        n_max, (H, D) = max(lengths), (key.shape[1], key.shape[3])
+        q = query.new_zeros((len(live), n_max, query.shape[1], D), dtype=torch.float16)
+        k, v = (key.new_zeros((len(live), n_max, H, D), dtype=torch.float16) for _ in range(2))
+        for j, (row, _, index) in enumerate(live):  # each row's real tokens, padded to the longest
             self.k[row][layer] = key[row].index_select(1, index).transpose(0, 1)
             self.v[row][layer] = value[row].index_select(1, index).transpose(0, 1)
-            q = query[row].index_select(1, index).transpose(0, 1).to(torch.float16).contiguous()
-            got = engine.prefill_attention(seq, layer, for_engine(q), for_engine(self.k[row][layer]),
-                                           for_engine(self.v[row][layer]), stream=stream)
-            out[row].index_copy_(0, index, read_buffer(got, query).to(out.dtype))
+            q[j, :lengths[j]] = query[row].index_select(1, index).transpose(0, 1)
+            k[j, :lengths[j]], v[j, :lengths[j]] = self.k[row][layer], self.v[row][layer]
+        got = engine.prefill_attention_batch([seq for _, seq, _ in live], layer, for_engine(q), for_engine(k),
+                                             for_engine(v), np.array(lengths, np.int32), stream=stream)
+        got = read_buffer(got, query)
+        for j, (row, _, index) in enumerate(live):
+            out[row].index_copy_(0, index, got[j, :lengths[j]].to(out.dtype))
         return out
 
     def _start(self, key, mask) -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from .launcher import DecodePlan, Workspace, paged_decode
 from .options import DecodeOptions
 from .persistent import BudgetError, PersistentDecode, PersistentStats, persistent_decode
-from .prefill import gather_prefix, prefill_attention
+from .prefill import gather_prefix, prefill_attention, prefill_attention_batch
 
 __all__ = ["BudgetError", "DecodeOptions", "DecodePlan", "PersistentDecode", "PersistentStats", "Workspace",
-           "gather_prefix", "paged_decode", "persistent_decode", "prefill_attention"]
+           "gather_prefix", "paged_decode", "persistent_decode", "prefill_attention",
+           "prefill_attention_batch"]

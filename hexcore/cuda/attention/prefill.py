@@ -32,12 +32,13 @@ from ..arrays import check_outside_store, checked, checked_layer, checked_store
 from ..device import SIMULATOR
 from ..store import flat_words
 from ..streams import resolve_stream, torch_stream
-from .prefill_kernels import (EXTEND_THREADS, GATHER_THREADS, extend_grid, extend_kernel, gather_grid,
-                              gather_kernel)
+from .prefill_kernels import (EXTEND_THREADS, GATHER_THREADS, extend_grid, extend_kernel, gather_batch_kernel,
+                              gather_grid, gather_kernel)
 
 BACKENDS = ("auto", "sdpa", "numba")
 
-__all__ = ["BACKENDS", "gather_prefix", "prefill_attention", "sdpa_extend"]
+__all__ = ["BACKENDS", "gather_prefix", "prefill_attention", "prefill_attention_batch", "sdpa_extend",
+           "sdpa_extend_batch"]
 
 
 def gather_prefix(store, layer: int, block_table, prefix_len: int, tail_slot: int | None = None, k_new=None,
@@ -132,6 +133,93 @@ def prefill_attention(q, k_new, v_new, store, layer: int, block_table, prefix_le
     return out
 
 
+def prefill_attention_batch(q, k_new, v_new, store, layer: int, block_tables, prefix_lens, tail_slots, n_new, *,
+                            out=None, scale: float | None = None, backend: str = "auto", stream=None):
+    """:func:`prefill_attention` of ``B`` sequences at once: one gather launch for all rows
+    into a padded scratch, then one attention call (``sdpa``: one masked SDPA call;
+    ``numba``: the extend kernel per row).
+
+    Parameters
+    ----------
+    q : float16 ``[B, n_max, num_q_heads, D]``; k_new, v_new : float16 ``[B, n_max, H, D]``:
+        row ``r``'s first ``n_new[r]`` entries are its new tokens, the rest padding.
+    block_tables : host int32 ``[B, W]``, ``W >= prefix_lens[r] // block_size`` for every row.
+    prefix_lens, tail_slots, n_new : host int32 ``[B]``: cached tokens, tail slot (read when
+        a prefix ends inside a tail) and new tokens (at most ``n_max``) of each row.
+    out, scale, backend, stream : as in :func:`prefill_attention`; ``out`` is ``[B, n_max,
+        num_q_heads, D]``, and its padding rows are zeros (``numba``) or unspecified.
+
+    Returns ``out``. Bad arguments raise HexcoreInvalidArgumentError before anything is
+    launched. Allocates a scratch of ``2 * B * H * S_max * D`` float16, ``S_max`` the
+    longest ``prefix_lens[r] + n_new[r]``.
+    """
+    cfg = checked_store(store).config
+    layer, _ = checked_layer(layer, cfg.num_layers)
+    backend = _checked_backend(backend)
+    k_new = checked(k_new, "k_new", np.float16, (None, None, cfg.num_kv_heads, cfg.head_dim))
+    B, n_max = k_new.shape[0], k_new.shape[1]
+    v_new = checked(v_new, "v_new", np.float16, (B, n_max, cfg.num_kv_heads, cfg.head_dim))
+    q_in = q
+    q = checked(q, "q", np.float16, (B, n_max, None, cfg.head_dim))
+    num_q_heads = q.shape[2]
+    if num_q_heads == 0 or num_q_heads % cfg.num_kv_heads:
+        raise HexcoreInvalidArgumentError(
+            f"q: num_q_heads {num_q_heads} is not a positive multiple of num_kv_heads {cfg.num_kv_heads}")
+    prefix_lens, tail_slots, n_new, tables = _checked_rows(store, B, n_max, block_tables, prefix_lens, tail_slots,
+                                                           n_new)
+    scale = _checked_scale(scale, cfg.head_dim)
+    out_shape = (B, n_max, num_q_heads, cfg.head_dim)
+    if out is None:
+        out = _new_like(q_in, out_shape)
+    out_dev = checked(out, "out", np.float16, out_shape)
+    check_outside_store(store, out=out_dev)
+    launch_stream = resolve_stream(stream, q_in, k_new, v_new, out)
+    S_max = int((prefix_lens + n_new).max()) if B else 0
+    if S_max == 0 or n_max == 0:
+        return out
+    if backend == "sdpa":
+        _sdpa_batch_path(store, layer, tables, (prefix_lens, tail_slots, n_new), (q_in, q), k_new, v_new,
+                         (out, out_dev), scale, stream, launch_stream, S_max)
+        return out
+    shape = (B, cfg.num_kv_heads, S_max, cfg.head_dim)
+    k_s = cuda.device_array(shape, np.float16, stream=launch_stream.numba)
+    v_s = cuda.device_array(shape, np.float16, stream=launch_stream.numba)
+    _gather_batch(store, layer, tables, (prefix_lens, tail_slots, n_new), k_new, v_new, k_s, v_s, launch_stream)
+    group = num_q_heads // cfg.num_kv_heads
+    zeros = np.zeros(out_shape[1:], np.float16)
+    for r in range(B):
+        n = int(n_new[r])
+        if n < n_max:  # padding rows: zeros
+            out_dev[r].copy_to_device(zeros, stream=launch_stream.numba)
+        if n:
+            extend_kernel(cfg.head_dim, group)[extend_grid(n, group, cfg.num_kv_heads), EXTEND_THREADS,
+                                               launch_stream.numba](
+                q[r, :n], k_s[r, :, :int(prefix_lens[r]) + n], v_s[r, :, :int(prefix_lens[r]) + n],
+                int(prefix_lens[r]), np.float32(scale), out_dev[r, :n])
+    return out
+
+
+def sdpa_extend_batch(q, k, v, prefix_lens, n_new, scale: float | None = None):
+    """Causal extend attention of a padded batch with torch SDPA: ``q`` ``[B, n_max, Hq, D]``
+    over ``k``, ``v`` ``[B, H, S_max, D]`` (torch tensors, one device), query ``i`` of row
+    ``r`` seeing positions ``0 .. prefix_lens[r] + i`` (``prefix_lens``, ``n_new``: int
+    tensors ``[B]`` on that device); returns ``[B, n_max, Hq, D]`` (padding rows: the
+    attention over position 0 alone)."""
+    import torch
+    import torch.nn.functional as F
+
+    B, n_max, num_q_heads, _ = q.shape
+    S_max = k.shape[2]
+    i = torch.arange(n_max, device=q.device)[None, :, None]
+    p = torch.arange(S_max, device=q.device)[None, None, :]
+    start, n = prefix_lens[:, None, None], n_new[:, None, None]
+    allowed = (p <= start + i) & (i < n)
+    allowed = allowed | ((i >= n) & (p == 0))  # a padding row sees something: no NaN
+    result = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=allowed[:, None], scale=scale,
+                                            enable_gqa=num_q_heads != k.shape[1])
+    return result.transpose(1, 2)
+
+
 def sdpa_extend(q, k, v, scale: float | None = None):
     """Causal extend attention with torch SDPA: ``q`` ``[n, Hq, D]`` over ``k``, ``v``
     ``[H, S, D]`` (torch tensors, one device), query ``i`` seeing positions ``0 .. S - n + i``;
@@ -181,6 +269,37 @@ def _sdpa_path(store, layer, table, prefix_len, slot, q, k_new, v_new, out, scal
         out.copy_(sdpa_extend(q, k_s, v_s, scale))
 
 
+def _gather_batch(store, layer, tables, rows, k_new, v_new, k_out, v_out, stream) -> None:
+    cfg = store.config
+    prefix_lens, tail_slots, n_new = (checked(np.ascontiguousarray(x), name, np.int32, (None,), align=4)
+                                      for x, name in zip(rows, ("prefix_lens", "tail_slots", "n_new")))
+    B, S_max = k_out.shape[0], k_out.shape[2]
+    w = store.words
+    meta = w.get("k_meta", w["k_tails"]), w.get("v_meta", w["v_tails"])  # (FP16 stores have none)
+    grid = (gather_grid(cfg, S_max), B)
+    gather_batch_kernel(cfg)[grid, GATHER_THREADS, stream.numba](
+        w["k_codes"], w["v_codes"], *meta, w["k_tails"], w["v_tails"], tables, layer, store.num_blocks,
+        store.max_seqs, tail_slots, prefix_lens, n_new, flat_words(k_new), flat_words(v_new), flat_words(k_out),
+        flat_words(v_out), S_max, k_new.shape[1])
+
+
+def _sdpa_batch_path(store, layer, tables, rows, q, k_new, v_new, out, scale, stream, launch_stream, S_max):
+    import torch
+
+    cfg = store.config
+    (q, q_dev), (out, out_dev) = q, out
+    q, out = (x if isinstance(x, torch.Tensor) else torch.as_tensor(dev, device="cuda")
+              for x, dev in ((q, q_dev), (out, out_dev)))
+    shape = (q.shape[0], cfg.num_kv_heads, S_max, cfg.head_dim)
+    with torch_stream(torch, stream, launch_stream):
+        k_s = torch.empty(shape, dtype=torch.float16, device=q.device)
+        v_s = torch.empty(shape, dtype=torch.float16, device=q.device)
+        _gather_batch(store, layer, tables, rows, k_new, v_new, cuda.as_cuda_array(k_s), cuda.as_cuda_array(v_s),
+                      launch_stream)
+        prefix_lens, n_new = (torch.from_numpy(np.asarray(x, np.int64)).to(q.device) for x in (rows[0], rows[2]))
+        out.copy_(sdpa_extend_batch(q, k_s, v_s, prefix_lens, n_new, scale))
+
+
 # -- checks ---------------------------------------------------------------------------
 def _checked_prefix(store, block_table, prefix_len, tail_slot):
     """(prefix_len, device table, tail slot or 0)."""
@@ -211,6 +330,45 @@ def _checked_prefix(store, block_table, prefix_len, tail_slot):
             f"tail_slot: prefix_len {prefix_len} ends inside a tail (block_size {cfg.block_size}); give the "
             f"sequence's tail slot")
     return prefix_len, table, as_int("tail_slot", tail_slot, low=0, high=store.max_seqs - 1)
+
+
+def _checked_rows(store, B: int, n_max: int, block_tables, prefix_lens, tail_slots, n_new):
+    """Host int32 (prefix_lens, tail_slots, n_new) [B] and the device tables [B, >= 1] of
+    :func:`prefill_attention_batch`, every entry it reads range-checked."""
+    cfg = store.config
+    arrays = []
+    for name, x in (("prefix_lens", prefix_lens), ("tail_slots", tail_slots), ("n_new", n_new)):
+        if not isinstance(x, np.ndarray) or x.dtype != np.int32 or x.shape != (B,):
+            got = f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
+            raise HexcoreInvalidArgumentError(f"{name}: expected a host int32 array of shape ({B},), got {got}")
+        arrays.append(x)
+    prefix_lens, tail_slots, n_new = arrays
+    for name, x, low, high in (("prefix_lens", prefix_lens, 0, 2**31 - 1 - n_max), ("n_new", n_new, 0, n_max)):
+        bad = np.flatnonzero((x < low) | (x > high))
+        if bad.size:
+            raise HexcoreInvalidArgumentError(f"{name}[{bad[0]}] = {x[bad[0]]} is outside [{low}, {high}]")
+    in_tail = np.flatnonzero((prefix_lens % cfg.block_size != 0)
+                             & ((tail_slots < 0) | (tail_slots >= store.max_seqs)))
+    if in_tail.size:
+        r = in_tail[0]
+        raise HexcoreInvalidArgumentError(f"tail_slots[{r}] = {tail_slots[r]} is outside [0, {store.max_seqs}) for "
+                                          f"prefix_lens[{r}] = {prefix_lens[r]}, which ends inside a tail")
+    sealed = prefix_lens // cfg.block_size
+    if not isinstance(block_tables, np.ndarray) or block_tables.dtype != np.int32 or block_tables.ndim != 2 \
+            or block_tables.shape[0] != B or block_tables.shape[1] < max(int(sealed.max(initial=0)), 1):
+        got = f"{block_tables.dtype} {block_tables.shape}" if isinstance(block_tables, np.ndarray) else \
+            type(block_tables).__name__
+        raise HexcoreInvalidArgumentError(f"block_tables: expected a host int32 array of shape ({B}, >= "
+                                          f"{max(int(sealed.max(initial=0)), 1)}), got {got}")
+    used = np.arange(block_tables.shape[1])[None, :] < sealed[:, None]
+    bad = np.argwhere(used & ((block_tables < 0) | (block_tables >= store.num_blocks)))
+    if bad.size:
+        r, j = bad[0]
+        raise HexcoreInvalidArgumentError(f"block_tables[{r}, {j}] = {block_tables[r, j]} is outside "
+                                          f"[0, {store.num_blocks}) for prefix_lens[{r}] = {prefix_lens[r]}")
+    tables = checked(np.ascontiguousarray(np.where(used, block_tables, 0)), "block_tables", np.int32,
+                     (B, None), align=4)
+    return prefix_lens, tail_slots, n_new, tables
 
 
 def _checked_new(cfg, k_new, v_new):

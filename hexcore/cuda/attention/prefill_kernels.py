@@ -104,6 +104,37 @@ def half_at(words, i):
 
 
 @functools.cache
+def _prefix_chunk(cfg):
+    """``prefix_chunk(...)``: channels ``8 c .. 8 c + 7`` of cached position ``p`` of KV head
+    ``h`` as four K and four V words of float16 pairs: from the sealed block ``block`` (NaN
+    when it is outside ``[0, num_blocks)``) below ``sealed``, else from tail ``slot``."""
+    H, BS, D = cfg.num_kv_heads, cfg.block_size, cfg.head_dim
+    key_chunk, value_chunk = _sealed_chunks(cfg)
+
+    @cuda.jit(device=True)
+    def prefix_chunk(k_src, v_src, k_meta, v_meta, k_tails, v_tails, block, layer, num_blocks, max_seqs, slot, h,
+                     p, sealed, c):
+        if p >= sealed:  # the prefix's open tail
+            at = tail_offset(layer, slot, h, p - sealed, max_seqs, H, BS, D) // 4 + 4 * c
+            k0, k1, k2, k3 = load_u32x4(k_tails, at)
+            v0, v1, v2, v3 = load_u32x4(v_tails, at)
+        elif block < 0 or block >= num_blocks:
+            k0 = k1 = k2 = k3 = v0 = v1 = v2 = v3 = NAN_PAIR
+        else:
+            k0, k1, k2, k3 = key_chunk(k_src, k_meta, layer, block, h, p % BS, 8 * c, num_blocks)
+            v0, v1, v2, v3 = value_chunk(v_src, v_meta, layer, block, h, p % BS, 8 * c, num_blocks)
+        return k0, k1, k2, k3, v0, v1, v2, v3
+
+    return prefix_chunk
+
+
+@cuda.jit(device=True)
+def _store_chunk(k_out, v_out, out, k0, k1, k2, k3, v0, v1, v2, v3):
+    k_out[out], k_out[out + 1], k_out[out + 2], k_out[out + 3] = k0, k1, k2, k3
+    v_out[out], v_out[out + 1], v_out[out + 2], v_out[out + 3] = v0, v1, v2, v3
+
+
+@functools.cache
 def gather_kernel(cfg):
     """The gather kernel of a cache config; grid ``ceil(H * S * D / 8 / GATHER_THREADS)``.
 
@@ -113,7 +144,7 @@ def gather_kernel(cfg):
     not checked) gives NaN rows, so a bad table shows in the output.
     """
     H, BS, D = cfg.num_kv_heads, cfg.block_size, cfg.head_dim
-    key_chunk, value_chunk = _sealed_chunks(cfg)
+    prefix_chunk = _prefix_chunk(cfg)
     chunks, row_words = D // DIMS_PER_THREAD, D // 2
 
     @cuda.jit
@@ -125,29 +156,57 @@ def gather_kernel(cfg):
         i = cuda.grid(1)
         if i >= H * S * chunks:
             return
-        c = i % chunks
-        p = (i // chunks) % S
-        h = i // (chunks * S)
+        c, p, h = i % chunks, (i // chunks) % S, i // (chunks * S)
         out = (h * S + p) * row_words + 4 * c
         sealed = (prefix_len // BS) * BS
         if p >= prefix_len:  # a new token
             at = ((p - prefix_len) * H + h) * row_words + 4 * c
             k0, k1, k2, k3 = load_u32x4(k_new, at)
             v0, v1, v2, v3 = load_u32x4(v_new, at)
-        elif p >= sealed:  # the prefix's open tail
-            at = tail_offset(layer, slot, h, p - sealed, max_seqs, H, BS, D) // 4 + 4 * c
-            k0, k1, k2, k3 = load_u32x4(k_tails, at)
-            v0, v1, v2, v3 = load_u32x4(v_tails, at)
+            _store_chunk(k_out, v_out, out, k0, k1, k2, k3, v0, v1, v2, v3)
         else:
-            block = table[p // BS]
-            if block < 0 or block >= num_blocks:
-                k0 = k1 = k2 = k3 = v0 = v1 = v2 = v3 = NAN_PAIR
-            else:
-                t = p % BS
-                k0, k1, k2, k3 = key_chunk(k_src, k_meta, layer, block, h, t, 8 * c, num_blocks)
-                v0, v1, v2, v3 = value_chunk(v_src, v_meta, layer, block, h, t, 8 * c, num_blocks)
-        k_out[out], k_out[out + 1], k_out[out + 2], k_out[out + 3] = k0, k1, k2, k3
-        v_out[out], v_out[out + 1], v_out[out + 2], v_out[out + 3] = v0, v1, v2, v3
+            block = table[p // BS] if p < sealed else 0
+            _store_chunk(k_out, v_out, out, *prefix_chunk(k_src, v_src, k_meta, v_meta, k_tails, v_tails, block,
+                                                          layer, num_blocks, max_seqs, slot, h, p, sealed, c))
+
+    return kernel
+
+
+@functools.cache
+def gather_batch_kernel(cfg):
+    """The gather of a batch of sequences, one launch; grid ``(ceil(H * S_max * D / 8 /
+    GATHER_THREADS), B)``: row ``r`` writes positions ``0 .. prefix_lens[r] + n_new[r]`` of
+    ``[B, H, S_max, D]`` as :func:`gather_kernel` does and zeros after (padding that an
+    attention mask hides must still be finite)."""
+    H, BS, D = cfg.num_kv_heads, cfg.block_size, cfg.head_dim
+    prefix_chunk = _prefix_chunk(cfg)
+    chunks, row_words = D // DIMS_PER_THREAD, D // 2
+
+    @cuda.jit
+    def kernel(k_src, v_src, k_meta, v_meta, k_tails, v_tails, tables, layer, num_blocks, max_seqs, slots,
+               prefix_lens, n_new, k_new, v_new, k_out, v_out, S_max, n_max):
+        # tables int32 [B, W]; slots, prefix_lens, n_new int32 [B]; k_new, v_new [B, n_max, H, D]
+        # and k_out, v_out [B, H, S_max, D] float16 as flat uint32 views
+        i = cuda.grid(1)
+        r = cuda.blockIdx.y
+        if i >= H * S_max * chunks:
+            return
+        c, p, h = i % chunks, (i // chunks) % S_max, i // (chunks * S_max)
+        out = ((r * H + h) * S_max + p) * row_words + 4 * c
+        prefix_len = prefix_lens[r]
+        sealed = (prefix_len // BS) * BS
+        if p >= prefix_len + n_new[r]:
+            z = np.uint32(0)
+            _store_chunk(k_out, v_out, out, z, z, z, z, z, z, z, z)
+        elif p >= prefix_len:  # a new token
+            at = ((r * n_max + p - prefix_len) * H + h) * row_words + 4 * c
+            k0, k1, k2, k3 = load_u32x4(k_new, at)
+            v0, v1, v2, v3 = load_u32x4(v_new, at)
+            _store_chunk(k_out, v_out, out, k0, k1, k2, k3, v0, v1, v2, v3)
+        else:
+            block = tables[r, p // BS] if p < sealed else 0
+            _store_chunk(k_out, v_out, out, *prefix_chunk(k_src, v_src, k_meta, v_meta, k_tails, v_tails, block,
+                                                          layer, num_blocks, max_seqs, slots[r], h, p, sealed, c))
 
     return kernel
 

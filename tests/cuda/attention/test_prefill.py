@@ -13,7 +13,7 @@ import pytest
 from numba import cuda
 
 from hexcore import HexcoreInvalidArgumentError, KVCacheConfig
-from hexcore.cuda import dequantize_blocks, gather_prefix, prefill_attention
+from hexcore.cuda import dequantize_blocks, gather_prefix, prefill_attention, prefill_attention_batch
 from tests import reference as ref
 from tests.cuda.fill import random_cache
 
@@ -162,6 +162,75 @@ def test_bad_arguments_raise_and_leave_out_unwritten(rng):
     bad_out = store.v_tails.reshape(store.v_tails.size)[:q.size].reshape(q.shape)
     with pytest.raises(HexcoreInvalidArgumentError, match="out: lies inside the store's memory"):
         prefill_attention(**{**good, "out": bad_out})
+
+
+# -- a batch of sequences at once ---------------------------------------------------------
+def batch_case(cfg, prefix_lens, n_new, group, rng):
+    """Sequences with ``prefix_lens`` cached tokens and ``n_new`` new ones, padded to the
+    longest: (store, tables, tails, q, k_new, v_new, per-row expected outputs)."""
+    store, tables, tails, keys, values = random_cache(cfg, prefix_lens, rng)
+    B, n_max, H, D = len(prefix_lens), max(n_new), cfg.num_kv_heads, cfg.head_dim
+    q = rng.standard_normal((B, n_max, H * group, D)).astype(np.float16)
+    k_new = rng.standard_normal((B, n_max, H, D)).astype(np.float16)
+    v_new = rng.standard_normal((B, n_max, H, D)).astype(np.float16)
+    expect = [extend_reference(q[r, :n], keys[r], values[r], k_new[r, :n], v_new[r, :n], 1 / math.sqrt(D))
+              for r, n in enumerate(n_new)]
+    return store, tables, tails, q, k_new, v_new, expect
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "int4", "int2"])
+def test_a_batch_attends_as_its_rows_do_one_by_one(dtype, rng):
+    # prefixes ending inside a tail, on a block boundary and empty; a row with no new token
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype=dtype, group_size=32)
+    prefix_lens, n_new = [35, 32, 0, 7], [3, 5, 4, 0]
+    store, tables, tails, q, k_new, v_new, expect = batch_case(cfg, prefix_lens, n_new, 2, rng)
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+    prefill_attention_batch(q, k_new, v_new, store, 0, tables, np.array(prefix_lens, np.int32), tails,
+                            np.array(n_new, np.int32), out=out, backend="numba")
+    got = out.copy_to_host()
+    for r, n in enumerate(n_new):
+        assert not np.isnan(got[r]).any() and (got[r, n:] == 0).all()  # padding rows: zeros
+        if n:
+            one = prefill_attention(q[r, :n], k_new[r, :n], v_new[r, :n], store, 0, tables[r], prefix_lens[r],
+                                    int(tails[r]), backend="numba").copy_to_host()
+            np.testing.assert_array_equal(got[r, :n], one)  # the same scratch values, the same kernel
+            assert ref.relative_l2(got[r, :n], expect[r]) <= TOLERANCE
+
+
+def test_sdpa_extend_batch_matches_the_rows_on_cpu(rng):
+    torch = pytest.importorskip("torch")
+    from hexcore.cuda.attention.prefill import sdpa_extend, sdpa_extend_batch
+
+    prefix_lens, n_new, n_max, S_max = [5, 0, 9], [3, 2, 0], 3, 12
+    q = torch.from_numpy(rng.standard_normal((3, n_max, 4, 16)).astype(np.float32))
+    k = torch.from_numpy(rng.standard_normal((3, 2, S_max, 16)).astype(np.float32))
+    v = torch.from_numpy(rng.standard_normal((3, 2, S_max, 16)).astype(np.float32))
+    got = sdpa_extend_batch(q, k, v, torch.tensor(prefix_lens), torch.tensor(n_new))
+    assert torch.isfinite(got).all()
+    for r, (start, n) in enumerate(zip(prefix_lens, n_new)):
+        if n:
+            want = sdpa_extend(q[r, :n], k[r, :, :start + n], v[r, :, :start + n])
+            torch.testing.assert_close(got[r, :n], want)
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(prefix_lens=np.array([35, -1], np.int32)), r"prefix_lens\[1\] = -1"),
+    (dict(n_new=np.array([3, 4], np.int32)), r"n_new\[1\] = 4 is outside \[0, 3\]"),
+    (dict(n_new=[3, 3]), "n_new: expected a host int32 array"),
+    (dict(tail_slots=np.array([9, 0], np.int32)), r"tail_slots\[0\] = 9"),
+    (dict(block_tables=np.zeros((2, 1), np.int32)), r"block_tables: expected .* \(2, >= 2\)"),
+    (dict(block_tables=np.full((2, 3), 99, np.int32)), r"block_tables\[0, 0\] = 99"),
+])
+def test_batch_arguments_are_checked_before_anything_runs(change, match, rng):
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
+    store, tables, tails, q, k_new, v_new, _ = batch_case(cfg, [35, 16], [3, 3], 1, rng)
+    args = dict(block_tables=tables, prefix_lens=np.array([35, 16], np.int32), tail_slots=tails,
+                n_new=np.array([3, 3], np.int32))
+    args.update(change)
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+    with pytest.raises(HexcoreInvalidArgumentError, match=match):
+        prefill_attention_batch(q, k_new, v_new, store, 0, out=out, backend="numba", **args)
+    assert np.isnan(out.copy_to_host()).all()
 
 
 # -- GPU --------------------------------------------------------------------------------
