@@ -251,6 +251,25 @@ def test_prefill_matches_reference_gpu(backend, dtype, head_dim, group, prefix_l
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["numba", "sdpa"])
+@pytest.mark.parametrize("dtype", ["fp16", "int4", "int2"])
+def test_a_batch_matches_the_reference_gpu(backend, dtype, rng):
+    if backend == "sdpa":
+        pytest.importorskip("torch")
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=128, block_size=32, kv_dtype=dtype, group_size=64)
+    prefix_lens, n_new = [2048, 333, 0, 64], [64, 200, 17, 0]
+    store, tables, tails, q, k_new, v_new, expect = batch_case(cfg, prefix_lens, n_new, 4, rng)
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+    prefill_attention_batch(q, k_new, v_new, store, 0, tables, np.array(prefix_lens, np.int32), tails,
+                            np.array(n_new, np.int32), out=out, backend=backend)
+    got = out.copy_to_host()
+    for r, n in enumerate(n_new):
+        assert not np.isnan(got[r, :n]).any()
+        if n:
+            assert ref.relative_l2(got[r, :n], expect[r]) <= TOLERANCE, r
+
+
+@pytest.mark.gpu
 def test_prefill_with_torch_tensors_runs_on_the_current_stream(rng):
     torch = pytest.importorskip("torch")
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=128, block_size=32, kv_dtype="int4", group_size=64)
