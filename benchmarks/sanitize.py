@@ -1,7 +1,7 @@
 """Every kernel once on small shapes, for compute-sanitizer (memcheck, racecheck,
 initcheck, synccheck): append, seal (from tails and from rows), copy (blocks, tails), dequantize, the layout check,
 paged decode (every dtype, MHA and GQA, one split and many, a head group of 9), a
-DecodeGraph step (and one that verifies blocks against their digests inside the step), prefill over a cached prefix (gather and extend kernels), block
+DecodeGraph step (and one that verifies blocks against their digests inside the step), prefill over a cached prefix (gather and extend kernels, one sequence and a batch), block
 checksums and guard words, and the persistent decode (several slices).
 
     compute-sanitizer --tool racecheck python3 -m benchmarks.sanitize
@@ -17,7 +17,7 @@ from numba import cuda
 from hexcore import KVCacheConfig
 from hexcore.cuda import (DecodeGraph, DecodeOptions, DeviceKVStore, append, copy_blocks, copy_tails,
                           dequantize_blocks, layout_agrees, nonfinite_flags, paged_decode, persistent_decode,
-                          prefill_attention, seal, seal_rows)
+                          prefill_attention, prefill_attention_batch, seal, seal_rows)
 from hexcore.cuda.integrity import check_guards, checksum_blocks
 
 SPLIT = DecodeOptions(ctas_per_sm=64, min_split_blocks=1)
@@ -82,6 +82,11 @@ def run_new_kernels(store, tables, rng) -> None:
     q = rng.standard_normal((5, 8, 128)).astype(np.float16)
     kv = rng.standard_normal((5, 2, 128)).astype(np.float16)
     out = prefill_attention(q, kv, kv, store, 0, tables[0], 35, 0, backend="numba")
+    cuda.synchronize()
+    assert not np.isnan(out.copy_to_host()).any()
+    qb, kvb = np.stack([q, q]), np.stack([kv, kv])  # two rows, one padded: the batched gather and extend
+    out = prefill_attention_batch(qb, kvb, kvb, store, 0, tables, np.array([35, 32], np.int32),
+                                  np.array([0, 1], np.int32), np.array([5, 3], np.int32), backend="numba")
     cuda.synchronize()
     assert not np.isnan(out.copy_to_host()).any()
     checksum_blocks(store, np.array([5, 6], np.int32))
