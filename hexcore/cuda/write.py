@@ -156,12 +156,7 @@ def append_launch(store, k, v, slots, positions, layer=None, rows=None) -> Launc
     twice (one launch would write it twice: a race); device arrays are trusted
     (``arrays``: the kernel skips ids out of range).
     """
-    cfg = checked_store(store).config
-    first, count = _layer_range(layer, cfg.num_layers)
-    lead = () if layer is not None else (cfg.num_layers,)
-    k = checked(k, "k", np.float16, lead + (None, cfg.num_kv_heads, cfg.head_dim))
-    rows_in = tuple(k.shape)[-3]
-    v = checked(v, "v", np.float16, lead + (rows_in, cfg.num_kv_heads, cfg.head_dim))
+    cfg, first, count, k, v, rows_in = _checked_kv_rows(store, k, v, layer)
     row0, num_tokens = _row_range(rows, rows_in)
     host = slots, positions
     slots = checked_ids(slots, "slots", num_tokens, store.max_seqs)
@@ -173,6 +168,18 @@ def append_launch(store, k, v, slots, positions, layer=None, rows=None) -> Launc
     return Launch(kernel, (blocks, count), THREADS, (store.words["k_tails"], store.words["v_tails"], flat_words(k),
                                                     flat_words(v), slots, positions, num_tokens, first,
                                                     store.max_seqs, row0, rows_in))
+
+
+def _checked_kv_rows(store, k, v, layer):
+    """(config, first layer, layer count, k, v, rows) of K/V rows given to the write path:
+    float16 ``[n, H, D]`` for one ``layer``, ``[L, n, H, D]`` for all (``layer=None``)."""
+    cfg = checked_store(store).config
+    first, count = _layer_range(layer, cfg.num_layers)
+    lead = () if layer is not None else (cfg.num_layers,)
+    k = checked(k, "k", np.float16, lead + (None, cfg.num_kv_heads, cfg.head_dim))
+    rows_in = tuple(k.shape)[-3]
+    v = checked(v, "v", np.float16, lead + (rows_in, cfg.num_kv_heads, cfg.head_dim))
+    return cfg, first, count, k, v, rows_in
 
 
 def _row_range(rows, rows_in: int) -> tuple[int, int]:
@@ -440,12 +447,7 @@ def seal_rows(store: DeviceKVStore, k, v, first_row: int, block_ids, layer: int 
 
 def seal_rows_launch(store, k, v, first_row, block_ids, layer=None, nonfinite=None) -> Launch:
     """Validate :func:`seal_rows`'s arguments; the launch that does it."""
-    cfg = checked_store(store).config
-    first, count = _layer_range(layer, cfg.num_layers)
-    lead = () if layer is not None else (cfg.num_layers,)
-    k = checked(k, "k", np.float16, lead + (None, cfg.num_kv_heads, cfg.head_dim))
-    rows_in = tuple(k.shape)[-3]
-    v = checked(v, "v", np.float16, lead + (rows_in, cfg.num_kv_heads, cfg.head_dim))
+    cfg, first, count, k, v, rows_in = _checked_kv_rows(store, k, v, layer)
     host = block_ids
     block_ids = checked_ids(block_ids, "block_ids", None, store.num_blocks)
     num = block_ids.shape[0]
