@@ -212,10 +212,11 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False, from_rows: 
     ROW = D if STAGED else SRC_ROW  # the same in what the loops below read
 
     @cuda.jit
-    def kernel(k_tails, v_tails, k_codes, v_codes, k_meta, v_meta, slots, block_ids, first_layer, num_blocks,
+    def kernel(k_src, v_src, k_codes, v_codes, k_meta, v_meta, slots, block_ids, first_layer, num_blocks,
                max_seqs, nonfinite, order, row0, rows_in):
-        # tails, meta: flat float16; codes: flat uint32 words; one CTA per (seal, layer), a
-        # head at a time: its scales and mins (kept in shared memory), then its code words.
+        # k_src, v_src: the flat float16 tails (from_rows: the K/V rows); meta: flat float16;
+        # codes: flat uint32 words; one CTA per (seal, layer), a head at a time: its scales
+        # and mins (kept in shared memory), then its code words.
         # nonfinite: int32 [layers, seals] (with report), 1 where a group was not finite.
         # order: int32 [2, run_words], seal_order's key rotations and value word order
         s = cuda.blockIdx.x
@@ -239,12 +240,12 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False, from_rows: 
             if STAGED:  # coalesced reads of the tail once; the code words below gather from shared memory
                 for i in range(cuda.threadIdx.x, TAIL, cuda.blockDim.x):
                     j = src + (i // D) * SRC_ROW + i % D
-                    s_k[i] = k_tails[j]
-                    s_v[i] = v_tails[j]
+                    s_k[i] = k_src[j]
+                    s_v[i] = v_src[j]
                 cuda.syncthreads()  # the head's tail rows staged
                 keys, values, at = s_k, s_v, 0
             else:
-                keys, values, at = k_tails, v_tails, src
+                keys, values, at = k_src, v_src, src
             for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):  # keys: per channel over the tokens
                 bad |= _write_params(keys, at + d, ROW, BS, k_meta,
                                      key_meta_offset(layer, block, h, num_blocks, H, D) // 2 + d, D, levels, s_key, d)
