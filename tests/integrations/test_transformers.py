@@ -523,15 +523,17 @@ ARCH_IDS = ["llama-gqa-d64", "qwen2-d128", "mistral-mqa-d128"]
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ARCHS, ids=ARCH_IDS)
-@pytest.mark.parametrize("lengths", [[37], [45, 12, 33, 20]], ids=["batch1", "ragged4"])
-def test_gpu_fp16_generate_is_token_identical(arch, lengths, seed):
+@pytest.mark.parametrize("lengths,chunk", [([37], None), ([45, 12, 33, 20], None), ([45, 12, 33, 20], 16)],
+                         ids=["batch1", "ragged4", "ragged4-chunked16"])
+def test_gpu_fp16_generate_is_token_identical(arch, lengths, chunk, seed):
+    # chunked: the prompt prefilled 16 tokens at a time (each chunk over what the rows hold)
     model = tiny_model(seed, **arch)
     ids, mask = ragged_prompts(seed, lengths)
     ref = generate(model, transformers.DynamicCache(config=model.config), ids, mask, 32)
     cache = make_cache(model, block_size=32)
-    got = generate(model, cache, ids, mask, 32)
+    got = generate(model, cache, ids, mask, 32, **({} if chunk is None else {"prefill_chunk_size": chunk}))
     worst = worst_logits_error(got, ref)
-    print(f"fp16 {ARCH_IDS[ARCHS.index(arch)]} {lengths}: worst logits rel err {worst:.2e}")
+    print(f"fp16 {ARCH_IDS[ARCHS.index(arch)]} {lengths} chunk {chunk}: worst logits rel err {worst:.2e}")
     assert worst <= 2e-2
 
 
@@ -616,19 +618,6 @@ def test_gpu_second_chat_turn_on_the_prefix_cache_is_token_identical(arch, seed)
           f"{worst:.2e}")
     assert worst <= 2e-2
     cache.engine.cache.check_invariants()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("arch", ARCHS, ids=ARCH_IDS)
-def test_gpu_chunked_prefill_of_a_ragged_batch_is_token_identical(arch, seed):
-    model = tiny_model(seed, **arch)
-    ids, mask = ragged_prompts(seed, [45, 12, 33, 20])
-    ref = generate(model, transformers.DynamicCache(config=model.config), ids, mask, 32)
-    cache = make_cache(model, block_size=32)
-    got = generate(model, cache, ids, mask, 32, prefill_chunk_size=16)
-    worst = worst_logits_error(got, ref)
-    print(f"chunked prefill {ARCH_IDS[ARCHS.index(arch)]}: worst logits rel err {worst:.2e}")
-    assert worst <= 2e-2
 
 
 @pytest.mark.gpu
