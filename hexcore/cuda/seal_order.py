@@ -71,6 +71,7 @@ def key_rotations(bits: int, head_dim: int, block_size: int) -> np.ndarray:
             best = min(range(fields), key=lambda r: _conflicts(taken, reads(r)))
             rotations[w] = best
             _take(taken, reads(best))
+    rotations.flags.writeable = False  # cached: shared by every caller
     return rotations
 
 
@@ -87,7 +88,9 @@ def value_order(bits: int, head_dim: int, block_size: int, group_size: int) -> n
             w = left.pop(_cheapest(taken, [reads[w] for w in left[:WINDOW]]))
             _take(taken, reads[w])
             order.append(w)
-    return np.array(order, np.int32)
+    order = np.array(order, np.int32)
+    order.flags.writeable = False  # cached: shared by every caller
+    return order
 
 
 def _cheapest(taken, candidates) -> int:
