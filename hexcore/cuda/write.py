@@ -44,7 +44,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, uint32
 
 from ..config import KVCacheConfig
 from .._checks import as_int
@@ -53,7 +53,8 @@ from .. import layout
 from ..layout import value_chunk_dims
 from .arrays import (check_distinct, check_distinct_pairs, check_outside_store, checked, checked_ids, checked_layer,
                      checked_store, device_only)
-from .device import load_u32x4
+from .attention.mma import half2_hi, half2_lo
+from .device import cp_async16, cp_async_commit, cp_async_wait_all, load_u32x4
 from .device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch
 from .seal_order import key_rotations, value_order
@@ -210,13 +211,15 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False, from_rows: 
     STAGED = 2 * TAIL * 2 <= STAGE_BYTES  # the head's K and V tails fit in shared memory
     SRC_ROW = H * D if from_rows else D  # source elements from one token to the next
     ROW = D if STAGED else SRC_ROW  # the same in what the loops below read
+    ROW_CHUNKS = D // 8  # 16-byte pieces of one token's row (every head_dim is a multiple of 8)
+    STAGE_WORDS = TAIL // 2 if STAGED else 1  # one head's tail rows in shared memory, uint32
 
     @cuda.jit
     def kernel(k_src, v_src, k_codes, v_codes, k_meta, v_meta, slots, block_ids, first_layer, num_blocks,
                max_seqs, nonfinite, order, row0, rows_in):
-        # k_src, v_src: the flat float16 tails (from_rows: the K/V rows); meta: flat float16;
-        # codes: flat uint32 words; one CTA per (seal, layer), a head at a time: its scales
-        # and mins (kept in shared memory), then its code words.
+        # k_src, v_src: the tails as flat uint32 words, two float16 each (from_rows: the K/V
+        # rows); meta: flat float16; codes: flat uint32 words; one CTA per (seal, layer), a
+        # head at a time: its scales and mins (kept in shared memory), then its code words.
         # nonfinite: int32 [layers, seals] (with report), 1 where a group was not finite.
         # order: int32 [2, run_words], seal_order's key rotations and value word order
         s = cuda.blockIdx.x
@@ -229,19 +232,22 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False, from_rows: 
             return
         s_key = cuda.shared.array(KEY_PARAMS, float32)  # [2, D]: scale, min as stored (float16)
         s_value = cuda.shared.array(VALUE_PARAMS, float32)  # [BS, 2, NG]
-        s_k = cuda.shared.array(TAIL if STAGED else 1, np.float16)  # the head's tail rows [BS, D]
-        s_v = cuda.shared.array(TAIL if STAGED else 1, np.float16)
+        s_k = cuda.shared.array(STAGE_WORDS, uint32)  # the head's tail rows [BS, D], two float16 a word
+        s_v = cuda.shared.array(STAGE_WORDS, uint32)
         bad = False  # this thread saw a group holding a NaN or an infinity
         for h in range(H):
             if from_rows:
                 src = ((cuda.blockIdx.y * rows_in + row0 + s * BS) * H + h) * D
             else:
                 src = tail_offset(layer, slot, h, 0, max_seqs, H, BS, D) // 2
-            if STAGED:  # coalesced reads of the tail once; the code words below gather from shared memory
-                for i in range(cuda.threadIdx.x, TAIL, cuda.blockDim.x):
-                    j = src + (i // D) * SRC_ROW + i % D
-                    s_k[i] = k_src[j]
-                    s_v[i] = v_src[j]
+            if STAGED:  # the tail copied once, every 16-byte piece in flight at once (cp.async);
+                # the code words below gather from shared memory
+                for i in range(cuda.threadIdx.x, TAIL // 8, cuda.blockDim.x):
+                    j = (src + (i // ROW_CHUNKS) * SRC_ROW) // 2 + 4 * (i % ROW_CHUNKS)
+                    cp_async16(s_k, 4 * i, k_src, j)
+                    cp_async16(s_v, 4 * i, v_src, j)
+                cp_async_commit()
+                cp_async_wait_all()
                 cuda.syncthreads()  # the head's tail rows staged
                 keys, values, at = s_k, s_v, 0
             else:
@@ -264,7 +270,7 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False, from_rows: 
                 for i in range(fields):
                     f = (i + rotation) & (fields - 1)
                     d = key_code_dim(kword, f, bits)
-                    q = _quantize(np.float32(keys[at + t * ROW + d]), s_key[d], s_key[D + d], levels)
+                    q = _quantize(_half(keys, at + t * ROW + d), s_key[d], s_key[D + d], levels)
                     kbits |= np.uint32(q) << np.uint32(f * bits)
                 k_codes[run + w] = kbits
             for i in range(cuda.threadIdx.x, run_words, cuda.blockDim.x):  # values: permuted
@@ -273,7 +279,7 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False, from_rows: 
                 for f in range(fields):
                     vt, vd = value_code_token_dim(w, f, bits, D, chunk)
                     m = vt * 2 * NG + vd // GS
-                    q = _quantize(np.float32(values[at + vt * ROW + vd]), s_value[m], s_value[m + NG], levels)
+                    q = _quantize(_half(values, at + vt * ROW + vd), s_value[m], s_value[m + NG], levels)
                     vbits |= np.uint32(q) << np.uint32(f * bits)
                 v_codes[run + w] = vbits
             cuda.syncthreads()  # the shared metadata is free for the next head
@@ -284,19 +290,27 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False, from_rows: 
 
 
 @cuda.jit(device=True)
+def _half(words, i):
+    """Float16 element ``i`` of a uint32 array holding two per word (low half first), as float32."""
+    w = words[i >> 1]
+    return half2_hi(w) if i & 1 else half2_lo(w)
+
+
+@cuda.jit(device=True)
 def _write_params(x, start, stride, count, meta, at, min_offset, levels, copy, copy_at):
-    """Scale and min of ``count`` float16 values ``x[start + i * stride]``: ``meta[at]`` =
+    """Scale and min of ``count`` float16 values ``x[start + i * stride]`` (``x``: uint32
+    words, two float16 each, indexed in float16 elements, see :func:`_half`): ``meta[at]`` =
     f16((hi - lo) / levels), ``meta[at + min_offset]`` = f16(lo); the stored (rounded)
     values also go to ``copy[copy_at]`` and ``copy[copy_at + min_offset]``. A group
     holding a NaN or an infinity gets NaN for both (its codes then quantize to 0);
     returns True for such a group."""
-    lo = np.float32(x[start])
+    lo = _half(x, start)
     hi = lo
     # sink stays 0 while every value is finite, NaN after a NaN or an infinity (IEEE
     # arithmetic: these kernels are compiled without fastmath, which would fold v - v to 0)
     sink = lo - lo
     for i in range(1, count):
-        v = np.float32(x[start + i * stride])
+        v = _half(x, start + i * stride)
         lo = min(lo, v)
         hi = max(hi, v)
         sink += v - v
@@ -417,7 +431,7 @@ def seal_launch(store, slots, block_ids, layer=None, nonfinite=None) -> Launch:
     if cfg.kv_dtype.is_quantized:
         f, w = store.flat, store.words
         return Launch(_seal_quantized_kernel(cfg, report), (num, count), THREADS, (
-            f["k_tails"], f["v_tails"], w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"], slots, block_ids, first,
+            w["k_tails"], w["v_tails"], w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"], slots, block_ids, first,
             store.num_blocks, store.max_seqs, flags, _order(cfg), 0, 0))
     w = store.words
     return Launch(_seal_fp16_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim, report), (num, count), THREADS, (
@@ -464,18 +478,14 @@ def seal_rows_launch(store, k, v, first_row, block_ids, layer=None, nonfinite=No
     if cfg.kv_dtype.is_quantized:
         f, w = store.flat, store.words
         return Launch(_seal_quantized_kernel(cfg, report, True), (num, count), THREADS, (
-            _flat(k), _flat(v), w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"], block_ids, block_ids, first,
+            flat_words(k), flat_words(v), w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"], block_ids, block_ids,
+            first,
             store.num_blocks, store.max_seqs, flags, _order(cfg), first_row, rows_in))
     w = store.words
     kernel = _seal_fp16_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim, report, True)
     return Launch(kernel, (num, count), THREADS, (flat_words(k), flat_words(v), w["k_codes"], w["v_codes"], block_ids,
                                                   block_ids, first, store.num_blocks, store.max_seqs, flags,
                                                   first_row, rows_in))
-
-
-def _flat(x):
-    # a contiguous float16 device array (or tensor) as a flat float16 array (no copy)
-    return flat_words(x).view(np.float16)
 
 
 def _order(cfg: KVCacheConfig):
