@@ -107,6 +107,30 @@ def relative_error(got, ref) -> float:
     return float((got.float() - ref.float()).norm() / ref.float().norm())
 
 
+def check_beam_search(model, got, ref, mask, rtol: float = 2e-2):
+    """Beam search over hexcore (``got``) against DynamicCache (``ref``), both generated with
+    ``output_scores=True, return_dict_in_generate=True``. The beams may part at a near-tie
+    among the candidates (random-weight models have many), so identity is not asked for;
+    instead: (1) the log-probabilities generate() reported for each token of each returned
+    beam are the model's own for that exact sequence, run whole without any cache (a wrong
+    fork, reorder or block would break this whatever path the beams took), and (2) the
+    returned beams' scores match the reference's."""
+    new = len(got.scores)
+    reported = model.compute_transition_scores(got.sequences, got.scores, got.beam_indices)
+    prompt_mask = mask.repeat_interleave(got.sequences.shape[0] // mask.shape[0], dim=0)
+    full_mask = torch.cat([prompt_mask, torch.ones_like(got.sequences[:, -new:])], dim=1)
+    with torch.no_grad():
+        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers a left-padded row
+        logits = model(got.sequences, attention_mask=full_mask, position_ids=positions, use_cache=False).logits
+    logits = logits[:, -new - 1:-1]
+    uncached = logits.float().log_softmax(-1).gather(-1, got.sequences[:, -new:, None])[..., 0]
+    error = relative_error(reported, uncached)
+    assert error <= rtol, f"reported vs uncached log-probabilities: rel. error {error:.2e}"
+    assert torch.allclose(got.sequences_scores.float(), ref.sequences_scores.float(), rtol=rtol)
+    print(f"beams identical to DynamicCache's: {torch.equal(got.sequences, ref.sequences)}; log-probs vs uncached "
+          f"{error:.2e}")
+
+
 # -- end to end, small enough for the simulator ---------------------------------------------
 def test_ragged_batch_fp16_matches_dynamic_cache(seed):
     # rows of 15 and 9 tokens: the first seals a block in the first decode step
@@ -368,7 +392,7 @@ def chat_turns(model, cache, seed, prompt_len, answer_tokens, user_len):
     assert cache.admit(ids) == [0]
     first = generate(model, cache, ids, None, answer_tokens)
     ref = generate(model, transformers.DynamicCache(config=model.config), ids, None, answer_tokens)
-    assert torch.equal(first.sequences, ref.sequences)
+    assert worst_logits_error(first, ref) <= 2e-2  # identical tokens, or parted at a near-tie
     user, _ = ragged_prompts(seed + 1, [user_len])
     return first, torch.cat([first.sequences, user], dim=1)
 
@@ -541,14 +565,14 @@ def test_gpu_fp16_generate_is_token_identical(arch, lengths, chunk, seed):
 def test_gpu_beam_search_matches_dynamic_cache(seed):
     model = tiny_model(seed, **ARCHS[0])
     ids, mask = ragged_prompts(seed, [29, 18])
-    kwargs = dict(num_beams=4, num_return_sequences=2, output_logits=False)
+    kwargs = dict(num_beams=4, num_return_sequences=2, output_scores=True, return_dict_in_generate=True)
     with torch.no_grad():
         ref = model.generate(ids, attention_mask=mask, past_key_values=transformers.DynamicCache(config=model.config),
                              max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0, **kwargs)
         cache = make_cache(model, max_seqs=16, block_size=32)
         got = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=32, min_new_tokens=32,
                              do_sample=False, pad_token_id=0, **kwargs)
-    assert torch.equal(got, ref)
+    check_beam_search(model, got, ref, mask)
     assert cache.engine.cache.num_sequences == 8  # 2 prompts x 4 beams: forks replaced dropped beams
     cache.engine.cache.check_invariants()
 
@@ -627,12 +651,12 @@ def test_gpu_beam_search_on_the_prefix_cache_matches_dynamic_cache(seed):
     cache = make_cache(model, prefix_cache=True, max_seqs=16, block_size=32)
     _, ids = chat_turns(model, cache, seed, 70, 8, 10)
     kwargs = dict(num_beams=4, num_return_sequences=2, max_new_tokens=32, min_new_tokens=32, do_sample=False,
-                  pad_token_id=0)
+                  pad_token_id=0, output_scores=True, return_dict_in_generate=True)
     assert cache.admit(ids.repeat_interleave(4, dim=0)) == [64] * 4
     with torch.no_grad():
         got = model.generate(ids, past_key_values=cache, **kwargs)
         ref = model.generate(ids, past_key_values=transformers.DynamicCache(config=model.config), **kwargs)
-    assert torch.equal(got, ref)
+    check_beam_search(model, got, ref, torch.ones_like(ids))
     cache.engine.cache.check_invariants()
 
 
