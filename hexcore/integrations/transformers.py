@@ -33,6 +33,8 @@ How a ``generate()`` call runs on it (one :class:`hexcore.Engine` per cache):
 - **finished rows**: :meth:`HexcoreCache.release` frees a row's blocks (its later
   attention outputs are zeros); :meth:`HexcoreCache.release_finished` is a stopping
   criterion that does it for rows that produced an end-of-sequence token.
+- **rows filled outside transformers** (``cache.engine.prefill(seq, k, v)``):
+  :meth:`HexcoreCache.adopt` makes those sequences the rows, and the next forward decodes them.
 
 Prefix cache (``HexcoreCache(model, ..., prefix_cache=True)``, kept across generate()
 calls): sealed blocks are cached by their token ids, which a forward pre-hook on the model
@@ -341,6 +343,59 @@ class HexcoreCache(Cache):
         self.rows, self._length, self._prefill, self._step, self._live = [], 0, None, None, None
         self._extend = self._ids = self._crop_blocked = None
         self._journals = []
+
+    def adopt(self, seq_ids) -> None:
+        """Make engine sequences that already hold tokens the cache's rows: the next forward,
+        one token per row (a decode step), continues them.
+
+        ``seq_ids``: ``B`` distinct live sequences of ``cache.engine`` holding the same number
+        of tokens ``n >= 1``, e.g. filled outside transformers::
+
+            seq = cache.engine.add()
+            cache.engine.prefill(seq, k, v)    # float16 [num_layers, n, num_kv_heads, head_dim]
+            cache.adopt([seq, ...])            # row i is seq_ids[i]; get_seq_length() == n
+            model(ids, past_key_values=cache, position_ids=...)   # ids [B, 1] at position n
+
+        Frees the current rows as :meth:`reset` does (a current row listed in ``seq_ids``
+        stays, as that row). The adopted rows have no journal (a :meth:`crop` inside a sealed
+        block is refused) and, without the token ids, are not cached by content. Everything
+        is checked first: a bad value raises HexcoreInvalidArgumentError naming it, and so
+        does a call in the middle of a forward; the cache is then unchanged.
+        """
+        if self._in_forward():
+            raise HexcoreInvalidArgumentError("adopt: cannot adopt rows in the middle of a forward pass")
+        rows, length = self._adoptable(seq_ids)
+        kept = set(rows)
+        self.rows = [seq for seq in self.rows if seq not in kept]  # reset() frees the others
+        self.reset()
+        self.rows, self._length, self._journals = rows, length, [None] * len(rows)
+
+    def _adoptable(self, seq_ids) -> tuple[list, int]:
+        """(``seq_ids`` as a list of ints, their common token count), or raise naming the bad value."""
+        try:
+            items = None if isinstance(seq_ids, (str, bytes)) else list(seq_ids)
+        except TypeError:  # not iterable (a scalar, a 0-d tensor)
+            items = None
+        if items is None:
+            raise HexcoreInvalidArgumentError(f"seq_ids: expected a list of sequence ids, got {seq_ids!r}")
+        ids = [as_int(f"seq_ids[{i}]", seq) for i, seq in enumerate(items)]
+        if not ids:
+            raise HexcoreInvalidArgumentError("seq_ids: expected at least one sequence, got none")
+        for i, seq in enumerate(ids):
+            if ids.index(seq) != i:
+                raise HexcoreInvalidArgumentError(f"seq_ids[{i}]: sequence {seq} is listed twice "
+                                                  f"(also seq_ids[{ids.index(seq)}])")
+            if not self.engine.cache.is_live(seq):
+                raise HexcoreInvalidArgumentError(f"seq_ids[{i}]: {seq} is not a live sequence of this cache's engine")
+        lengths = [self.engine.seq_len(seq) for seq in ids]
+        for i, n in enumerate(lengths):
+            if n != lengths[0]:
+                raise HexcoreInvalidArgumentError(f"seq_ids[{i}]: sequence {ids[i]} holds {n} tokens, seq_ids[0] "
+                                                  f"holds {lengths[0]}; adopted rows must hold the same count")
+        if lengths[0] < 1:
+            raise HexcoreInvalidArgumentError(f"seq_ids: the sequences hold no tokens; a decode step continues "
+                                              f"rows that hold some (got {ids})")
+        return ids, lengths[0]
 
     # -- the prefix cache -----------------------------------------------------------------
     def admit(self, input_ids, attention_mask=None) -> list:
