@@ -13,8 +13,11 @@ running the model (DynamicCache: ``update`` per layer; hexcore: ``Engine.prefill
 random ``[L, ctx, 8, 128]`` K and V into every row, then ``HexcoreCache.adopt``), then
 decode forwards run by hand, one token per row, the next token the argmax of the logits
 (generate()'s greedy loop without its bookkeeping): 2 warm-up steps, then ``--steps``
-timed ones between device synchronisations. Printed: ms per step and tokens/s
-(``B * steps / seconds``) with the KV bytes allocated; a case whose KV (estimated before
+timed ones between device synchronisations, then 4 more under torch's profiler. Printed:
+wall ms per step, GPU ms per step (the kernels' own time over the profiled steps, hexcore's
+numba kernels included: where it is far below the wall time the step is bound by the host's
+Python and launches, not by attention), tokens/s (``B * steps / wall seconds``) and the KV
+bytes allocated; a case whose KV (estimated before
 allocating) does not fit the free GPU memory, or that runs out of memory, is printed as
 "does not fit". Then, for ``--budget-gib``, the largest batch per context whose KV fits
 that budget, computed from the layout (nothing allocated). ``--tiny`` (2 layers, hidden
@@ -34,6 +37,7 @@ import time
 CACHES = ("dynamic", "fp16", "int4", "int2")
 BLOCK = 32  # hexcore's block size
 WARMUP = 2  # untimed decode steps per case
+PROFILED = 4  # steps after the timed ones, under the profiler (GPU time)
 HEADROOM = 4 << 30  # bytes left free for activations, logits and the decode buffers
 GIB = float(1 << 30)
 
@@ -158,29 +162,48 @@ def hexcore_cache(model, name: str, batch: int, context: int, tokens: int):
 
 
 # -- decode -------------------------------------------------------------------------------
-def decode_seconds(model, cache, batch: int, context: int, steps: int) -> float:
-    """Seconds per decode step over ``steps`` timed steps after ``WARMUP`` untimed ones."""
+def decode_steps(model, cache, token, first_position: int, count: int):
+    """``count`` decode forwards by hand from ``first_position``, one token per row, the next
+    token the argmax of the logits (generate()'s greedy loop without its bookkeeping);
+    returns the last token ``[B, 1]``."""
     import torch
 
-    cuda = model.device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
     params = inspect.signature(model.forward).parameters
     cache_kw = "cache" if "cache" in params else "past_key_values"  # transformers 5.24 renamed it
-    token = torch.zeros((batch, 1), dtype=torch.long, device=model.device)
-    start = None
     with torch.no_grad():
-        for i in range(WARMUP + steps):
-            if i == WARMUP:
-                sync()
-                start = time.perf_counter()
-            position = context + i
+        for position in range(first_position, first_position + count):
             extra = {"cache_position": torch.tensor([position], device=model.device)} \
                 if "cache_position" in params else {}  # older transformers take it
             out = model(input_ids=token, position_ids=torch.full_like(token, position), use_cache=True,
                         **{cache_kw: cache}, **extra)
             token = out.logits[:, -1].argmax(-1, keepdim=True)
-        sync()
-    return (time.perf_counter() - start) / steps
+    return token
+
+
+def decode_seconds(model, cache, batch: int, context: int, steps: int) -> tuple[float, float | None]:
+    """(wall seconds per decode step over ``steps`` timed steps after ``WARMUP`` untimed
+    ones, GPU seconds per step over ``PROFILED`` more under torch's profiler: the kernels'
+    own time, hexcore's included; None on the CPU)."""
+    import torch
+
+    cuda = model.device.type == "cuda"
+    token = torch.zeros((batch, 1), dtype=torch.long, device=model.device)
+    token = decode_steps(model, cache, token, context, WARMUP)
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    token = decode_steps(model, cache, token, context + WARMUP, steps)
+    if cuda:
+        torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / steps
+    if not cuda:
+        return wall, None
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        decode_steps(model, cache, token, context + WARMUP + steps, PROFILED)
+        torch.cuda.synchronize()
+    kernels = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))
+                  for e in prof.key_averages())
+    return wall, kernels * 1e-6 / PROFILED
 
 
 def out_of_memory(error: BaseException) -> bool:
@@ -213,9 +236,9 @@ def release_memory(device: str) -> None:
 
 def run_case(model, name: str, batch: int, context: int, steps: int, device: str) -> dict:
     """One cache x batch x context: its row (``ms_per_step`` None when it does not fit)."""
-    tokens = context + WARMUP + steps
+    tokens = context + WARMUP + steps + PROFILED
     row = dict(case="decode", cache=name, batch=batch, context=context, steps=steps, ms_per_step=None,
-               tokens_per_s=None, kv_gib=round(kv_bytes(model.config, name, batch, tokens) / GIB, 3))
+               gpu_ms_per_step=None, tokens_per_s=None, kv_gib=round(kv_bytes(model.config, name, batch, tokens) / GIB, 3))
     if not fits(model.config, name, batch, tokens, device):
         return row
     cache = None
@@ -224,8 +247,9 @@ def run_case(model, name: str, batch: int, context: int, steps: int, device: str
             cache = dynamic_cache(model, batch, context)
         else:
             cache = hexcore_cache(model, name, batch, context, tokens)
-        seconds = decode_seconds(model, cache, batch, context, steps)
-        row.update(ms_per_step=round(1e3 * seconds, 3), tokens_per_s=round(batch / seconds, 1))
+        seconds, gpu = decode_seconds(model, cache, batch, context, steps)
+        row.update(ms_per_step=round(1e3 * seconds, 3), tokens_per_s=round(batch / seconds, 1),
+                   gpu_ms_per_step=None if gpu is None else round(1e3 * gpu, 3))
     except Exception as error:  # out of memory only; anything else is raised
         if not out_of_memory(error):
             raise
@@ -238,9 +262,10 @@ def run_case(model, name: str, batch: int, context: int, steps: int, device: str
 # -- output -------------------------------------------------------------------------------
 def print_row(row: dict) -> None:
     if row["ms_per_step"] is None:
-        timing = f"{'does not fit':>22s}"
+        timing = f"{'does not fit':>33s}"
     else:
-        timing = f"{row['ms_per_step']:10.3f} {row['tokens_per_s']:11.1f}"
+        gpu = row["gpu_ms_per_step"]
+        timing = f"{row['ms_per_step']:10.3f} {'-' if gpu is None else f'{gpu:.3f}':>10s} {row['tokens_per_s']:11.1f}"
     print(f"{row['cache']:8s} {row['batch']:4d} {row['context']:8d} {timing} {row['kv_gib']:9.3f}", flush=True)
 
 
@@ -248,11 +273,11 @@ def budget_rows(config, caches, contexts, steps: int, budget_gib: float) -> list
     """The largest batch per cache and context whose KV fits ``budget_gib``, printed."""
     budget = int(budget_gib * GIB)
     print(f"\nlargest batch whose KV fits {budget_gib:g} GiB (computed from the layout, not measured; "
-          f"{config.num_hidden_layers} layers, context + {WARMUP + steps} decode tokens per row)")
+          f"{config.num_hidden_layers} layers, context + {WARMUP + steps + PROFILED} decode tokens per row)")
     print(f"{'context':>8s} " + " ".join(f"{name:>8s}" for name in caches))
     rows = []
     for context in contexts:
-        found = {name: max_batch(config, name, context + WARMUP + steps, budget) for name in caches}
+        found = {name: max_batch(config, name, context + WARMUP + steps + PROFILED, budget) for name in caches}
         rows += [dict(case="budget", cache=name, context=context, budget_gib=budget_gib, max_batch=b)
                  for name, b in found.items()]
         print(f"{context:8d} " + " ".join(f"{found[name]:8d}" for name in caches))
@@ -273,7 +298,8 @@ def main(argv=None) -> list:
     args = parser.parse_args(argv)
     max_positions = max(8192, max(args.context) + WARMUP + args.steps)
     model = build_model(llama_config(args.layers, args.tiny, max_positions), args.device)
-    print(f"{'cache':8s} {'B':>4s} {'context':>8s} {'ms/step':>10s} {'tokens/s':>11s} {'KV GiB':>9s}")
+    print(f"{'cache':8s} {'B':>4s} {'context':>8s} {'ms/step':>10s} {'GPU ms':>10s} {'tokens/s':>11s} "
+          f"{'KV GiB':>9s}")
     rows = []
     for name in args.caches:
         for batch in args.batch:
