@@ -53,7 +53,7 @@ from .. import layout
 from ..layout import value_chunk_dims
 from .arrays import (check_distinct, check_distinct_pairs, check_outside_store, checked, checked_ids, checked_layer,
                      checked_store, device_only)
-from .attention.mma import half2_hi, half2_lo
+from .attention.mma import half_at
 from .device import cp_async16, cp_async_commit, cp_async_wait_all, load_u32x4
 from .device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch
@@ -270,7 +270,7 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False, from_rows: 
                 for i in range(fields):
                     f = (i + rotation) & (fields - 1)
                     d = key_code_dim(kword, f, bits)
-                    q = _quantize(_half(keys, at + t * ROW + d), s_key[d], s_key[D + d], levels)
+                    q = _quantize(half_at(keys, at + t * ROW + d), s_key[d], s_key[D + d], levels)
                     kbits |= np.uint32(q) << np.uint32(f * bits)
                 k_codes[run + w] = kbits
             for i in range(cuda.threadIdx.x, run_words, cuda.blockDim.x):  # values: permuted
@@ -279,7 +279,7 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False, from_rows: 
                 for f in range(fields):
                     vt, vd = value_code_token_dim(w, f, bits, D, chunk)
                     m = vt * 2 * NG + vd // GS
-                    q = _quantize(_half(values, at + vt * ROW + vd), s_value[m], s_value[m + NG], levels)
+                    q = _quantize(half_at(values, at + vt * ROW + vd), s_value[m], s_value[m + NG], levels)
                     vbits |= np.uint32(q) << np.uint32(f * bits)
                 v_codes[run + w] = vbits
             cuda.syncthreads()  # the shared metadata is free for the next head
@@ -290,27 +290,20 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False, from_rows: 
 
 
 @cuda.jit(device=True)
-def _half(words, i):
-    """Float16 element ``i`` of a uint32 array holding two per word (low half first), as float32."""
-    w = words[i >> 1]
-    return half2_hi(w) if i & 1 else half2_lo(w)
-
-
-@cuda.jit(device=True)
 def _write_params(x, start, stride, count, meta, at, min_offset, levels, copy, copy_at):
     """Scale and min of ``count`` float16 values ``x[start + i * stride]`` (``x``: uint32
-    words, two float16 each, indexed in float16 elements, see :func:`_half`): ``meta[at]`` =
+    words, two float16 each, indexed in float16 elements: ``half_at``): ``meta[at]`` =
     f16((hi - lo) / levels), ``meta[at + min_offset]`` = f16(lo); the stored (rounded)
     values also go to ``copy[copy_at]`` and ``copy[copy_at + min_offset]``. A group
     holding a NaN or an infinity gets NaN for both (its codes then quantize to 0);
     returns True for such a group."""
-    lo = _half(x, start)
+    lo = half_at(x, start)
     hi = lo
     # sink stays 0 while every value is finite, NaN after a NaN or an infinity (IEEE
     # arithmetic: these kernels are compiled without fastmath, which would fold v - v to 0)
     sink = lo - lo
     for i in range(1, count):
-        v = _half(x, start + i * stride)
+        v = half_at(x, start + i * stride)
         lo = min(lo, v)
         hi = max(hi, v)
         sink += v - v
@@ -425,18 +418,11 @@ def seal_launch(store, slots, block_ids, layer=None, nonfinite=None) -> Launch:
     host = block_ids
     block_ids = checked_ids(block_ids, "block_ids", num, store.num_blocks)
     check_distinct(host, "block_ids")
-    report = nonfinite is not None
-    flags = checked(nonfinite, "nonfinite", np.int32, (count, num), align=4, output=True) if report else _no_flags()
-    check_outside_store(store, slots=slots, block_ids=block_ids, nonfinite=flags if report else None)
-    if cfg.kv_dtype.is_quantized:
-        f, w = store.flat, store.words
-        return Launch(_seal_quantized_kernel(cfg, report), (num, count), THREADS, (
-            w["k_tails"], w["v_tails"], w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"], slots, block_ids, first,
-            store.num_blocks, store.max_seqs, flags, _order(cfg), 0, 0))
-    w = store.words
-    return Launch(_seal_fp16_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim, report), (num, count), THREADS, (
-        w["k_tails"], w["v_tails"], w["k_codes"], w["v_codes"], slots, block_ids, first, store.num_blocks,
-        store.max_seqs, flags, 0, 0))
+    flags = None if nonfinite is None else checked(nonfinite, "nonfinite", np.int32, (count, num), align=4,
+                                                   output=True)
+    check_outside_store(store, slots=slots, block_ids=block_ids, nonfinite=flags)
+    return _seal_kernel_launch(store, False, store.words["k_tails"], store.words["v_tails"], slots, block_ids, first,
+                               count, flags, 0, 0)
 
 
 def seal_rows(store: DeviceKVStore, k, v, first_row: int, block_ids, layer: int | None = None, stream=None,
@@ -472,20 +458,30 @@ def seal_rows_launch(store, k, v, first_row, block_ids, layer=None, nonfinite=No
             f"block_ids: {num} blocks of {cfg.block_size} rows from first_row {first_row} need "
             f"{first_row + num * cfg.block_size} rows, k has {rows_in}")
     check_distinct(host, "block_ids")
+    flags = None if nonfinite is None else checked(nonfinite, "nonfinite", np.int32, (count, num), align=4,
+                                                   output=True)
+    check_outside_store(store, k=k, v=v, block_ids=block_ids, nonfinite=flags)
+    return _seal_kernel_launch(store, True, flat_words(k), flat_words(v), block_ids, block_ids, first, count,
+                               flags, first_row, rows_in)
+
+
+def _seal_kernel_launch(store, from_rows: bool, k_src, v_src, slots, block_ids, first: int, count: int, nonfinite,
+                        row0: int, rows_in: int) -> Launch:
+    """The seal kernel of the store's dtype over ``len(block_ids)`` seals x ``count`` layers
+    from ``first``: sources ``k_src``/``v_src`` as uint32 words (the tails, or with
+    ``from_rows`` the K/V rows, ``slots`` then unused); ``nonfinite`` the checked flags or None."""
+    cfg, w = store.config, store.words
     report = nonfinite is not None
-    flags = checked(nonfinite, "nonfinite", np.int32, (count, num), align=4, output=True) if report else _no_flags()
-    check_outside_store(store, k=k, v=v, block_ids=block_ids, nonfinite=flags if report else None)
+    flags = nonfinite if report else _no_flags()
+    grid = (block_ids.shape[0], count)
     if cfg.kv_dtype.is_quantized:
-        f, w = store.flat, store.words
-        return Launch(_seal_quantized_kernel(cfg, report, True), (num, count), THREADS, (
-            flat_words(k), flat_words(v), w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"], block_ids, block_ids,
-            first,
-            store.num_blocks, store.max_seqs, flags, _order(cfg), first_row, rows_in))
-    w = store.words
-    kernel = _seal_fp16_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim, report, True)
-    return Launch(kernel, (num, count), THREADS, (flat_words(k), flat_words(v), w["k_codes"], w["v_codes"], block_ids,
-                                                  block_ids, first, store.num_blocks, store.max_seqs, flags,
-                                                  first_row, rows_in))
+        f = store.flat
+        return Launch(_seal_quantized_kernel(cfg, report, from_rows), grid, THREADS, (
+            k_src, v_src, w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"], slots, block_ids, first,
+            store.num_blocks, store.max_seqs, flags, _order(cfg), row0, rows_in))
+    kernel = _seal_fp16_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim, report, from_rows)
+    return Launch(kernel, grid, THREADS, (k_src, v_src, w["k_codes"], w["v_codes"], slots, block_ids, first,
+                                          store.num_blocks, store.max_seqs, flags, row0, rows_in))
 
 
 def _order(cfg: KVCacheConfig):

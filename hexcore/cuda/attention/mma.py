@@ -25,6 +25,8 @@
 - ``pack_f16x2(lo, hi)``: two float32 rounded to float16 in one word, ``lo`` in the low
   half (``cvt.rn.f16x2.f32``).
 - ``half2_lo(w)``, ``half2_hi(w)``: the two float16 of a word, as float32.
+- ``half_at(words, i)``: float16 element ``i`` of a uint32 array holding two per word (low
+  half first), as float32.
 
 The twins run on numba's simulator, which runs one Python thread per CUDA thread: the
 mma twin gathers the warp's fragments through a per-warp barrier.
@@ -275,3 +277,10 @@ else:
     def half2_hi(word):
         """The high float16 of ``word``, as float32."""
         return np.float32(np.array([word], np.uint32).view(np.float16)[1])
+
+
+@cuda.jit(device=True)
+def half_at(words, i):
+    """Float16 element ``i`` (>= 0) of a uint32 array holding two per word (low half first), as float32."""
+    w = words[i >> 1]
+    return half2_hi(w) if i & 1 else half2_lo(w)

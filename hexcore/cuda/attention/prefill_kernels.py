@@ -21,7 +21,7 @@ from numba import cuda, float32
 from ... import layout
 from ..device import load_u32x4
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
-from .mma import half2_hi, half2_lo, pack_f16x2
+from .mma import half2_hi, half2_lo, half_at, pack_f16x2
 
 key_code_field = cuda.jit(device=True)(layout.key_code_field)
 value_code_field = cuda.jit(device=True)(layout.value_code_field)
@@ -94,13 +94,6 @@ def _sealed_chunks(cfg):
         return pack_f16x2(scale * value_code(words, at, t, d) + low, scale * value_code(words, at, t, d + 1) + low)
 
     return key_chunk, value_chunk
-
-
-@cuda.jit(device=True)
-def half_at(words, i):
-    """Float16 ``i`` of a flat uint32 array, as float32."""
-    w = words[i // 2]
-    return half2_hi(w) if i % 2 else half2_lo(w)
 
 
 @functools.cache
