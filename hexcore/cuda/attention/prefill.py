@@ -271,8 +271,8 @@ def _sdpa_path(store, layer, table, prefix_len, slot, q, k_new, v_new, out, scal
 
 def _gather_batch(store, layer, tables, rows, k_new, v_new, k_out, v_out, stream) -> None:
     cfg = store.config
-    prefix_lens, tail_slots, n_new = (checked(np.ascontiguousarray(x), name, np.int32, (None,), align=4)
-                                      for x, name in zip(rows, ("prefix_lens", "tail_slots", "n_new")))
+    packed = checked(np.stack(rows).astype(np.int32), "rows", np.int32, (3, None), align=4)  # one copy, not three
+    prefix_lens, tail_slots, n_new = packed[0], packed[1], packed[2]
     B, S_max = k_out.shape[0], k_out.shape[2]
     w = store.words
     meta = w.get("k_meta", w["k_tails"]), w.get("v_meta", w["v_tails"])  # (FP16 stores have none)
