@@ -27,16 +27,17 @@ tails back): the seal never faults on them and never turns them into plausible n
 
 Per element this costs, in the quantized seal's parameter pass, two float32 operations
 (``sink += v - v``: 0 for a finite ``v``, NaN otherwise) and one branch per group; the
-packing pass is cheaper than before (a float32 clamp and a truncation instead of a
-``floor`` and an integer clamp). The FP16 seal tests each 32-bit word's two exponent
+packing pass clamps in float32 and truncates (no ``floor``, no integer clamp). The FP16 seal tests each 32-bit word's two exponent
 fields only when ``nonfinite`` is given (a kernel specialisation), plus one barrier.
 
 Code order: codes are packed into little-endian 32-bit words in the order the decode
 kernel's tensor-core fragments read them: key rows with adjacent channels interleaved
 within each word, value blocks in fragment order (``hexcore/layout.py``:
 ``key_code_field``, ``value_code_field``; ``docs/design-notes.md``, "Sealed format").
-The seal's threads take those words in the order of ``seal_order.py``, so that a warp's
-reads of the staged tail rows fall in distinct shared-memory banks.
+The seal stages a head's tail rows in shared memory and packs each code word from whole
+32-bit source words (a key word from one 16-byte load of its token's row, a value word
+from four words per mma tile), so its per-value work is one conversion, one division
+and a few integer operations.
 """
 
 from __future__ import annotations
@@ -49,23 +50,22 @@ from numba import cuda, float32, uint32
 from ..config import KVCacheConfig
 from .._checks import as_int
 from ..errors import HexcoreInvalidArgumentError
-from .. import layout
 from ..layout import value_chunk_dims
 from .arrays import (check_distinct, check_distinct_pairs, check_outside_store, checked, checked_ids, checked_layer,
                      checked_store, device_only)
-from .attention.mma import half_at
-from .device import cp_async16, cp_async_commit, cp_async_wait_all, load_u32x4
+from .attention.mma import half2_hi, half2_lo
+from .device import SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, load_u32x4
 from .device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch
-from .seal_order import key_rotations, value_order
 from .streams import resolve_stream
 from .store import DeviceKVStore, flat_words
 
-key_code_dim = cuda.jit(device=True)(layout.key_code_dim)
-value_code_token_dim = cuda.jit(device=True)(layout.value_code_token_dim)
-
 THREADS = 128
 STAGE_BYTES = 32 * 1024  # the quantizing seal stages a head's K and V tails in shared memory up to this
+# The quantizing seal's register cap: at the compiler's choice (121 INT4, 149 INT2 registers) 4 or 3
+# CTAs fit an SM; capped at 64 (80-152 bytes of local memory) 8 do. H200, 1024 blocks x 32 layers
+# (2026-12-01): INT4 8.12 -> 6.22 ms, INT2 10.00 -> 6.45 ms; a cap of 80 lies between.
+SEAL_REGISTERS = 64
 
 
 @cuda.jit(device=True)
@@ -200,89 +200,96 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False, from_rows: 
     # never touched). from_rows: the block's tokens are rows row0 + s * BS .. of K/V arrays
     # [layers_in, rows_in, H, D] (seal_rows) instead of a tail (slots unused)
     H, BS, D, GS = cfg.num_kv_heads, cfg.block_size, cfg.head_dim, cfg.group_size
-    bits, row, NG = cfg.kv_dtype.bits, cfg.row_bytes, cfg.num_groups
+    bits, NG = cfg.kv_dtype.bits, cfg.num_groups
     levels = (1 << bits) - 1
-    fields = 32 // bits  # codes per 32-bit word
-    row_words = row // 4
-    run_words = BS * row_words  # one (block, head) of codes, in words
-    chunk = value_chunk_dims(GS)
+    PAIRS = 16 // bits  # channel pairs (source words) in one key code word; fragment registers in a value word
+    FIELDS = 2 * PAIRS  # codes in one word
+    ROW_CODES = D * bits // 32  # key code words of one token
+    RUN = BS * ROW_CODES  # code words of one (block, head), K or V
+    LANE_WORDS = D // (4 * PAIRS)  # value code words of one lane and k-step (layout.value_code_field)
+    TILES = PAIRS // 4  # mma tiles in one value code word
+    CHUNK = value_chunk_dims(GS)
+    GROUP_WORDS = GS // 2  # source words of one value group
     KEY_PARAMS, VALUE_PARAMS = 2 * D, BS * 2 * NG  # one head's metadata, float32 in shared memory
-    TAIL = BS * D  # one head's tail rows, float16
-    STAGED = 2 * TAIL * 2 <= STAGE_BYTES  # the head's K and V tails fit in shared memory
-    SRC_ROW = H * D if from_rows else D  # source elements from one token to the next
-    ROW = D if STAGED else SRC_ROW  # the same in what the loops below read
+    STAGE_ROW = D // 2 + 4  # staged words per token: a row plus 16 bytes, so rows start in other banks
+    STAGED = 2 * BS * STAGE_ROW * 4 <= STAGE_BYTES  # the head's K and V tails fit in shared memory
+    SRC_ROW = (H * D if from_rows else D) // 2  # source words from one token to the next
+    ROW = STAGE_ROW if STAGED else SRC_ROW  # the same in what the passes below read
     ROW_CHUNKS = D // 8  # 16-byte pieces of one token's row (every head_dim is a multiple of 8)
-    STAGE_WORDS = TAIL // 2 if STAGED else 1  # one head's tail rows in shared memory, uint32
+    STAGE_WORDS = BS * STAGE_ROW if STAGED else 1
+    KW_THREADS = min(ROW_CODES, THREADS)  # threads across one token's key code words
+    T_THREADS = THREADS // KW_THREADS  # ... and across tokens
 
-    @cuda.jit
+    @cuda.jit(**({} if SIMULATOR else {"max_registers": SEAL_REGISTERS}))
     def kernel(k_src, v_src, k_codes, v_codes, k_meta, v_meta, slots, block_ids, first_layer, num_blocks,
-               max_seqs, nonfinite, order, row0, rows_in):
+               max_seqs, nonfinite, row0, rows_in):
         # k_src, v_src: the tails as flat uint32 words, two float16 each (from_rows: the K/V
         # rows); meta: flat float16; codes: flat uint32 words; one CTA per (seal, layer), a
-        # head at a time: its scales and mins (kept in shared memory), then its code words.
+        # head at a time: its tail rows staged, its scales and mins (kept in shared memory),
+        # then its code words, each packed from whole source words (see _key_word, _value_word).
         # nonfinite: int32 [layers, seals] (with report), 1 where a group was not finite.
-        # order: int32 [2, run_words], seal_order's key rotations and value word order
         s = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
         layer = first_layer + cuda.blockIdx.y
         slot = slots[s]
         block = block_ids[s]
-        if report and cuda.threadIdx.x == 0:
+        if report and tid == 0:
             nonfinite[cuda.blockIdx.y, s] = 0  # ordered before any 1 by the barriers below
         if (not from_rows and (slot < 0 or slot >= max_seqs)) or block < 0 or block >= num_blocks:
             return
         s_key = cuda.shared.array(KEY_PARAMS, float32)  # [2, D]: scale, min as stored (float16)
         s_value = cuda.shared.array(VALUE_PARAMS, float32)  # [BS, 2, NG]
-        s_k = cuda.shared.array(STAGE_WORDS, uint32)  # the head's tail rows [BS, D], two float16 a word
+        s_k = cuda.shared.array(STAGE_WORDS, uint32)  # the head's tail rows [BS, STAGE_ROW], two float16 a word
         s_v = cuda.shared.array(STAGE_WORDS, uint32)
+        key_scale = cuda.local.array(FIELDS, float32)  # one key code word's channels (registers)
+        key_min = cuda.local.array(FIELDS, float32)
         bad = False  # this thread saw a group holding a NaN or an infinity
         for h in range(H):
             if from_rows:
-                src = ((cuda.blockIdx.y * rows_in + row0 + s * BS) * H + h) * D
+                src = ((cuda.blockIdx.y * rows_in + row0 + s * BS) * H + h) * D // 2
             else:
-                src = tail_offset(layer, slot, h, 0, max_seqs, H, BS, D) // 2
-            if STAGED:  # the tail copied once, every 16-byte piece in flight at once (cp.async);
-                # the code words below gather from shared memory
-                for i in range(cuda.threadIdx.x, TAIL // 8, cuda.blockDim.x):
-                    j = (src + (i // ROW_CHUNKS) * SRC_ROW) // 2 + 4 * (i % ROW_CHUNKS)
-                    cp_async16(s_k, 4 * i, k_src, j)
-                    cp_async16(s_v, 4 * i, v_src, j)
+                src = tail_offset(layer, slot, h, 0, max_seqs, H, BS, D) // 4
+            if STAGED:  # the tail copied once, every 16-byte piece in flight at once (cp.async)
+                for i in range(tid, BS * ROW_CHUNKS, THREADS):
+                    t, c = i // ROW_CHUNKS, i % ROW_CHUNKS
+                    cp_async16(s_k, t * STAGE_ROW + 4 * c, k_src, src + t * SRC_ROW + 4 * c)
+                    cp_async16(s_v, t * STAGE_ROW + 4 * c, v_src, src + t * SRC_ROW + 4 * c)
                 cp_async_commit()
                 cp_async_wait_all()
                 cuda.syncthreads()  # the head's tail rows staged
                 keys, values, at = s_k, s_v, 0
             else:
                 keys, values, at = k_src, v_src, src
-            for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):  # keys: per channel over the tokens
-                bad |= _write_params(keys, at + d, ROW, BS, k_meta,
-                                     key_meta_offset(layer, block, h, num_blocks, H, D) // 2 + d, D, levels, s_key, d)
-            for work in range(cuda.threadIdx.x, BS * NG, cuda.blockDim.x):  # values: per token and group
-                t, g = work // NG, work % NG
-                bad |= _write_params(values, at + t * ROW + g * GS, 1, GS, v_meta,
-                                     value_meta_offset(layer, block, h, t, num_blocks, H, BS, NG) // 2 + g, NG,
-                                     levels, s_value, t * 2 * NG + g)
+            kmeta = key_meta_offset(layer, block, h, num_blocks, H, D) // 2
+            for work in range(tid, D // 2 + BS * NG, THREADS):  # scales and mins, one group pair or group each
+                if work < D // 2:  # keys: a channel pair (one word per token) over the block's tokens
+                    lo0, hi0, sink0, lo1, hi1, sink1 = _word_extremes(keys, at + work, ROW, BS, 0)
+                    bad |= _write_params(lo0, hi0, sink0, k_meta, kmeta + 2 * work, D, levels, s_key, 2 * work)
+                    bad |= _write_params(lo1, hi1, sink1, k_meta, kmeta + 2 * work + 1, D, levels, s_key,
+                                         2 * work + 1)
+                else:  # values: one token's group; tokens t, t + 8, .. start their loops in other banks
+                    g, t = (work - D // 2) // BS, (work - D // 2) % BS
+                    lo0, hi0, sink0, lo1, hi1, sink1 = _word_extremes(values, at + t * ROW + g * GROUP_WORDS, 1,
+                                                                      GROUP_WORDS, (t // 8) % GROUP_WORDS)
+                    vmeta = value_meta_offset(layer, block, h, t, num_blocks, H, BS, NG) // 2
+                    bad |= _write_params(min(lo0, lo1), max(hi0, hi1), sink0 + sink1, v_meta, vmeta + g, NG, levels,
+                                         s_value, t * 2 * NG + g)
             cuda.syncthreads()  # the head's scales and mins in shared memory
-            run = code_offset(layer, block, h, 0, num_blocks, H, BS, row) // 4
-            # one 32-bit word per thread and step, taken in seal_order's order so that a
-            # warp's lanes read distinct shared-memory banks (fields in the sealed order)
-            for w in range(cuda.threadIdx.x, run_words, cuda.blockDim.x):  # keys: plain order
-                t, kword, rotation = w // row_words, w % row_words, order[0, w]
-                kbits = np.uint32(0)
-                for i in range(fields):
-                    f = (i + rotation) & (fields - 1)
-                    d = key_code_dim(kword, f, bits)
-                    q = _quantize(half_at(keys, at + t * ROW + d), s_key[d], s_key[D + d], levels)
-                    kbits |= np.uint32(q) << np.uint32(f * bits)
-                k_codes[run + w] = kbits
-            for i in range(cuda.threadIdx.x, run_words, cuda.blockDim.x):  # values: permuted
-                w = order[1, i]
-                vbits = np.uint32(0)
-                for f in range(fields):
-                    vt, vd = value_code_token_dim(w, f, bits, D, chunk)
-                    m = vt * 2 * NG + vd // GS
-                    q = _quantize(half_at(values, at + vt * ROW + vd), s_value[m], s_value[m + NG], levels)
-                    vbits |= np.uint32(q) << np.uint32(f * bits)
-                v_codes[run + w] = vbits
-            cuda.syncthreads()  # the shared metadata is free for the next head
+            run = code_offset(layer, block, h, 0, num_blocks, H, BS, ROW_CODES * 4) // 4
+            if tid < KW_THREADS * T_THREADS:  # keys: a thread keeps one code word's channels in registers
+                for kword in range(tid % KW_THREADS, ROW_CODES, KW_THREADS):
+                    for c in range(FIELDS):
+                        key_scale[c] = s_key[FIELDS * kword + c]
+                        key_min[c] = s_key[D + FIELDS * kword + c]
+                    for t in range(tid // KW_THREADS, BS, T_THREADS):
+                        k_codes[run + t * ROW_CODES + kword] = _key_word(keys, at + t * ROW + PAIRS * kword,
+                                                                         key_scale, key_min, PAIRS, bits, levels)
+            for w in range(tid, RUN, THREADS):  # values: the word's tokens and channel pairs (fragment order)
+                kstep, lane, rw = w // (32 * LANE_WORDS), (w // LANE_WORDS) % 32, w % LANE_WORDS
+                v_codes[run + w] = _value_word(values, at + (16 * kstep + 2 * (lane % 4)) * ROW, ROW, s_value,
+                                               (16 * kstep + 2 * (lane % 4)) * 2 * NG, lane // 4, rw * TILES,
+                                               TILES, CHUNK, GS, NG, PAIRS, bits, levels)
+            cuda.syncthreads()  # the shared metadata and staged rows are free for the next head
         if report and bad:
             nonfinite[cuda.blockIdx.y, s] = 1
 
@@ -290,23 +297,36 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False, from_rows: 
 
 
 @cuda.jit(device=True)
-def _write_params(x, start, stride, count, meta, at, min_offset, levels, copy, copy_at):
-    """Scale and min of ``count`` float16 values ``x[start + i * stride]`` (``x``: uint32
-    words, two float16 each, indexed in float16 elements: ``half_at``): ``meta[at]`` =
-    f16((hi - lo) / levels), ``meta[at + min_offset]`` = f16(lo); the stored (rounded)
-    values also go to ``copy[copy_at]`` and ``copy[copy_at + min_offset]``. A group
-    holding a NaN or an infinity gets NaN for both (its codes then quantize to 0);
-    returns True for such a group."""
-    lo = half_at(x, start)
-    hi = lo
-    # sink stays 0 while every value is finite, NaN after a NaN or an infinity (IEEE
-    # arithmetic: these kernels are compiled without fastmath, which would fold v - v to 0)
-    sink = lo - lo
-    for i in range(1, count):
-        v = half_at(x, start + i * stride)
-        lo = min(lo, v)
-        hi = max(hi, v)
-        sink += v - v
+def _word_extremes(x, start, stride, count, first):
+    """Extremes of the low and the high float16 of ``count`` uint32 words
+    ``x[start + i * stride]``, visited from ``i = first`` round: ``(lo, hi, sink)`` of each
+    half. ``sink`` stays 0 while every value is finite and is NaN after a NaN or an
+    infinity (IEEE arithmetic: these kernels are compiled without fastmath, which would
+    fold ``v - v`` to 0)."""
+    w = x[start + first * stride]
+    lo0 = hi0 = half2_lo(w)
+    lo1 = hi1 = half2_hi(w)
+    sink0, sink1 = lo0 - lo0, lo1 - lo1
+    i = first
+    for _ in range(1, count):
+        i += 1
+        if i == count:
+            i = 0
+        w = x[start + i * stride]
+        a, b = half2_lo(w), half2_hi(w)
+        lo0, hi0, lo1, hi1 = min(lo0, a), max(hi0, a), min(lo1, b), max(hi1, b)
+        sink0 += a - a
+        sink1 += b - b
+    return lo0, hi0, sink0, lo1, hi1, sink1
+
+
+@cuda.jit(device=True)
+def _write_params(lo, hi, sink, meta, at, min_offset, levels, copy, copy_at):
+    """A group's scale and min from its float32 extremes: ``meta[at]`` = f16((hi - lo) /
+    levels), ``meta[at + min_offset]`` = f16(lo); the stored (rounded) values also go to
+    ``copy[copy_at]`` and ``copy[copy_at + min_offset]``. A group holding a NaN or an
+    infinity (``sink`` not 0) gets NaN for both (its codes then quantize to 0); returns
+    True for such a group."""
     bad = sink != np.float32(0)
     if bad:
         lo = sink
@@ -316,6 +336,56 @@ def _write_params(x, start, stride, count, meta, at, min_offset, levels, copy, c
     copy[copy_at] = np.float32(meta[at])
     copy[copy_at + min_offset] = np.float32(meta[at + min_offset])
     return bad
+
+
+@cuda.jit(device=True)
+def _key_word(rows, at, scale, low, pairs, bits, levels):
+    """One key code word (``layout.key_code_field``): fields ``p`` and ``p + pairs`` hold the
+    channel pair of source word ``rows[at + p]`` (low, high float16), quantized with
+    ``scale``/``low`` ``[2 * pairs]`` (the word's channels in order)."""
+    word = np.uint32(0)
+    for p in range(0, pairs, 4):  # 16-byte loads
+        a0, a1, a2, a3 = load_u32x4(rows, at + p)
+        word |= (_key_pair(a0, p, scale, low, pairs, bits, levels) | _key_pair(a1, p + 1, scale, low, pairs, bits, levels)
+                 | _key_pair(a2, p + 2, scale, low, pairs, bits, levels)
+                 | _key_pair(a3, p + 3, scale, low, pairs, bits, levels))
+    return word
+
+
+@cuda.jit(device=True)
+def _key_pair(w, p, scale, low, pairs, bits, levels):
+    # the codes of source word w (channels 2p, 2p + 1 of the code word) in fields p, p + pairs
+    lo = _quantize(half2_lo(w), scale[2 * p], low[2 * p], levels)
+    hi = _quantize(half2_hi(w), scale[2 * p + 1], low[2 * p + 1], levels)
+    return (np.uint32(lo) << np.uint32(p * bits)) | (np.uint32(hi) << np.uint32((p + pairs) * bits))
+
+
+@cuda.jit(device=True)
+def _value_word(rows, at, row, params, param_at, gid, first_tile, tiles, chunk, group_size, num_groups, pairs,
+                bits, levels):
+    """One value code word (``layout.value_code_field``): for each of its ``tiles`` mma tiles,
+    a channel pair of tokens ``T, T+1, T+8, T+9`` (``T``'s row at ``rows[at]``, ``row``
+    words apart; its scale and min at ``params[param_at + g]``, ``+ num_groups``, one
+    token every ``2 * num_groups``). Register ``j`` of the word (field ``j``, and ``j +
+    pairs`` for the next token) is tile ``j // 4``, slot ``j % 4``: channel ``+ j % 2``,
+    token ``+ 8 * (j % 4 // 2)``."""
+    word = np.uint32(0)
+    for tile_in in range(tiles):
+        tile = first_tile + tile_in
+        dim = chunk * (8 * (tile // (chunk // 2)) + gid) + 2 * (tile % (chunk // 2))  # the pair's first channel
+        g = dim // group_size
+        for r8 in range(2):
+            for tb in range(2):
+                token = 8 * r8 + tb
+                w = rows[at + token * row + dim // 2]
+                m = param_at + token * 2 * num_groups + g
+                scale, low = params[m], params[m + num_groups]
+                lo = _quantize(half2_lo(w), scale, low, levels)
+                hi = _quantize(half2_hi(w), scale, low, levels)
+                j = 4 * tile_in + 2 * r8
+                word |= (np.uint32(lo) << np.uint32((j + pairs * tb) * bits)) \
+                    | (np.uint32(hi) << np.uint32((j + 1 + pairs * tb) * bits))
+    return word
 
 
 @cuda.jit(device=True)
@@ -478,21 +548,10 @@ def _seal_kernel_launch(store, from_rows: bool, k_src, v_src, slots, block_ids, 
         f = store.flat
         return Launch(_seal_quantized_kernel(cfg, report, from_rows), grid, THREADS, (
             k_src, v_src, w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"], slots, block_ids, first,
-            store.num_blocks, store.max_seqs, flags, _order(cfg), row0, rows_in))
+            store.num_blocks, store.max_seqs, flags, row0, rows_in))
     kernel = _seal_fp16_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim, report, from_rows)
     return Launch(kernel, grid, THREADS, (k_src, v_src, w["k_codes"], w["v_codes"], slots, block_ids, first,
                                           store.num_blocks, store.max_seqs, flags, row0, rows_in))
-
-
-def _order(cfg: KVCacheConfig):
-    return _seal_order(cfg.kv_dtype.bits, cfg.head_dim, cfg.block_size, cfg.group_size)
-
-
-@functools.cache
-def _seal_order(bits: int, head_dim: int, block_size: int, group_size: int):
-    # the quantizing seal's word order (seal_order.py), int32 [2, run_words] on the device
-    return cuda.to_device(np.stack([key_rotations(bits, head_dim, block_size),
-                                    value_order(bits, head_dim, block_size, group_size)]))
 
 
 @functools.cache

@@ -159,6 +159,7 @@ class Extend:
         return out
 
     def _start(self, key, mask) -> None:
+        check_held_positions(self.cache, mask, self.batch, self.tokens)
         real = real_tokens(mask, self.batch, self.tokens, key.device)
         self.keep = [torch.nonzero(real[row]).flatten() for row in range(self.batch)]
         cfg, engine = self.cache.kv_config, self.cache.engine
@@ -196,3 +197,27 @@ class Extend:
         except BaseException:
             cache.reset()
             raise
+
+
+def check_held_positions(cache, mask, batch: int, tokens: int) -> None:
+    """Refuse a forward whose attention mask hides a token some row of ``cache`` holds.
+
+    hexcore stores only a row's real tokens and cannot hide one later, so the positions
+    before this forward's ``tokens`` new ones that ``mask`` (transformers' 4D mask or None)
+    hides must be exactly the ones the row never stored (its padding): as many as those
+    positions minus the tokens the row holds. A hidden held token (say a padding id among
+    the ids of an earlier turn, which generate() masks when it is given no mask) raises
+    HexcoreInvalidArgumentError naming the row; attending to it anyway would silently
+    give other results than transformers' own caches. One host read of the mask."""
+    before = cache.get_seq_length() - tokens
+    if mask is None or before <= 0:
+        return
+    cached = mask[:, 0, -1, :before].expand(batch, before)
+    hidden = (~cached if cached.dtype == torch.bool else cached != 0).sum(dim=1).tolist()
+    for row, seq in enumerate(cache.rows):
+        held = cache.engine.seq_len(seq) if seq >= 0 else before - hidden[row]
+        if hidden[row] != before - held:
+            raise HexcoreInvalidArgumentError(
+                f"attention_mask: row {row} hides {hidden[row]} of the {before} positions before its new tokens, "
+                f"but the cache holds {held} tokens there ({before - held} padding); hexcore cannot hide a token "
+                f"it holds (pass generate() the mask given to admit(), with 1 for every real token)")

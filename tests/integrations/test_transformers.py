@@ -65,8 +65,11 @@ def ragged_prompts(seed, lengths, vocab=96):
 
 
 def generate(model, cache, ids, mask, new_tokens, **kwargs):
-    """Greedy generate() of ``new_tokens`` (end-of-sequence suppressed unless ``min_new_tokens`` is given)."""
+    """Greedy generate() of ``new_tokens`` (end-of-sequence suppressed unless ``min_new_tokens`` is given).
+    ``mask`` None means no padding: an explicit mask of ones, since generate() would otherwise mask every
+    padding id (0) in ``ids``, and a random model generates 0 as readily as any token."""
     kwargs = {"min_new_tokens": new_tokens, **kwargs}
+    mask = torch.ones_like(ids) if mask is None else mask
     with torch.no_grad():
         return model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=new_tokens,
                               do_sample=False, output_logits=True, output_scores=True, return_dict_in_generate=True,
@@ -415,6 +418,24 @@ def test_second_chat_turn_reuses_the_cached_prefix(seed):
     assert cache.engine.seq_len(cache.rows[0]) == ids.shape[1] + 1
     cache.reset()
     assert cache.engine.cache.num_cached_blocks == 2  # turn 2's prompt re-sealed nothing new; both stay cached
+    cache.engine.cache.check_invariants()
+
+
+def test_a_mask_hiding_a_cached_token_is_refused_and_changes_nothing(seed):
+    # turn 2's ids hold a padding id (0) at a cached position: generate() without a mask would
+    # hide it, which hexcore cannot do for a token it holds (it would attend to it anyway)
+    model = tiny_model(seed)
+    cache = make_cache(model, prefix_cache=True)
+    _, ids = chat_turns(model, cache, seed, 31, 2, 6)
+    assert cache.admit(ids) == [32]
+    hole = torch.ones_like(ids)
+    hole[0, 5] = 0
+    with pytest.raises(HexcoreInvalidArgumentError, match=r"attention_mask: row 0 hides 1 of the 32 positions"):
+        generate(model, cache, ids, hole, 2)
+    assert cache.get_seq_length() == 32 and cache.engine.seq_len(cache.rows[0]) == 32
+    got = generate(model, cache, ids, None, 2)
+    ref = generate(model, transformers.DynamicCache(config=model.config), ids, None, 2)
+    assert torch.equal(got.sequences, ref.sequences)
     cache.engine.cache.check_invariants()
 
 

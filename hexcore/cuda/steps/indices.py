@@ -71,11 +71,14 @@ def check_step(store, max_blocks_per_seq: int, block_tables, seq_lens, tail_slot
                                           store.num_blocks, store.max_seqs, max_len)
     if which != -1:
         raise _bad_entry(store, which, i, j, kind, tables, rows, max_len)
-    verify_blocks = NO_IDS if verify_blocks is None else _ids("verify_blocks", verify_blocks, None)
-    i = _first_outside(verify_blocks, store.num_blocks)
-    if i >= 0:
-        raise HexcoreInvalidArgumentError(f"verify_blocks[{i}] = {verify_blocks[i]} is outside "
-                                          f"[0, {store.num_blocks})")
+    if verify_blocks is None:  # (no compiled call on the common path)
+        verify_blocks = NO_IDS
+    else:
+        verify_blocks = _ids("verify_blocks", verify_blocks, None)
+        i = _first_outside(verify_blocks, store.num_blocks)
+        if i >= 0:
+            raise HexcoreInvalidArgumentError(f"verify_blocks[{i}] = {verify_blocks[i]} is outside "
+                                              f"[0, {store.num_blocks})")
     return StepIndices(tables, seq_lens, tail_slots, seal_slots, seal_blocks, fork_src, fork_dst, int(longest),
                        verify_blocks)
 
