@@ -211,17 +211,46 @@ class Engine:
                                  backend=backend, stream=stream)
 
     def prefill_attention_batch(self, seq_ids, layer: int, q, k, v, n_new, out=None, backend: str = "auto",
-                                stream=None):
+                                stream=None, rows=None):
         """:meth:`prefill_attention` of several sequences at once: one gather launch into a
         padded scratch and one attention call (:func:`hexcore.cuda.prefill_attention_batch`).
 
         ``seq_ids``: ``B`` distinct live sequences; ``q``: float16 ``[B, n_max, num_q_heads,
         D]``; ``k``, ``v``: float16 ``[B, n_max, H, D]``; ``n_new``: host int32 ``[B]``, row
-        ``r``'s first ``n_new[r]`` entries being its new tokens (the rest padding). Returns
-        ``out`` ``[B, n_max, num_q_heads, D]``. Pending fork copies run first.
+        ``r``'s first ``n_new[r]`` entries being its new tokens (the rest padding). ``rows``:
+        :meth:`batch_rows` of the same sequences, ``n_new`` and ``n_max``, made once for all
+        the layers of a forward (then ``n_new`` is None); without it each call builds and
+        copies them. Returns ``out`` ``[B, n_max, num_q_heads, D]``. Pending fork copies run
+        first.
         """
-        from .cuda import prefill_attention_batch
+        from .cuda import BatchRows, prefill_attention_batch
 
+        if rows is None:
+            ids, padded, prefix = self._batch_tables(seq_ids)
+            args = (padded, prefix, ids, n_new)
+        elif n_new is not None or (isinstance(rows, BatchRows)
+                                   and not np.array_equal(_as_seq_ids(seq_ids), rows.tail_slots)):
+            raise HexcoreInvalidArgumentError("rows: made for other sequences than seq_ids (and n_new must then "
+                                              "be None)")
+        else:
+            args = (None,) * 4
+        self._copy_forks(stream)
+        return prefill_attention_batch(q, k, v, self.store, layer, *args, out=out, scale=self.scale, backend=backend,
+                                       stream=stream, rows=rows)
+
+    def batch_rows(self, seq_ids, n_new, n_max: int):
+        """The rows of :meth:`prefill_attention_batch` for ``seq_ids`` (``B`` distinct live
+        sequences), ``n_new`` (host int32 ``[B]``) and ``n_max`` (``k.shape[1]``): their block
+        tables, cached lengths and new-token counts checked and copied to the device once
+        (a :class:`hexcore.cuda.BatchRows`, valid until one of the sequences changes)."""
+        from .cuda import BatchRows
+
+        ids, padded, prefix = self._batch_tables(seq_ids)
+        return BatchRows(self.store, ids.shape[0], n_max, padded, prefix, ids, n_new)
+
+    def _batch_tables(self, seq_ids) -> tuple:
+        # (ids, block tables padded with 0 [B, W >= 1], cached lengths), host int32; the
+        # sequences distinct and live; a sequence's tail slot is its id
         ids = _as_seq_ids(seq_ids)
         if np.unique(ids).shape[0] != ids.shape[0]:
             raise HexcoreInvalidArgumentError(f"seq_ids: a sequence appears twice in {ids.tolist()}")
@@ -229,10 +258,7 @@ class Engine:
         padded = np.zeros((ids.shape[0], max([1] + [t.shape[0] for t in tables])), np.int32)
         for r, table in enumerate(tables):
             padded[r, :table.shape[0]] = table
-        prefix = np.array([self.cache.seq_len(int(s)) for s in ids], np.int32)
-        self._copy_forks(stream)
-        return prefill_attention_batch(q, k, v, self.store, layer, padded, prefix, ids, n_new, out=out,
-                                       scale=self.scale, backend=backend, stream=stream)
+        return ids, padded, np.array([self.cache.seq_len(int(s)) for s in ids], np.int32)
 
     # -- decode steps ----------------------------------------------------------------
     def buffers(self, batch: int):

@@ -415,6 +415,11 @@ def test_prefill_attention_of_a_batch_is_its_rows_one_by_one(rng):
             one = engine.prefill_attention(seq, 0, q[r, :n], k[r, :n], v[r, :n], backend="numba").copy_to_host()
             np.testing.assert_array_equal(got[r, :n], one)
         assert (got[r, n:] == 0).all()
+    rows = engine.batch_rows(seqs, np.array(news, np.int32), n_max)  # made once for every layer of a forward
+    again = engine.prefill_attention_batch(seqs, 0, q, k, v, None, backend="numba", rows=rows).copy_to_host()
+    np.testing.assert_array_equal(again, got)
+    with pytest.raises(HexcoreInvalidArgumentError, match="rows: made for other sequences"):
+        engine.prefill_attention_batch(seqs[::-1], 0, q, k, v, None, rows=rows)
     with pytest.raises(HexcoreInvalidArgumentError, match="appears twice"):
         engine.prefill_attention_batch([seqs[0], seqs[0], seqs[1]], 0, q, k, v, np.array(news, np.int32))
     with pytest.raises(HexcoreInvalidSequenceError):

@@ -15,7 +15,7 @@ Importing this package loads numba.cuda; to run on the simulator, set
 
 from __future__ import annotations
 
-from .attention import (DecodeOptions, DecodePlan, PersistentDecode, PersistentStats, gather_prefix, paged_decode,
+from .attention import (BatchRows, DecodeOptions, DecodePlan, PersistentDecode, PersistentStats, gather_prefix, paged_decode,
                         persistent_decode, prefill_attention, prefill_attention_batch)
 from .blocks import copy_blocks, copy_tails, dequantize_blocks, prepare_copy_blocks, prepare_copy_tails
 from .launch import Launch, PreparedLaunch
@@ -26,6 +26,7 @@ from .streams import resolve_stream
 from .write import append, nonfinite_flags, prepare_append, prepare_seal, seal, seal_rows
 
 __all__ = [
+    "BatchRows",
     "DecodeGraph",
     "DecodeOptions",
     "DecodePlan",

@@ -27,8 +27,9 @@ tails back): the seal never faults on them and never turns them into plausible n
 
 Per element this costs, in the quantized seal's parameter pass, two float32 operations
 (``sink += v - v``: 0 for a finite ``v``, NaN otherwise) and one branch per group; the
-packing pass clamps in float32 and truncates (no ``floor``, no integer clamp). The FP16 seal tests each 32-bit word's two exponent
-fields only when ``nonfinite`` is given (a kernel specialisation), plus one barrier.
+packing pass clamps in float32 and truncates (no ``floor``, no integer clamp). The FP16
+seal tests each 32-bit word's two exponent fields only when ``nonfinite`` is given (a
+kernel specialisation), plus one barrier.
 
 Code order: codes are packed into little-endian 32-bit words in the order the decode
 kernel's tensor-core fragments read them: key rows with adjacent channels interleaved
@@ -62,6 +63,7 @@ from .store import DeviceKVStore, flat_words
 
 THREADS = 128
 STAGE_BYTES = 32 * 1024  # the quantizing seal stages a head's K and V tails in shared memory up to this
+# (rows padded by 16 bytes: block 32 at head_dim 128 takes 17 KB; block 64 no longer fits and reads global)
 # The quantizing seal's register cap: at the compiler's choice (121 INT4, 149 INT2 registers) 4 or 3
 # CTAs fit an SM; capped at 64 (80-152 bytes of local memory) 8 do. H200, 1024 blocks x 32 layers
 # (2026-12-01): INT4 8.12 -> 6.22 ms, INT2 10.00 -> 6.45 ms; a cap of 80 lies between.

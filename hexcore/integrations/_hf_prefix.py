@@ -121,14 +121,15 @@ class Extend:
 
     Per layer the live rows' real new tokens attend over what each row holds plus
     themselves, causally, all rows in one call (``Engine.prefill_attention_batch``: one
-    gather launch, one attention call); their K/V are staged as float16
-    ``[L, n, H, D]`` and stored after the last layer (``Engine.prefill``, with their token
-    ids when the prefix cache tracks the row). Padding positions and released rows get zeros.
+    gather launch, one attention call, over ``Engine.batch_rows`` made at the first layer);
+    their K/V are staged as float16 ``[L, n, H, D]`` and stored after the last layer
+    (``Engine.prefill``, with their token ids when the prefix cache tracks the row).
+    Padding positions and released rows get zeros.
     """
 
     def __init__(self, cache, batch: int, tokens: int, ids):
         self.cache, self.batch, self.tokens, self.ids = cache, batch, tokens, ids
-        self.keep = self.k = self.v = self.token_ids = None
+        self.keep = self.k = self.v = self.token_ids = self.rows = None
 
     def attend(self, layer: int, query, key, value, mask):
         """Output ``[B, T, num_q_heads, D]`` of layer ``layer`` (``query`` ``[B, Hq, T, D]``,
@@ -151,8 +152,11 @@ class Extend:
             self.v[row][layer] = value[row].index_select(1, index).transpose(0, 1)
             q[j, :lengths[j]] = query[row].index_select(1, index).transpose(0, 1)
             k[j, :lengths[j]], v[j, :lengths[j]] = self.k[row][layer], self.v[row][layer]
-        got = engine.prefill_attention_batch([seq for _, seq, _ in live], layer, for_engine(q), for_engine(k),
-                                             for_engine(v), np.array(lengths, np.int32), stream=stream)
+        seqs = [seq for _, seq, _ in live]
+        if self.rows is None:  # the rows' tables and lengths, on the device once for every layer
+            self.rows = engine.batch_rows(seqs, np.array(lengths, np.int32), n_max)
+        got = engine.prefill_attention_batch(seqs, layer, for_engine(q), for_engine(k), for_engine(v), None,
+                                             stream=stream, rows=self.rows)
         got = read_buffer(got, query)
         for j, (row, _, index) in enumerate(live):
             out[row].index_copy_(0, index, got[j, :lengths[j]].to(out.dtype))

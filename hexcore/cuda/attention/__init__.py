@@ -1,7 +1,7 @@
 """Paged decode attention: the launcher (``paged_decode``, ``DecodePlan``), its options,
 and the tensor-core kernel (``kernel.py``, per-warp work in ``fragments.py``, sizes in
 ``shape.py``, intrinsics in ``mma.py``); prefill over a cached prefix (``prefill.py``:
-``prefill_attention``, ``gather_prefix``); the persistent checkpoint-and-yield decode
+``prefill_attention``, ``prefill_attention_batch`` and its ``BatchRows``, ``gather_prefix``); the persistent checkpoint-and-yield decode
 (``persistent.py``: ``persistent_decode``, ``PersistentDecode``)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from .launcher import DecodePlan, Workspace, paged_decode
 from .options import DecodeOptions
 from .persistent import BudgetError, PersistentDecode, PersistentStats, persistent_decode
-from .prefill import gather_prefix, prefill_attention, prefill_attention_batch
+from .prefill import BatchRows, gather_prefix, prefill_attention, prefill_attention_batch
 
-__all__ = ["BudgetError", "DecodeOptions", "DecodePlan", "PersistentDecode", "PersistentStats", "Workspace",
+__all__ = ["BatchRows", "BudgetError", "DecodeOptions", "DecodePlan", "PersistentDecode", "PersistentStats", "Workspace",
            "gather_prefix", "paged_decode", "persistent_decode", "prefill_attention",
            "prefill_attention_batch"]

@@ -37,7 +37,7 @@ from .prefill_kernels import (EXTEND_THREADS, GATHER_THREADS, extend_grid, exten
 
 BACKENDS = ("auto", "sdpa", "numba")
 
-__all__ = ["BACKENDS", "gather_prefix", "prefill_attention", "prefill_attention_batch", "sdpa_extend",
+__all__ = ["BACKENDS", "BatchRows", "gather_prefix", "prefill_attention", "prefill_attention_batch", "sdpa_extend",
            "sdpa_extend_batch"]
 
 
@@ -134,7 +134,7 @@ def prefill_attention(q, k_new, v_new, store, layer: int, block_table, prefix_le
 
 
 def prefill_attention_batch(q, k_new, v_new, store, layer: int, block_tables, prefix_lens, tail_slots, n_new, *,
-                            out=None, scale: float | None = None, backend: str = "auto", stream=None):
+                            out=None, scale: float | None = None, backend: str = "auto", stream=None, rows=None):
     """:func:`prefill_attention` of ``B`` sequences at once: one gather launch for all rows
     into a padded scratch, then one attention call (``sdpa``: one masked SDPA call;
     ``numba``: the extend kernel per row).
@@ -148,6 +148,10 @@ def prefill_attention_batch(q, k_new, v_new, store, layer: int, block_tables, pr
         a prefix ends inside a tail) and new tokens (at most ``n_max``) of each row.
     out, scale, backend, stream : as in :func:`prefill_attention`; ``out`` is ``[B, n_max,
         num_q_heads, D]``, and its padding rows are zeros (``numba``) or unspecified.
+    rows : a :class:`BatchRows` of this store, ``B`` and ``n_max`` (then ``block_tables``,
+        ``prefix_lens``, ``tail_slots`` and ``n_new`` are None): the rows checked and
+        copied to the device once, for every layer of a forward. Without it each call
+        copies them (host-to-device copies that wait for the GPU's queued work).
 
     Returns ``out``. Bad arguments raise HexcoreInvalidArgumentError before anything is
     launched. Allocates a scratch of ``2 * B * H * S_max * D`` float16, ``S_max`` the
@@ -165,8 +169,10 @@ def prefill_attention_batch(q, k_new, v_new, store, layer: int, block_tables, pr
     if num_q_heads == 0 or num_q_heads % cfg.num_kv_heads:
         raise HexcoreInvalidArgumentError(
             f"q: num_q_heads {num_q_heads} is not a positive multiple of num_kv_heads {cfg.num_kv_heads}")
-    prefix_lens, tail_slots, n_new, tables = _checked_rows(store, B, n_max, block_tables, prefix_lens, tail_slots,
-                                                           n_new)
+    if rows is None:
+        rows = BatchRows(store, B, n_max, block_tables, prefix_lens, tail_slots, n_new)
+    else:
+        _check_prepared(rows, store, B, n_max, (block_tables, prefix_lens, tail_slots, n_new))
     scale = _checked_scale(scale, cfg.head_dim)
     out_shape = (B, n_max, num_q_heads, cfg.head_dim)
     if out is None:
@@ -174,19 +180,18 @@ def prefill_attention_batch(q, k_new, v_new, store, layer: int, block_tables, pr
     out_dev = checked(out, "out", np.float16, out_shape)
     check_outside_store(store, out=out_dev)
     launch_stream = resolve_stream(stream, q_in, k_new, v_new, out)
-    S_max = int((prefix_lens + n_new).max()) if B else 0
-    if S_max == 0 or n_max == 0:
+    if rows.S_max == 0 or n_max == 0:
         return out
     if backend == "sdpa":
-        _sdpa_batch_path(store, layer, tables, (prefix_lens, tail_slots, n_new), (q_in, q), k_new, v_new,
-                         (out, out_dev), scale, stream, launch_stream, S_max)
+        _sdpa_batch_path(store, layer, rows, (q_in, q), k_new, v_new, (out, out_dev), scale, stream, launch_stream)
         return out
-    shape = (B, cfg.num_kv_heads, S_max, cfg.head_dim)
+    shape = (B, cfg.num_kv_heads, rows.S_max, cfg.head_dim)
     k_s = cuda.device_array(shape, np.float16, stream=launch_stream.numba)
     v_s = cuda.device_array(shape, np.float16, stream=launch_stream.numba)
-    _gather_batch(store, layer, tables, (prefix_lens, tail_slots, n_new), k_new, v_new, k_s, v_s, launch_stream)
+    _gather_batch(store, layer, rows, k_new, v_new, k_s, v_s, launch_stream)
     group = num_q_heads // cfg.num_kv_heads
     zeros = np.zeros(out_shape[1:], np.float16)
+    prefix_lens, n_new = rows.prefix_lens, rows.n_new
     for r in range(B):
         n = int(n_new[r])
         if n < n_max:  # padding rows: zeros
@@ -197,6 +202,37 @@ def prefill_attention_batch(q, k_new, v_new, store, layer: int, block_tables, pr
                 q[r, :n], k_s[r, :, :int(prefix_lens[r]) + n], v_s[r, :, :int(prefix_lens[r]) + n],
                 int(prefix_lens[r]), np.float32(scale), out_dev[r, :n])
     return out
+
+
+class BatchRows:
+    """The rows of a :func:`prefill_attention_batch` call, checked and copied to the device
+    once, so that every layer of a forward reuses them.
+
+    ``store``: the DeviceKVStore; ``batch`` (B) and ``n_max``: the calls' ``k_new.shape[:2]``;
+    ``block_tables``, ``prefix_lens``, ``tail_slots``, ``n_new``: as that function takes them
+    (host int32), every entry it reads range-checked here (HexcoreInvalidArgumentError).
+    Holds the host ``prefix_lens``, ``tail_slots``, ``n_new`` ``[B]``, ``S_max`` (the longest
+    ``prefix_lens[r] + n_new[r]``), the device ``tables`` ``[B, W]`` and ``packed``
+    ``[3, B]`` (prefix_lens, tail_slots, n_new: one copy).
+    """
+
+    def __init__(self, store, batch: int, n_max: int, block_tables, prefix_lens, tail_slots, n_new):
+        self.store, self.batch, self.n_max = checked_store(store), as_int("batch", batch, 0), as_int("n_max", n_max, 0)
+        self.prefix_lens, self.tail_slots, self.n_new, self.tables = _checked_rows(
+            store, self.batch, self.n_max, block_tables, prefix_lens, tail_slots, n_new)
+        self.packed = checked(np.stack([self.prefix_lens, self.tail_slots, self.n_new]), "rows", np.int32, (3, None),
+                              align=4)
+        self.S_max = int((self.prefix_lens + self.n_new).max()) if self.batch else 0
+        self._lengths = None
+
+    def lengths(self, device):
+        """torch int64 ``(prefix_lens, n_new)`` on ``device``, copied the first time."""
+        if self._lengths is None:
+            import torch
+
+            self._lengths = tuple(torch.from_numpy(x.astype(np.int64)).to(device) for x in (self.prefix_lens,
+                                                                                             self.n_new))
+        return self._lengths
 
 
 def sdpa_extend_batch(q, k, v, prefix_lens, n_new, scale: float | None = None):
@@ -269,35 +305,46 @@ def _sdpa_path(store, layer, table, prefix_len, slot, q, k_new, v_new, out, scal
         out.copy_(sdpa_extend(q, k_s, v_s, scale))
 
 
-def _gather_batch(store, layer, tables, rows, k_new, v_new, k_out, v_out, stream) -> None:
+def _gather_batch(store, layer, rows, k_new, v_new, k_out, v_out, stream) -> None:
     cfg = store.config
-    packed = checked(np.stack(rows).astype(np.int32), "rows", np.int32, (3, None), align=4)  # one copy, not three
-    prefix_lens, tail_slots, n_new = packed[0], packed[1], packed[2]
+    prefix_lens, tail_slots, n_new = rows.packed[0], rows.packed[1], rows.packed[2]
     B, S_max = k_out.shape[0], k_out.shape[2]
     w = store.words
     meta = w.get("k_meta", w["k_tails"]), w.get("v_meta", w["v_tails"])  # (FP16 stores have none)
     grid = (gather_grid(cfg, S_max), B)
     gather_batch_kernel(cfg)[grid, GATHER_THREADS, stream.numba](
-        w["k_codes"], w["v_codes"], *meta, w["k_tails"], w["v_tails"], tables, layer, store.num_blocks,
+        w["k_codes"], w["v_codes"], *meta, w["k_tails"], w["v_tails"], rows.tables, layer, store.num_blocks,
         store.max_seqs, tail_slots, prefix_lens, n_new, flat_words(k_new), flat_words(v_new), flat_words(k_out),
         flat_words(v_out), S_max, k_new.shape[1])
 
 
-def _sdpa_batch_path(store, layer, tables, rows, q, k_new, v_new, out, scale, stream, launch_stream, S_max):
+def _sdpa_batch_path(store, layer, rows, q, k_new, v_new, out, scale, stream, launch_stream):
     import torch
 
     cfg = store.config
     (q, q_dev), (out, out_dev) = q, out
     q, out = (x if isinstance(x, torch.Tensor) else torch.as_tensor(dev, device="cuda")
               for x, dev in ((q, q_dev), (out, out_dev)))
-    shape = (q.shape[0], cfg.num_kv_heads, S_max, cfg.head_dim)
+    shape = (q.shape[0], cfg.num_kv_heads, rows.S_max, cfg.head_dim)
     with torch_stream(torch, stream, launch_stream):
         k_s = torch.empty(shape, dtype=torch.float16, device=q.device)
         v_s = torch.empty(shape, dtype=torch.float16, device=q.device)
-        _gather_batch(store, layer, tables, rows, k_new, v_new, cuda.as_cuda_array(k_s), cuda.as_cuda_array(v_s),
+        _gather_batch(store, layer, rows, k_new, v_new, cuda.as_cuda_array(k_s), cuda.as_cuda_array(v_s),
                       launch_stream)
-        prefix_lens, n_new = (torch.from_numpy(np.asarray(x, np.int64)).to(q.device) for x in (rows[0], rows[2]))
-        out.copy_(sdpa_extend_batch(q, k_s, v_s, prefix_lens, n_new, scale))
+        out.copy_(sdpa_extend_batch(q, k_s, v_s, *rows.lengths(q.device), scale))
+
+
+def _check_prepared(rows, store, batch: int, n_max: int, given) -> None:
+    """``rows`` must be a BatchRows of ``store`` for ``batch`` x ``n_max``, the per-call row
+    arguments ``given`` all None."""
+    if not isinstance(rows, BatchRows):
+        raise HexcoreInvalidArgumentError(f"rows: expected a BatchRows or None, got {type(rows).__name__}")
+    if any(x is not None for x in given):
+        raise HexcoreInvalidArgumentError("rows: given with block_tables, prefix_lens, tail_slots or n_new "
+                                          "(pass those as None)")
+    if rows.store is not store or (rows.batch, rows.n_max) != (batch, n_max):
+        raise HexcoreInvalidArgumentError(f"rows: made for another store or for batch {rows.batch} x n_max "
+                                          f"{rows.n_max}, got {batch} x {n_max}")
 
 
 # -- checks ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 from numba import cuda
 
 from hexcore import HexcoreInvalidArgumentError, KVCacheConfig
-from hexcore.cuda import dequantize_blocks, gather_prefix, prefill_attention, prefill_attention_batch
+from hexcore.cuda import BatchRows, dequantize_blocks, gather_prefix, prefill_attention, prefill_attention_batch
 from tests import reference as ref
 from tests.cuda.fill import random_cache
 
@@ -195,6 +195,39 @@ def test_a_batch_attends_as_its_rows_do_one_by_one(dtype, rng):
                                     int(tails[r]), backend="numba").copy_to_host()
             np.testing.assert_array_equal(got[r, :n], one)  # the same scratch values, the same kernel
             assert ref.relative_l2(got[r, :n], expect[r]) <= TOLERANCE
+
+
+def test_rows_made_once_give_what_each_call_gives(rng):
+    # BatchRows: the rows checked and copied once, reused by every layer of a forward
+    cfg = KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
+    prefix_lens, n_new = [35, 16, 0], [3, 0, 2]
+    store, tables, tails, q, k_new, v_new, _ = batch_case(cfg, prefix_lens, n_new, 1, rng)
+    args = (tables, np.array(prefix_lens, np.int32), tails, np.array(n_new, np.int32))
+    rows = BatchRows(store, 3, 3, *args)
+    assert rows.S_max == 38 and rows.tables.shape == (3, 3)
+    for layer in (0, 1):
+        want = prefill_attention_batch(q, k_new, v_new, store, layer, *args, backend="numba").copy_to_host()
+        got = prefill_attention_batch(q, k_new, v_new, store, layer, None, None, None, None, backend="numba",
+                                      rows=rows).copy_to_host()
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda store, args: BatchRows(store, 2, 3, *args), r"rows: made for another store or for batch 2 x n_max 3"),
+    (lambda store, args: "rows", r"rows: expected a BatchRows or None, got str"),
+])
+def test_rows_of_another_batch_are_refused(make, match, rng):
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
+    store, tables, tails, q, k_new, v_new, _ = batch_case(cfg, [35, 16], [3, 3], 1, rng)
+    args = (tables, np.array([35, 16], np.int32), tails, np.array([3, 3], np.int32))
+    out = cuda.to_device(np.full((2, 2, 2, 64), np.nan, np.float16))
+    with pytest.raises(HexcoreInvalidArgumentError, match=match):
+        prefill_attention_batch(q[:, :2], k_new[:, :2], v_new[:, :2], store, 0, None, None, None, None, out=out,
+                                backend="numba", rows=make(store, args))
+    with pytest.raises(HexcoreInvalidArgumentError, match="rows: given with block_tables"):
+        prefill_attention_batch(q, k_new, v_new, store, 0, *args, backend="numba",
+                                rows=BatchRows(store, 2, 3, *args))
+    assert np.isnan(out.copy_to_host()).all()
 
 
 def test_sdpa_extend_batch_matches_the_rows_on_cpu(rng):
