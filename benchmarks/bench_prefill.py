@@ -10,7 +10,10 @@ of one call, ``TBs`` bytes moved per second (gather: the prefix's codes and meta
 the new K/V read, the FP16 scratch written; attention rows: the K/V the attention reads
 once), ``TFLOPs`` the attention's useful multiply-adds (x2) per second.
 
-- ``gather``: the gather kernel alone (dequantize the prefix into the scratch);
+- ``gather``: ``gather_prefix``, one call (dequantize the prefix into the scratch): its time
+  is mostly the launcher's host time (the kernel moves a few MB);
+- ``gather kernel``: the same kernel alone, 20 prepared launches replayed as one CUDA graph
+  (time per launch, so the host does not hide it);
 - ``gather+sdpa``: ``prefill_attention(backend="sdpa")``, the whole call;
 - ``numba``: ``prefill_attention(backend="numba")`` (gather + extend kernel on CUDA cores);
 - ``sdpa over fp16``: the SDPA step alone over a ready contiguous FP16 K/V (a lower bound);
@@ -77,7 +80,32 @@ def prefill_rows():
                 rows.append(dict(kv_dtype=dtype, new_tokens=n, op=name, us=seconds * 1e6,
                                  host_us=host_seconds_per_call(fn, calls=50) * 1e6, TBs=nbytes / seconds / 1e12,
                                  TFLOPs=work / seconds / 1e12))
+            seconds = kernel_seconds(store, table, k_new, v_new, k_s, v_s)
+            rows.append(dict(kv_dtype=dtype, new_tokens=n, op="gather kernel", us=seconds * 1e6, host_us=float("nan"),
+                             TBs=cases["gather"][1] / seconds / 1e12, TFLOPs=0.0))
     return rows
+
+
+def kernel_seconds(store, table, k_new, v_new, k_s, v_s, copies: int = 20) -> float:
+    """Device seconds of one gather kernel over layer 0: ``copies`` prepared launches captured
+    in one CUDA graph, the replay timed with CUDA events and divided by ``copies``."""
+    from numba import cuda
+
+    from benchmarks.gpu_common import time_gpu
+    from hexcore.cuda.arrays import checked
+    from hexcore.cuda.attention.prefill import gather_launch
+    from hexcore.cuda.steps.capture import DriverGraph
+    from hexcore.cuda.streams import stream_handle
+
+    n, S = k_new.shape[0], k_s.shape[1]
+    new = [checked(x, name, np.float16, (n, H, D)) for x, name in ((k_new, "k_new"), (v_new, "v_new"))]
+    out = [checked(x, name, np.float16, (H, S, D), output=True) for x, name in ((k_s, "k_out"), (v_s, "v_out"))]
+    launch = gather_launch(store, 0, table, PREFIX, 0, *new, *out).prepare()
+    launch.run(0)  # loads the module (a capture cannot)
+    cuda.synchronize()
+    graph = DriverGraph(lambda stream: [launch.run(stream) for _ in range(copies)], cuda.stream())
+    default = stream_handle(0)
+    return time_gpu(lambda: graph.replay(default)) / copies
 
 
 @pytest.mark.gpu

@@ -30,6 +30,7 @@ from ..._checks import as_int
 from ...errors import HexcoreInvalidArgumentError
 from ..arrays import check_outside_store, checked, checked_layer, checked_store
 from ..device import SIMULATOR
+from ..launch import Launch
 from ..store import flat_words
 from ..streams import resolve_stream, torch_stream
 from .prefill_kernels import (EXTEND_THREADS, GATHER_THREADS, extend_grid, extend_kernel, gather_batch_kernel,
@@ -273,36 +274,27 @@ def sdpa_extend(q, k, v, scale: float | None = None):
 
 # -- the two paths --------------------------------------------------------------------
 def _gather(store, layer, table, prefix_len, slot, k_new, v_new, k_out, v_out, stream) -> None:
+    if k_out.shape[1]:
+        gather_launch(store, layer, table, prefix_len, slot, k_new, v_new, k_out, v_out).run(stream)
+
+
+def gather_launch(store, layer, table, prefix_len, slot, k_new, v_new, k_out, v_out) -> Launch:
+    """The gather kernel's launch over checked device arrays (``gather_prefix`` checks them):
+    ``table`` int32 ``[>= prefix_len // block_size]``, ``k_new``, ``v_new`` ``[n_new, H, D]``
+    or None, ``k_out``, ``v_out`` ``[H, prefix_len + n_new, D]`` float16. A benchmark times
+    the kernel alone through it (``benchmarks/bench_prefill.py``)."""
     cfg = store.config
     total = k_out.shape[1]
-    if total == 0:
-        return
     if k_new is None:  # nothing past the prefix: any float16 array serves
         k_new = v_new = k_out
     w = store.words
     meta = w.get("k_meta", w["k_tails"]), w.get("v_meta", w["v_tails"])  # (FP16 stores have none)
     if table.shape[0] == 0:  # no sealed block is read; the kernel still takes an array
         table = _placeholder_table(store)
-    gather_kernel(cfg)[gather_grid(cfg, total), GATHER_THREADS, stream.numba](
+    return Launch(gather_kernel(cfg), gather_grid(cfg, total), GATHER_THREADS, (
         w["k_codes"], w["v_codes"], *meta, w["k_tails"], w["v_tails"], table, layer, store.num_blocks,
-        store.max_seqs, slot, prefix_len, flat_words(k_new), flat_words(v_new), flat_words(k_out),
-        flat_words(v_out), total)
-
-
-def _sdpa_path(store, layer, table, prefix_len, slot, q, k_new, v_new, out, scale, stream, launch_stream) -> None:
-    import torch
-
-    cfg = store.config
-    (q, q_dev), (out, out_dev) = q, out  # (as given, as a numba device array)
-    q, out = (x if isinstance(x, torch.Tensor) else torch.as_tensor(dev, device="cuda")
-              for x, dev in ((q, q_dev), (out, out_dev)))
-    shape = (cfg.num_kv_heads, prefix_len + q.shape[0], cfg.head_dim)
-    with torch_stream(torch, stream, launch_stream):
-        k_s = torch.empty(shape, dtype=torch.float16, device=q.device)
-        v_s = torch.empty(shape, dtype=torch.float16, device=q.device)
-        _gather(store, layer, table, prefix_len, slot, k_new, v_new, cuda.as_cuda_array(k_s),
-                cuda.as_cuda_array(v_s), launch_stream)
-        out.copy_(sdpa_extend(q, k_s, v_s, scale))
+        store.max_seqs, slot, prefix_len, flat_words(k_new), flat_words(v_new), flat_words(k_out), flat_words(v_out),
+        total))
 
 
 def _gather_batch(store, layer, rows, k_new, v_new, k_out, v_out, stream) -> None:
