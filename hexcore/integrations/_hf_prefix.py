@@ -219,7 +219,9 @@ def check_held_positions(cache, mask, batch: int, tokens: int) -> None:
     cached = mask[:, 0, -1, :before].expand(batch, before)
     hidden = (~cached if cached.dtype == torch.bool else cached != 0).sum(dim=1).tolist()
     for row, seq in enumerate(cache.rows):
-        held = cache.engine.seq_len(seq) if seq >= 0 else before - hidden[row]
+        if seq < 0:  # a released row holds nothing
+            continue
+        held = cache.engine.seq_len(seq)
         if hidden[row] != before - held:
             raise HexcoreInvalidArgumentError(
                 f"attention_mask: row {row} hides {hidden[row]} of the {before} positions before its new tokens, "
