@@ -297,6 +297,22 @@ def gather_launch(store, layer, table, prefix_len, slot, k_new, v_new, k_out, v_
         total))
 
 
+def _sdpa_path(store, layer, table, prefix_len, slot, q, k_new, v_new, out, scale, stream, launch_stream) -> None:
+    import torch
+
+    cfg = store.config
+    (q, q_dev), (out, out_dev) = q, out  # (as given, as a numba device array)
+    q, out = (x if isinstance(x, torch.Tensor) else torch.as_tensor(dev, device="cuda")
+              for x, dev in ((q, q_dev), (out, out_dev)))
+    shape = (cfg.num_kv_heads, prefix_len + q.shape[0], cfg.head_dim)
+    with torch_stream(torch, stream, launch_stream):
+        k_s = torch.empty(shape, dtype=torch.float16, device=q.device)
+        v_s = torch.empty(shape, dtype=torch.float16, device=q.device)
+        _gather(store, layer, table, prefix_len, slot, k_new, v_new, cuda.as_cuda_array(k_s),
+                cuda.as_cuda_array(v_s), launch_stream)
+        out.copy_(sdpa_extend(q, k_s, v_s, scale))
+
+
 def _gather_batch(store, layer, rows, k_new, v_new, k_out, v_out, stream) -> None:
     cfg = store.config
     prefix_lens, tail_slots, n_new = rows.packed[0], rows.packed[1], rows.packed[2]
