@@ -18,7 +18,10 @@ Helpers
   ``i`` must be in range.
 - ``load_cg_f32(a, i)``: ``a[i]`` of a 1-D float32 array read from L2 (``ld.global.cg``),
   never from a stale L1 line: for data another CTA of the same launch wrote.
+  ``load_cg_f32x4(a, i)``: ``a[i:i+4]`` the same way, as one 16-byte load (``i`` a
+  multiple of 4).
 - ``shfl_idx(value, src)``: float32 ``value`` of lane ``src`` (every lane must call it).
+- ``shfl_idx_int(value, src)``: the same for an int32 ``value`` (a block id).
 - ``shfl_xor(value, mask)``: float32 ``value`` of lane ``lane ^ mask``.
 - ``warp_any(predicate)``: whether any lane of the warp has ``predicate`` (``vote.any``);
   the branch it guards is warp-uniform.
@@ -114,6 +117,24 @@ if not SIMULATOR:
         return sig, codegen
 
     @intrinsic
+    def _load_cg4(typingctx, array, index):
+        if not (isinstance(array, types.Array) and array.dtype == types.float32 and array.ndim == 1):
+            return None
+        sig = types.UniTuple(types.float32, 4)(array, index)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]])
+            f32 = ir.FloatType()
+            fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [ir.IntType(64)])
+            asm = ir.InlineAsm(fnty, "ld.global.cg.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,l",
+                               side_effect=True)
+            got = builder.call(asm, [builder.ptrtoint(ptr, ir.IntType(64))])
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(got, k) for k in range(4)])
+
+        return sig, codegen
+
+    @intrinsic
     def _ex2(typingctx, x):
         sig = types.float32(types.float32)
 
@@ -147,15 +168,21 @@ if not SIMULATOR:
         sig = types.void(dst, dst_index, src, src_index)
 
         def codegen(context, builder, sig, args):
-            pointers = []
-            for aryty, ary, index in ((sig.args[0], args[0], args[1]), (sig.args[2], args[2], args[3])):
-                array = context.make_array(aryty)(context, builder, value=ary)
-                ptr = cgutils.get_item_pointer(context, builder, aryty, array, [index])
-                pointers.append(builder.ptrtoint(ptr, ir.IntType(64)))
-            fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), ir.IntType(64)])
-            text = ("{ .reg .u64 s, g; cvta.to.shared.u64 s, $0; cvta.to.global.u64 g, $1; "
-                    "cp.async.cg.shared.global [s], [g], 16; }")
-            builder.call(ir.InlineAsm(fnty, text, "l,l", side_effect=True), pointers)
+            # the shared side as a 32-bit address: the array's base (converted once per
+            # kernel, ptxas hoists it) plus a 32-bit byte offset, so no copy computes a
+            # 64-bit generic address; the global side is the element's address
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            shared = context.make_array(sig.args[0])(context, builder, value=args[0])
+            base = builder.ptrtoint(shared.data, i64)
+            offset = builder.shl(builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), i32),
+                                 ir.Constant(i32, 2))
+            source = context.make_array(sig.args[2])(context, builder, value=args[2])
+            pointer = cgutils.get_item_pointer(context, builder, sig.args[2], source, [args[3]])
+            fnty = ir.FunctionType(ir.VoidType(), [i64, i32, i64])
+            text = ("{ .reg .u64 s64, g; .reg .u32 s; cvta.to.shared.u64 s64, $0; cvt.u32.u64 s, s64; "
+                    "add.u32 s, s, $1; cvta.to.global.u64 g, $2; cp.async.cg.shared.global [s], [g], 16; }")
+            builder.call(ir.InlineAsm(fnty, text, "l,r,l", side_effect=True),
+                         [base, offset, builder.ptrtoint(pointer, i64)])
             return context.get_dummy_value()
 
         return sig, codegen
@@ -211,12 +238,20 @@ if not SIMULATOR:
         return _load_cg(array, index)
 
     @device_function
+    def load_cg_f32x4(array, index):
+        return _load_cg4(array, index)
+
+    @device_function
     def prefetch_l2(words, i, nbytes):
         _prefetch(words, i, types.uint32(nbytes))
 
     @device_function
     def shfl_idx(value, src):
         return cuda.shfl_sync(FULL_MASK, value, src)
+
+    @device_function
+    def shfl_idx_int(value, src):
+        return cuda.shfl_sync(FULL_MASK, types.int32(value), src)
 
     @device_function
     def shfl_xor(value, mask):
@@ -236,6 +271,7 @@ else:
         def __init__(self):
             self.barrier = threading.Barrier(32, timeout=120)
             self.slots = np.zeros(32, np.float32)
+            self.int_slots = np.zeros(32, np.int64)
 
     def _warp():
         key = (tuple(cuda.blockIdx), cuda.threadIdx.x // 32)
@@ -267,6 +303,10 @@ else:
     @cuda.jit(device=True)
     def load_cg_f32(array, index):
         return array[index]
+
+    @cuda.jit(device=True)
+    def load_cg_f32x4(array, index):
+        return array[index], array[index + 1], array[index + 2], array[index + 3]
 
     @cuda.jit(device=True)
     def cp_async16(dst, dst_index, src, src_index):
@@ -305,6 +345,15 @@ else:
     @cuda.jit(device=True)
     def shfl_idx(value, src):
         return _exchange(value, src)
+
+    @cuda.jit(device=True)
+    def shfl_idx_int(value, src):
+        warp = _warp()
+        warp.int_slots[cuda.threadIdx.x % 32] = value
+        warp.barrier.wait()  # every lane's value written
+        got = warp.int_slots[src]
+        warp.barrier.wait()  # every lane has read
+        return np.int32(got)
 
     @cuda.jit(device=True)
     def shfl_xor(value, mask):

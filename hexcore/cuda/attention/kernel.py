@@ -36,7 +36,7 @@ import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from ..device import (SIMULATOR, cp_async_commit, cp_async_wait_all, cp_async_wait_one, device_function, exp2,
-                      load_cg_f32, prefetch_l2, shfl_xor, syncwarp)
+                      load_cg_f32, load_cg_f32x4, prefetch_l2, shfl_idx_int, shfl_xor, syncwarp)
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 from .fragments import NEG_INF, warp_functions
 from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape
@@ -117,21 +117,31 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
             prefetch_l2(pool, at, META_BYTES[1])
 
     @cuda.jit(device=True)
-    def issue(pool, ring, stage, j, first, last, h, b, layer, num_blocks, block_tables, k_codes, v_codes, k_meta,
-              v_meta, lane):
-        # start the copies of the warp's chunk j (block first + 4 * (j // CPB)) into the ring;
-        # with PREFETCH, a block's first chunk also asks L2 for the warp's block after it
-        vb = first + WARPS * (j // CPB)
-        block = block_tables[b, vb]
+    def warp_block(block_tables, b, first, count, c, lane, ids):
+        # the block id of the warp's c-th sealed block (virtual block first + 4c), c < count:
+        # lane i holds the id of the warp's block 32 * (c // 32) + i in ids[0], read from the
+        # table once per 32 blocks, so no chunk waits on a table read before its copies
+        if c & 31 == 0:
+            i = c + lane
+            ids[0] = block_tables[b, first + WARPS * i] if i < count else -1
+        return shfl_idx_int(ids[0], c & 31)
+
+    @cuda.jit(device=True)
+    def issue(pool, ring, stage, sub, block, head_row, vb, last, b, h, layer, num_blocks, block_tables, k_codes,
+              v_codes, k_meta, v_meta, lane):
+        # start the copies of chunk `sub` of the warp's sealed block `block` (virtual block vb)
+        # into the ring stage at word `stage`; `head_row` = (layer * num_blocks) * H + h, so
+        # the block's (layer, block, h) row is head_row + block * H (layout.code_offset and its
+        # siblings, in words); with PREFETCH, a block's first chunk also asks L2 for the
+        # warp's block after it
         if not in_range(block, num_blocks):
             return  # a block id outside the store: skipped (its chunks are not computed either)
-        if PREFETCH and j % CPB == 0 and vb + WARPS < last:
+        if PREFETCH and sub == 0 and vb + WARPS < last:
             prefetch_block(pool, (k_codes, v_codes, k_meta, v_meta), block_tables[b, vb + WARPS], h, layer,
                            num_blocks, lane)
-        run = code_offset(layer, block, h, 0, num_blocks, H, BS, RW * 4) // 4
-        issue_chunk(pool, ring, stage, k_codes + run, v_codes + run,
-                    k_meta + key_meta_offset(layer, block, h, num_blocks, H, D) // 4,
-                    v_meta + value_meta_offset(layer, block, h, 0, num_blocks, H, BS, NG) // 4, (j % CPB) * CK, lane)
+        row = head_row + block * H
+        issue_chunk(pool, ring, stage, k_codes + row * (BS * RW), v_codes + row * (BS * RW), k_meta + row * D,
+                    v_meta + row * (BS * NG), sub * CK, lane)
 
     @device_function
     def decode_item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots,
@@ -179,28 +189,40 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
         if QUANTIZED:
             # sealed blocks: a two-stage cp.async pipeline per warp (the next chunk's copies
             # fly while this one is computed)
-            base = warp * 2 * STAGE
+            # the chunk being computed is (c, sub) of the warp's c-th block; counters, not
+            # divisions of the chunk index, keep signed 64-bit arithmetic out of the loop
             first = vb0 + warp
             last = min(vb1, n_sealed)
-            n_chunks = max(0, (last - first + WARPS - 1) // WARPS) * CPB
-            if n_chunks > 0:
-                issue(pool, ring, base, 0, first, last, h, b, layer, num_blocks, block_tables, k_codes, v_codes,
-                      k_meta, v_meta, lane)
+            count = max(0, (last - first + WARPS - 1) // WARPS)  # the warp's sealed blocks
+            head_row = (layer * num_blocks) * H + h
+            ids = cuda.local.array(1, int32)
+            stage, spare = warp * 2 * STAGE, warp * 2 * STAGE + STAGE  # computed, being filled
+            block = warp_block(block_tables, b, first, count, 0, lane, ids) if count > 0 else -1
+            if count > 0:
+                issue(pool, ring, stage, 0, block, head_row, first, last, b, h, layer, num_blocks, block_tables,
+                      k_codes, v_codes, k_meta, v_meta, lane)
             cp_async_commit()
             corr_lo = corr_hi = float32(0)
-            for j in range(n_chunks):
-                if j + 1 < n_chunks:
-                    issue(pool, ring, base + ((j + 1) % 2) * STAGE, j + 1, first, last, h, b, layer, num_blocks,
-                          block_tables, k_codes, v_codes, k_meta, v_meta, lane)
+            c, sub = 0, 0
+            while c < count:
+                upcoming, c_next, sub_next = block, c, sub + 1  # the next chunk
+                if sub_next == CPB:
+                    c_next, sub_next = c + 1, 0
+                    if c_next < count:
+                        upcoming = warp_block(block_tables, b, first, count, c_next, lane, ids)
+                if c_next < count:
+                    issue(pool, ring, spare, sub_next, upcoming, head_row, first + WARPS * c_next, last, b, h,
+                          layer, num_blocks, block_tables, k_codes, v_codes, k_meta, v_meta, lane)
                 cp_async_commit()
                 cp_async_wait_one()
-                syncwarp()  # chunk j is in the ring, every lane's copies
-                stage = base + (j % 2) * STAGE
-                if in_range(block_tables[b, first + WARPS * (j // CPB)], num_blocks):
-                    if j % CPB == 0:
+                syncwarp()  # this chunk is in the ring, every lane's copies
+                if in_range(block, num_blocks):
+                    if sub == 0:
                         corr_lo, corr_hi = fold_keys(ring, stage + KMETA, lane, qh, qs)
                     chunk_codes(ring, stage, qs, corr_lo, corr_hi, sc, o, stats, state, lane)
                 syncwarp()  # every lane has read the stage before it is refilled
+                stage, spare = spare, stage
+                block, c, sub = upcoming, c_next, sub_next
             cp_async_wait_all()
         else:
             for vb in range(vb0 + warp, min(vb1, n_sealed), WARPS):
@@ -285,7 +307,20 @@ def merge_function(D: int):
     """``merge_splits(part_o, part_ml, out, row0, heads, n_splits, max_splits)``: ``out[row0 + j]
     = sum_s 2**(m_s - M) o_s / sum_s 2**(m_s - M) l_s`` for ``j < heads``, every thread of the
     CTA taking part; partials are read from L2 (``load_cg_f32``): other CTAs wrote them."""
-    ITEMS = HEADS_PER_CTA * D // THREADS  # (head, channel) outputs per thread
+    ITEMS = -(-HEADS_PER_CTA * D // (4 * THREADS))  # runs of 4 (head, channel) outputs per thread
+    ACC = 4 * ITEMS
+
+    @cuda.jit(device=True)
+    def weighted_run(part_o, at, s_w, jj, s):
+        # sum over the splits s..s+3 of weight s_w[jj, split] times the 4 partial channels
+        # part_o[at + split * D:][:4]; the four loads first, so they are in flight together
+        a0, a1, a2, a3 = load_cg_f32x4(part_o, at + s * D)
+        b0, b1, b2, b3 = load_cg_f32x4(part_o, at + (s + 1) * D)
+        c0, c1, c2, c3 = load_cg_f32x4(part_o, at + (s + 2) * D)
+        d0, d1, d2, d3 = load_cg_f32x4(part_o, at + (s + 3) * D)
+        wa, wb, wc, wd = s_w[jj, s], s_w[jj, s + 1], s_w[jj, s + 2], s_w[jj, s + 3]
+        return ((wa * a0 + wb * b0) + (wc * c0 + wd * d0), (wa * a1 + wb * b1) + (wc * c1 + wd * d1),
+                (wa * a2 + wb * b2) + (wc * c2 + wd * d2), (wa * a3 + wb * b3) + (wc * c3 + wd * d3))
 
     @cuda.jit(device=True)
     def merge_splits(part_o, part_ml, out, row0, heads, n_splits, max_splits):
@@ -309,8 +344,8 @@ def merge_function(D: int):
         if k == 0 and j < heads:
             s_stat[j, 0] = m
             s_stat[j, 1] = float32(1) / total
-        acc = cuda.local.array(ITEMS, float32)
-        for r in range(ITEMS):
+        acc = cuda.local.array(ACC, float32)
+        for r in range(ACC):
             acc[r] = 0
         for base in range(0, n_splits, MERGE_CHUNK):
             n = min(MERGE_CHUNK, n_splits - base)
@@ -321,22 +356,30 @@ def merge_function(D: int):
                 s_w[jj, s] = exp2(load_cg_f32(part_ml, at) - s_stat[jj, 0]) * s_stat[jj, 1]
             cuda.syncthreads()  # this round's weights ready
             for r in range(ITEMS):
-                jj, d = (tid + r * THREADS) // D, (tid + r * THREADS) % D
+                jj, d = (tid + r * THREADS) // (D // 4), 4 * ((tid + r * THREADS) % (D // 4))
                 if jj < heads:
                     at = ((row0 + jj) * max_splits + base) * D + d
-                    a0 = a1 = float32(0)
                     s = 0
-                    while s + 2 <= n:  # two loads in flight
-                        a0 += s_w[jj, s] * load_cg_f32(part_o, at + s * D)
-                        a1 += s_w[jj, s + 1] * load_cg_f32(part_o, at + (s + 1) * D)
-                        s += 2
-                    if s < n:
-                        a0 += s_w[jj, s] * load_cg_f32(part_o, at + s * D)
-                    acc[r] += a0 + a1
+                    while s + 8 <= n:  # eight 16-byte loads of partials in flight (L2 latency bound)
+                        x0, x1, x2, x3 = weighted_run(part_o, at, s_w, jj, s)
+                        y0, y1, y2, y3 = weighted_run(part_o, at, s_w, jj, s + 4)
+                        acc[4 * r] += x0 + y0
+                        acc[4 * r + 1] += x1 + y1
+                        acc[4 * r + 2] += x2 + y2
+                        acc[4 * r + 3] += x3 + y3
+                        s += 8
+                    while s < n:
+                        x0, x1, x2, x3 = load_cg_f32x4(part_o, at + s * D)
+                        acc[4 * r] += s_w[jj, s] * x0
+                        acc[4 * r + 1] += s_w[jj, s] * x1
+                        acc[4 * r + 2] += s_w[jj, s] * x2
+                        acc[4 * r + 3] += s_w[jj, s] * x3
+                        s += 1
         for r in range(ITEMS):
-            jj, d = (tid + r * THREADS) // D, (tid + r * THREADS) % D
+            jj, d = (tid + r * THREADS) // (D // 4), 4 * ((tid + r * THREADS) % (D // 4))
             if jj < heads:
-                out[(row0 + jj) * D + d] = acc[r]
+                for k in range(4):
+                    out[(row0 + jj) * D + d + k] = acc[4 * r + k]
 
     return merge_splits
 
