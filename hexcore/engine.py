@@ -38,7 +38,8 @@ import numpy as np
 
 from ._checks import as_int
 from .config import KVCacheConfig
-from .errors import HexcoreConfigError, HexcoreInvalidArgumentError, Status, raise_for_status
+from .errors import (HexcoreConfigError, HexcoreInvalidArgumentError, HexcoreInvalidSequenceError, Status,
+                     raise_for_status)
 from .host import PagedKVCache
 from .host.prefix import DEFAULT_PRIORITY, as_tokens
 from .host.speculative import SpeculativeAllocator, next_sealers
@@ -248,13 +249,30 @@ class Engine:
         ids, padded, prefix = self._batch_tables(seq_ids)
         return BatchRows(self.store, ids.shape[0], n_max, padded, prefix, ids, n_new)
 
+    def live_seq_ids(self, seq_ids, allow_empty: bool = False) -> list:
+        """``seq_ids`` (a 1-D sequence of ints) as a list of distinct live sequence ids.
+
+        A malformed list, an empty one (unless ``allow_empty``) or an id listed twice raises
+        HexcoreInvalidArgumentError, an id that is not live HexcoreInvalidSequenceError, each
+        naming the entry. Reads nothing on a device."""
+        ids = _as_seq_ids(seq_ids).tolist()
+        if not ids and not allow_empty:
+            raise HexcoreInvalidArgumentError("seq_ids: expected at least one sequence, got none")
+        first: dict = {}
+        for i, seq in enumerate(ids):
+            if seq in first:
+                raise HexcoreInvalidArgumentError(f"seq_ids[{i}]: sequence {seq} is listed twice "
+                                                  f"(also seq_ids[{first[seq]}])")
+            first[seq] = i
+            if not self.cache.is_live(seq):
+                raise HexcoreInvalidSequenceError(f"seq_ids[{i}]: {seq} is not a live sequence of this engine")
+        return ids
+
     def _batch_tables(self, seq_ids) -> tuple:
         # (ids, block tables padded with 0 [B, W >= 1], cached lengths), host int32; the
         # sequences distinct and live; a sequence's tail slot is its id
-        ids = _as_seq_ids(seq_ids)
-        if np.unique(ids).shape[0] != ids.shape[0]:
-            raise HexcoreInvalidArgumentError(f"seq_ids: a sequence appears twice in {ids.tolist()}")
-        tables = [self.cache.block_table(int(s)) for s in ids]  # (raises for a sequence that is not live)
+        ids = np.array(self.live_seq_ids(seq_ids, allow_empty=True), np.int32)
+        tables = [self.cache.block_table(int(s)) for s in ids]
         padded = np.zeros((ids.shape[0], max([1] + [t.shape[0] for t in tables])), np.int32)
         for r, table in enumerate(tables):
             padded[r, :table.shape[0]] = table
@@ -431,7 +449,11 @@ def _as_seq_ids(seq_ids) -> np.ndarray:
     int32, a nested list) raises HexcoreInvalidArgumentError naming it."""
     if isinstance(seq_ids, np.ndarray) and seq_ids.dtype == np.int32 and seq_ids.ndim == 1:
         return seq_ids
-    if isinstance(seq_ids, (str, bytes)) or not hasattr(seq_ids, "__len__"):
-        raise HexcoreInvalidArgumentError(f"seq_ids: expected a 1-D sequence of ints, got {seq_ids!r}")
-    values = [as_int(f"seq_ids[{i}]", s, -2**31, 2**31 - 1) for i, s in enumerate(seq_ids)]
+    try:
+        if isinstance(seq_ids, (str, bytes)) or not hasattr(seq_ids, "__len__"):
+            raise TypeError
+        items = list(seq_ids)  # (a 0-d array or tensor has __len__ but cannot be iterated)
+    except TypeError:
+        raise HexcoreInvalidArgumentError(f"seq_ids: expected a 1-D sequence of ints, got {seq_ids!r}") from None
+    values = [as_int(f"seq_ids[{i}]", s, -2**31, 2**31 - 1) for i, s in enumerate(items)]
     return np.array(values, dtype=np.int32)

@@ -420,7 +420,7 @@ def test_prefill_attention_of_a_batch_is_its_rows_one_by_one(rng):
     np.testing.assert_array_equal(again, got)
     with pytest.raises(HexcoreInvalidArgumentError, match="rows: made for other sequences"):
         engine.prefill_attention_batch(seqs[::-1], 0, q, k, v, None, rows=rows)
-    with pytest.raises(HexcoreInvalidArgumentError, match="appears twice"):
+    with pytest.raises(HexcoreInvalidArgumentError, match=r"seq_ids\[1\]: sequence \d+ is listed twice"):
         engine.prefill_attention_batch([seqs[0], seqs[0], seqs[1]], 0, q, k, v, np.array(news, np.int32))
     with pytest.raises(HexcoreInvalidSequenceError):
         engine.prefill_attention_batch([seqs[0], seqs[1], 3], 0, q, k, v, np.array(news, np.int32))
@@ -474,3 +474,21 @@ def test_prefix_cached_prefill_on_gpu(dtype, rng):
     k_b, v_b = random_kv(rng, engine, 50)
     prefill_layers(engine, mirror, b, k_b, v_b, rng, tokens_b[256:])
     run_steps(engine, mirror, [a, b], rng, 2)
+
+
+@pytest.mark.parametrize("seq_ids,error,match", [
+    ([0, 1, 0], HexcoreInvalidArgumentError, r"seq_ids\[2\]: sequence 0 is listed twice \(also seq_ids\[0\]\)"),
+    ([1, 3], HexcoreInvalidSequenceError, r"seq_ids\[1\]: 3 is not a live sequence"),
+    ([1, -1], HexcoreInvalidSequenceError, r"seq_ids\[1\]: -1 is not a live sequence"),
+    ([], HexcoreInvalidArgumentError, "seq_ids: expected at least one sequence"),
+    (np.array(1), HexcoreInvalidArgumentError, "seq_ids: expected a 1-D sequence of ints"),
+    ("01", HexcoreInvalidArgumentError, "seq_ids: expected a 1-D sequence of ints"),
+    ([0, 1.5], HexcoreInvalidArgumentError, r"seq_ids\[1\]: expected an int"),
+], ids=["twice", "not-live", "negative", "empty", "0-d-array", "string", "float"])
+def test_live_seq_ids_names_the_bad_entry(seq_ids, error, match):
+    engine = make_engine(layers=1)
+    live = [engine.add(), engine.add()]
+    assert live == [0, 1] and engine.live_seq_ids(np.array([1, 0], np.int32)) == [1, 0]
+    with pytest.raises(error, match=match):
+        engine.live_seq_ids(seq_ids)
+    assert engine.live_seq_ids([], allow_empty=True) == [] and engine.cache.num_sequences == 2

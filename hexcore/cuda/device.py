@@ -280,13 +280,14 @@ else:
                 _warps[key] = _Warp()
             return _warps[key]
 
-    def _exchange(value, src):
+    def _exchange(value, src, integer=False):
         warp = _warp()
-        warp.slots[cuda.threadIdx.x % 32] = value
+        slots = warp.int_slots if integer else warp.slots
+        slots[cuda.threadIdx.x % 32] = value
         warp.barrier.wait()  # every lane's value written
-        got = warp.slots[src]
+        got = slots[src]
         warp.barrier.wait()  # every lane has read
-        return np.float32(got)
+        return np.int32(got) if integer else np.float32(got)
 
     @cuda.jit(device=True)
     def load_u32x4(array, index):
@@ -348,12 +349,7 @@ else:
 
     @cuda.jit(device=True)
     def shfl_idx_int(value, src):
-        warp = _warp()
-        warp.int_slots[cuda.threadIdx.x % 32] = value
-        warp.barrier.wait()  # every lane's value written
-        got = warp.int_slots[src]
-        warp.barrier.wait()  # every lane has read
-        return np.int32(got)
+        return _exchange(value, src, integer=True)
 
     @cuda.jit(device=True)
     def shfl_xor(value, mask):

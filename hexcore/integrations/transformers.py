@@ -359,8 +359,9 @@ class HexcoreCache(Cache):
         Frees the current rows as :meth:`reset` does (a current row listed in ``seq_ids``
         stays, as that row). The adopted rows have no journal (a :meth:`crop` inside a sealed
         block is refused) and, without the token ids, are not cached by content. Everything
-        is checked first: a bad value raises HexcoreInvalidArgumentError naming it, and so
-        does a call in the middle of a forward; the cache is then unchanged.
+        is checked first (``Engine.live_seq_ids``, then the lengths): a bad value raises
+        HexcoreInvalidArgumentError naming it (HexcoreInvalidSequenceError for an id that is
+        not live), and so does a call in the middle of a forward; the cache is then unchanged.
         """
         if self._in_forward():
             raise HexcoreInvalidArgumentError("adopt: cannot adopt rows in the middle of a forward pass")
@@ -372,21 +373,7 @@ class HexcoreCache(Cache):
 
     def _adoptable(self, seq_ids) -> tuple[list, int]:
         """(``seq_ids`` as a list of ints, their common token count), or raise naming the bad value."""
-        try:
-            items = None if isinstance(seq_ids, (str, bytes)) else list(seq_ids)
-        except TypeError:  # not iterable (a scalar, a 0-d tensor)
-            items = None
-        if items is None:
-            raise HexcoreInvalidArgumentError(f"seq_ids: expected a list of sequence ids, got {seq_ids!r}")
-        ids = [as_int(f"seq_ids[{i}]", seq) for i, seq in enumerate(items)]
-        if not ids:
-            raise HexcoreInvalidArgumentError("seq_ids: expected at least one sequence, got none")
-        for i, seq in enumerate(ids):
-            if ids.index(seq) != i:
-                raise HexcoreInvalidArgumentError(f"seq_ids[{i}]: sequence {seq} is listed twice "
-                                                  f"(also seq_ids[{ids.index(seq)}])")
-            if not self.engine.cache.is_live(seq):
-                raise HexcoreInvalidArgumentError(f"seq_ids[{i}]: {seq} is not a live sequence of this cache's engine")
+        ids = self.engine.live_seq_ids(seq_ids)
         lengths = [self.engine.seq_len(seq) for seq in ids]
         for i, n in enumerate(lengths):
             if n != lengths[0]:

@@ -10,23 +10,24 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from hexcore import HexcoreInvalidArgumentError  # noqa: E402
+from hexcore import HexcoreInvalidArgumentError, HexcoreInvalidSequenceError  # noqa: E402
 from tests.integrations.test_transformers import (  # noqa: E402
     DEVICE, generate, make_cache, ragged_prompts, relative_error, rows_with_blocks, tiny_model)
 
 
 # -- refusals: checked before anything changes ----------------------------------------------
-@pytest.mark.parametrize("ids,match", [
-    (lambda live: [live[0], live[0]], r"seq_ids\[1\]: sequence \d+ is listed twice"),
-    (lambda live: [live[0], 7], r"seq_ids\[1\]: 7 is not a live sequence"),
-    (lambda live: [live[0], live[2]], r"seq_ids\[1\]: sequence \d+ holds 33 tokens, seq_ids\[0\] holds 20"),
-    (lambda live: [], "seq_ids: expected at least one sequence"),
-    (lambda live: [live[3]], "seq_ids: the sequences hold no tokens"),
-    (lambda live: [1.0], r"seq_ids\[0\]: expected an int"),
-    (lambda live: 3, "seq_ids: expected a list of sequence ids"),
-    (lambda live: torch.tensor(live[0]), "seq_ids: expected a list of sequence ids"),
+@pytest.mark.parametrize("ids,error,match", [
+    (lambda live: [live[0], live[0]], HexcoreInvalidArgumentError, r"seq_ids\[1\]: sequence \d+ is listed twice"),
+    (lambda live: [live[0], 7], HexcoreInvalidSequenceError, r"seq_ids\[1\]: 7 is not a live sequence"),
+    (lambda live: [live[0], live[2]], HexcoreInvalidArgumentError,
+     r"seq_ids\[1\]: sequence \d+ holds 33 tokens, seq_ids\[0\] holds 20"),
+    (lambda live: [], HexcoreInvalidArgumentError, "seq_ids: expected at least one sequence"),
+    (lambda live: [live[3]], HexcoreInvalidArgumentError, "seq_ids: the sequences hold no tokens"),
+    (lambda live: [1.0], HexcoreInvalidArgumentError, r"seq_ids\[0\]: expected an int"),
+    (lambda live: 3, HexcoreInvalidArgumentError, "seq_ids: expected a 1-D sequence of ints"),
+    (lambda live: torch.tensor(live[0]), HexcoreInvalidArgumentError, "seq_ids: expected a 1-D sequence of ints"),
 ], ids=["duplicate", "not-live", "unequal-lengths", "empty", "no-tokens", "float-id", "scalar", "0-d-tensor"])
-def test_adopt_refuses_bad_input_and_keeps_the_rows(seed, ids, match):
+def test_adopt_refuses_bad_input_and_keeps_the_rows(seed, ids, error, match):
     cache = make_cache(tiny_model(seed))
     live = [cache.engine.add() for _ in range(2)]  # 20 tokens each, 33, and an empty one
     for seq in live:
@@ -35,7 +36,7 @@ def test_adopt_refuses_bad_input_and_keeps_the_rows(seed, ids, match):
     cache.engine.cache.grow_sequence(live[2], 33)
     rows = rows_with_blocks(cache, [40])
     cache._length = 40
-    with pytest.raises(HexcoreInvalidArgumentError, match=match):
+    with pytest.raises(error, match=match):
         cache.adopt(ids(live))
     assert cache.rows == rows and cache.get_seq_length() == 40
     assert all(cache.engine.cache.is_live(seq) for seq in live + rows)
