@@ -1,4 +1,5 @@
-"""Compile the decode kernel to PTX and SASS on a CPU machine: registers, spills, loads, mma.
+"""Compile the decode kernel to PTX and SASS on a CPU machine: registers, spills, loads, mma,
+and the hot loop's size and opcodes (``sass_loop``).
 
     python -m benchmarks.ptx_report [--sass] [--dump DIR] [--only BITS,D,BS,G]
 
@@ -26,6 +27,7 @@ from numba import cuda, types  # noqa: E402
 _dispatcher.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=(9, 0))
 
 from hexcore.cuda.attention.kernel import GRID_REGISTERS, decode_kernel  # noqa: E402
+from benchmarks.sass_loop import describe, hot_loop  # noqa: E402
 from hexcore.cuda.attention.shape import DecodeShape  # noqa: E402
 
 U32, I32, I64, F32 = types.uint32[::1], types.int32[::1], types.int64, types.float32[::1]
@@ -58,6 +60,7 @@ def ptxas(ptx: str, sass: bool = False, dump: str | None = None, name: str = "k"
             count = {k: sum(1 for o in ops if o.startswith(k)) for k in ("HMMA", "LDG", "LOP3", "HFMA2", "SHFL",
                                                                          "LDL", "STL", "BAR")}
             info += " | SASS " + ", ".join(f"{k} {v}" for k, v in count.items()) + f", total {len(ops)}"
+            info += " | " + describe(hot_loop(dump_text))
             if dump:
                 with open(os.path.join(dump, f"{name}.sass"), "w") as f:
                     f.write(dump_text)
