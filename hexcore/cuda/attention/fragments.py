@@ -11,8 +11,8 @@ token and group ``v = s_t * code + m_t``):
   16 tokens of a k-step are the rows of the mma (its A operand, straight from the sealed
   words), the CTA's 8 query heads its columns, so no row of the mma is padding. ``q' = q * s``
   is made once per block (``hmul2``), the codes enter the mma as exact float16 integers (one
-  ``lop3`` and one ``hfma2`` per register), and ``sum_c q_c m_c`` (made once per block by
-  mmas over the mins as loaded, ``fold_keys``) is added to every score. A lane then holds the scores of
+  ``lop3`` and one ``hfma2`` per register), and ``sum_c q_c m_c`` (``D/16`` mmas per block,
+  the mins as every token row) is added to every score. A lane then holds the scores of
   tokens ``gid, gid+8`` for heads ``2tig, 2tig+1``; the softmax reduces over the 8 lanes
   of a ``tig``, and one 8x8 transpose (``movmatrix``) per 8 tokens turns the probabilities
   into the B operand of the output product.
@@ -127,19 +127,16 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = False) -> WarpFunct
         tig = lane % 4
         c0 = c1 = c2 = c3 = float32(0)
         e0 = e1 = e2 = e3 = float32(0)  # a second chain in flight
-        # sum_c q_c m_c of heads 2tig, 2tig+1 (row gid of the mma's output): four words of
-        # mins w0..w3 (those of q words 4j..4j+3) are one A fragment as loaded, no copies;
-        # with q words (4j, 4j+2) as B, its row gid sums w0, w2; with (4j+1, 4j+3), its row
-        # gid+8 sums w1, w3 (the other row of each product is not used)
         at = meta + D // 2 + tig * KREGS
-        for j in range(KREGS // 4):
-            w = at + 4 * j
-            w0, w1, w2, w3 = ld(ring, w), ld(ring, w + 1), ld(ring, w + 2), ld(ring, w + 3)
-            c0, c1, c2, c3 = mma_f16(w0, w1, w2, w3, qh[4 * j], qh[4 * j + 2], c0, c1, c2, c3)
-            e0, e1, e2, e3 = mma_f16(w0, w1, w2, w3, qh[4 * j + 1], qh[4 * j + 3], e0, e1, e2, e3)
+        for ks in range(KREGS // 2):
+            m0, m1 = ld(ring, at + 2 * ks), ld(ring, at + 2 * ks + 1)
+            if ks % 2 == 0:
+                c0, c1, c2, c3 = mma_f16(m0, m0, m1, m1, qh[2 * ks], qh[2 * ks + 1], c0, c1, c2, c3)
+            else:
+                e0, e1, e2, e3 = mma_f16(m0, m0, m1, m1, qh[2 * ks], qh[2 * ks + 1], e0, e1, e2, e3)
         for r in range(KREGS):
             qs[r] = hmul2(qh[r], ld(ring, meta + tig * KREGS + r))
-        return c0 + e2, c1 + e3
+        return c0 + e0, c1 + e1
 
     @device_function
     def key_reg(kw, at, r, codes):
