@@ -15,8 +15,8 @@ Importing this package loads numba.cuda; to run on the simulator, set
 
 from __future__ import annotations
 
-from .attention import (BatchRows, DecodeOptions, DecodePlan, PersistentDecode, PersistentStats, gather_prefix, paged_decode,
-                        persistent_decode, prefill_attention, prefill_attention_batch)
+from .attention import (BatchRows, DecodeOptions, DecodePlan, PersistentDecode, PersistentStats, gather_prefix,
+                        paged_decode, persistent_decode, prefill_attention, prefill_attention_batch)
 from .blocks import copy_blocks, copy_tails, dequantize_blocks, prepare_copy_blocks, prepare_copy_tails
 from .launch import Launch, PreparedLaunch
 from .layout_check import device_layout_offsets, host_layout_offsets, layout_agrees

@@ -1,8 +1,9 @@
 """Paged decode attention: the launcher (``paged_decode``, ``DecodePlan``), its options,
 and the tensor-core kernel (``kernel.py``, per-warp work in ``fragments.py``, sizes in
 ``shape.py``, intrinsics in ``mma.py``); prefill over a cached prefix (``prefill.py``:
-``prefill_attention``, ``prefill_attention_batch`` and its ``BatchRows``, ``gather_prefix``); the persistent checkpoint-and-yield decode
-(``persistent.py``: ``persistent_decode``, ``PersistentDecode``)."""
+``prefill_attention``, ``prefill_attention_batch`` and its ``BatchRows``, ``gather_prefix``);
+the persistent checkpoint-and-yield decode (``persistent.py``: ``persistent_decode``,
+``PersistentDecode``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,6 @@ from .options import DecodeOptions
 from .persistent import BudgetError, PersistentDecode, PersistentStats, persistent_decode
 from .prefill import BatchRows, gather_prefix, prefill_attention, prefill_attention_batch
 
-__all__ = ["BatchRows", "BudgetError", "DecodeOptions", "DecodePlan", "PersistentDecode", "PersistentStats", "Workspace",
-           "gather_prefix", "paged_decode", "persistent_decode", "prefill_attention",
+__all__ = ["BatchRows", "BudgetError", "DecodeOptions", "DecodePlan", "PersistentDecode", "PersistentStats",
+           "Workspace", "gather_prefix", "paged_decode", "persistent_decode", "prefill_attention",
            "prefill_attention_batch"]
