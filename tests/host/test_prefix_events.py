@@ -12,6 +12,7 @@ from hexcore import HexcoreCorruptionError, HexcoreInvalidArgumentError, Hexcore
 from hexcore.host import BlockTableMirror, LockFreeRingBuffer, PagedKVCache
 from hexcore.host import events as ev
 from hexcore.host.prefix import prefix_keys, root_key
+from hexcore.host.ring import TAIL
 
 BS = 16
 CONFIG = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=BS)
@@ -186,10 +187,11 @@ def _source_process(name, seed, results):
     ring = LockFreeRingBuffer.attach(name)
     cache = make()
     cache.attach_event_ring(ring)
-    for _ in prefix_workload(cache, np.random.default_rng(seed), 300):
+    for _ in prefix_workload(cache, np.random.default_rng(seed), 600):
         pass
     left = cache.flush_events(timeout=30)
-    results.put((left, source_tables(cache), indexed_keys(cache)))
+    pushed = int(ring.buffer[TAIL])  # the producer's index: every record ever pushed
+    results.put((left, pushed, source_tables(cache), indexed_keys(cache)))
     ring.close()
 
 
@@ -201,9 +203,10 @@ def test_prefix_mirror_across_processes(seed):
     proc.start()
     mirror = BlockTableMirror(ring, NUM_BLOCKS, MAX_SEQS, 12)
     mirror.drain(timeout=60)
-    left, tables, keys = results.get(timeout=60)
+    left, pushed, tables, keys = results.get(timeout=60)
     proc.join(60)
     assert proc.exitcode == 0 and left == 0
     assert_mirrors(mirror, tables, keys)
-    assert mirror.events_applied > 100
+    # every record the source pushed was applied, and there were enough to wrap the ring
+    assert mirror.events_applied == pushed > ring.capacity
     ring.close()
