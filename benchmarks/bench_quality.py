@@ -33,11 +33,12 @@ Scheme names (``Scheme.parse``): tiers joined by ``+``, then options joined by `
     of V kept FP16, out of the scales), koNN (the same for keys only, in 2-bit key tiers only),
     sink (block 0 stays FP16), f32 (K/V not rounded to FP16: checks the emulation against
     the model's own attention with --sdpa), fitk / nuk (2-bit key tiers only: each channel's
-    float16 pair (a, s) per block fitted by 3 Lloyd steps from the block's mean and std,
-    ``fit_levels``, instead of (min, scale)): fitk levels a + s * {0, 1, 2, 3} (today's
+    float16 pair (a, s) per block fitted by 3 Lloyd steps from the block's mean and std
+    instead of (min, scale)): fitk levels a + s * {0, 1, 2, 3} (``tests/reference.fit_key_params``,
+    what the seal implements; today's
     format and decode, only the seal's a = min and s = scale change: range clipped for
     MSE), nuk non-uniform levels a + s * NU2 (NU2 a fixed codebook, the Lloyd-Max levels
-    of a standard normal: a 4-entry table in the decode kernel)
+    of a standard normal, ``fit_levels``: a 4-entry table in the decode kernel)
 
 Bytes per token are those of a llama-3-8b shaped cache (``hexcore.config.PRESETS``) at a
 4096-token context (``hexcore.quant.bytes_per_token``: every tier's codes and float16
@@ -268,11 +269,16 @@ def fit_levels(kb: np.ndarray, codebook: np.ndarray, steps: int = 3) -> np.ndarr
 def quantize_keys(k: np.ndarray, bits: int, block: int, outliers: int = 0, levels: str = "") -> np.ndarray:
     """float64 dequantized keys [H, S, D] (float16-valued `k`, S a multiple of `block`):
     per channel over each block, the reference quantizer (or, at 2 bits, `levels` "fitk" /
-    "nuk": fit_levels); `outliers` channels kept exact."""
+    "nuk": ``tests/reference.fit_key_params`` / fit_levels); `outliers` channels kept exact."""
     H, S, D = k.shape
     kb = k.reshape(H, S // block, block, D)
-    if levels and bits == 2:
-        out = fit_levels(kb, np.arange(4.0) if levels == "fitk" else NU2)
+    if levels == "fitk" and bits == 2:  # the seal's specification: tests/reference.fit_key_params
+        r = _reference()
+        scale, lo = r.fit_key_params(kb, 2)  # [H, NB, D]
+        codes = r.quantize(kb.astype(np.float16).astype(np.float32), scale[:, :, None], lo[:, :, None], 2)
+        out = scale[:, :, None].astype(np.float64) * codes + lo[:, :, None].astype(np.float64)
+    elif levels and bits == 2:
+        out = fit_levels(kb, NU2)
     else:
         out = _reference().fake_quantize(kb, bits, axis=2)
     if outliers:  # per-channel scales: an FP16 channel changes no other channel's scale

@@ -146,7 +146,37 @@ def capacity_table(preset: str, budget_gib: float, max_seqs: int, block_size: in
         if context is not None:
             line += f" {sequences_at_context(cfg, budget, context):>14,}"
         lines.append(line)
-    return "\n".join(lines)
+    return "\n".join(lines + format_rows(preset, budget, block_size, context or FORMAT_CONTEXT))
+
+
+FORMAT_CONTEXT = 4096  # the context at which `plan` prices formats by age without --context
+
+
+def format_rows(preset: str, budget_bytes: int, block_size: int, context: int) -> list[str]:
+    """The formats by age (``hexcore.quant.FORMATS`` past the plain dtypes) as table lines:
+    bytes per token of a ``context``-token sequence (its blocks at the precision their age
+    gives them, its FP16 tail), the ratio to FP16, and how many such sequences fit; a format
+    whose tier ages are not multiples of ``block_size`` is listed without figures."""
+    from . import quant
+
+    cfg = KVCacheConfig.from_preset(preset, block_size=block_size)
+    shape = dict(head_dim=cfg.head_dim, block_size=block_size, group_size=cfg.group_size, context=context,
+                 num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads)
+    fp16 = quant.FORMATS["fp16"].bytes_per_token(**shape)
+    lines = ["", f"formats by age, one sequence of {context:,} tokens (planned: the store, seal and decode "
+                 "do not take them yet; docs/formats.md)",
+             f"{'format':<10} {'bytes/token':>12} {'vs fp16':>8} {'seqs @ ' + format(context, ','):>14}"]
+    for name, fmt in quant.FORMATS.items():
+        if name in {d.value for d in KVDtype}:
+            continue
+        ages = [t.min_age for t in fmt.tiers]
+        if any(a % block_size for a in ages):
+            lines.append(f"{name:<10} {'-':>12} (its tier ages {ages} are not multiples of block_size {block_size})")
+            continue
+        per_token = fmt.bytes_per_token(**shape)
+        seqs = int(budget_bytes // round(per_token * context))
+        lines.append(f"{name:<10} {per_token:>12.1f} {fp16 / per_token:>7.2f}x {seqs:>14,}")
+    return lines
 
 
 def sequences_at_context(cfg: KVCacheConfig, budget_bytes: int, context: int) -> int:

@@ -24,7 +24,7 @@ import functools
 import numpy as np
 
 from ._checks import as_int
-from .errors import HexcoreInvalidArgumentError
+from .errors import HexcoreConfigError, HexcoreInvalidArgumentError
 
 FP16_BYTES = 2
 _BITS = (2, 4)  # the integer formats of KVDtype
@@ -109,6 +109,70 @@ def bytes_per_token(*, head_dim: int, block_size: int, group_size: int, tiers, c
     tail = sealed_bytes_per_head(block_size, head_dim, group_size, None)
     heads = as_int("num_layers", num_layers, low=1) * as_int("num_kv_heads", num_kv_heads, low=1)
     return heads * (sealed + tail) / context
+
+
+@dataclasses.dataclass(frozen=True)
+class KVFormat:
+    """What a sequence's sealed blocks hold as they age: ``tiers`` (:class:`AgeTier`, by
+    ``min_age``; FP16 before the first), the first ``sink_blocks`` blocks FP16 for life (the
+    attention sink), and with ``fitted_keys`` the (scale, min) of each 2-bit key channel
+    fitted to its block by Lloyd steps instead of taken from its extremes (the stored
+    format and the decode are the same; only the seal's choice of the pair changes).
+
+    A block moves to its next tier by a *re-seal*: its codes dequantized to FP16 rows
+    (``float16(float32(scale) * code + float32(min))``), then sealed from those rows as a
+    tail holding them would be sealed at the new tier. The float64 reference of every step
+    is ``tests/reference.py`` (``tiered_kv``); the measured quality of each preset is in
+    ``benchmarks/RESULTS.md`` and ``benchmarks/quality-notes.md``.
+    """
+
+    name: str
+    tiers: tuple = ()
+    sink_blocks: int = 0
+    fitted_keys: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise HexcoreInvalidArgumentError(f"name: expected a non-empty str, got {self.name!r}")
+        tiers = tuple(self.tiers)
+        if not all(isinstance(t, AgeTier) for t in tiers):
+            raise HexcoreInvalidArgumentError(f"tiers: expected AgeTier items, got {tiers!r:.120}")
+        object.__setattr__(self, "tiers", check_tiers(tiers, 1))  # ages increase (block multiples: at use)
+        object.__setattr__(self, "sink_blocks", as_int("sink_blocks", self.sink_blocks, low=0))
+        if not isinstance(self.fitted_keys, bool):
+            raise HexcoreInvalidArgumentError(f"fitted_keys: expected a bool, got {self.fitted_keys!r}")
+
+    def block_tiers(self, length: int, block_size: int) -> np.ndarray:
+        """:func:`block_tiers` of this format: int32 ``[length // block_size]``, -1 for FP16."""
+        return block_tiers(length, block_size, self.tiers, self.sink_blocks)
+
+    def bytes_per_token(self, *, head_dim: int, block_size: int, group_size: int, context: int,
+                        num_layers: int = 1, num_kv_heads: int = 1) -> float:
+        """:func:`bytes_per_token` of one sequence of ``context`` tokens in this format."""
+        return bytes_per_token(head_dim=head_dim, block_size=block_size, group_size=group_size, tiers=self.tiers,
+                               context=context, num_layers=num_layers, num_kv_heads=num_kv_heads,
+                               sink_blocks=self.sink_blocks)
+
+
+# The formats by name: today's kv_dtypes as formats, and the two measured presets
+# (benchmarks/quality-notes.md, "The chosen sealed format").
+FORMATS = {f.name: f for f in (
+    KVFormat("fp16"),
+    KVFormat("int4", (AgeTier(0, 4, 4),)),
+    KVFormat("int2", (AgeTier(0, 2, 2),)),
+    KVFormat("int4-aged", (AgeTier(32, 4, 4),), sink_blocks=1),
+    KVFormat("int2-aged", (AgeTier(0, 4, 4), AgeTier(384, 2, 2)), sink_blocks=1, fitted_keys=True),
+)}
+
+
+def kv_format(value) -> KVFormat:
+    """A KVFormat from itself or a name in :data:`FORMATS` (HexcoreConfigError otherwise)."""
+    if isinstance(value, KVFormat):
+        return value
+    if isinstance(value, str) and value.lower() in FORMATS:
+        return FORMATS[value.lower()]
+    raise HexcoreConfigError(f"format: expected a KVFormat or one of {', '.join(map(repr, FORMATS))}, "
+                             f"got {value!r:.60}")
 
 
 @functools.cache

@@ -179,3 +179,99 @@ def fake_quantize(x: np.ndarray, bits: int, axis: int) -> np.ndarray:
     scale, lo = quant_params(xf.min(axis=axis, keepdims=True), xf.max(axis=axis, keepdims=True), bits)
     q = quantize(xf, scale, lo, bits).astype(np.float64)
     return scale.astype(np.float64) * q + lo.astype(np.float64)
+
+
+# -- formats by age (hexcore.quant.KVFormat) ---------------------------------------------------
+def fit_key_params(k: np.ndarray, bits: int, steps: int = 3):
+    """float16 (scale, min) ``[..., D]`` of each key channel of blocks ``k`` ``[..., BS, D]``
+    (float16 values), fitted by ``steps`` Lloyd steps (``KVFormat.fitted_keys``).
+
+    The levels ``min + scale * c``, ``c = 0 .. 2**bits - 1``, start from the channel's mean
+    and standard deviation (``scale = std / std(c)``, ``min = mean - scale * mean(c)``). Each
+    step codes every token with :func:`quantize` under the pair rounded to float16 (its
+    nearest level), then sets the pair to the least-squares line through (code, x):
+    ``scale = max(cov(code, x), 0) / var(code)`` (0 when every code is equal), ``min = mean(x)
+    - scale * mean(code)``. Statistics in float64 (sums in token order), every pair rounded
+    to float32 and then to float16 (as a kernel stores a float64: :func:`_half`). A channel
+    whose pair is not finite in float16 at any step (a range near float16's largest value)
+    takes :func:`quant_params` of its extremes instead. Non-finite keys are the seal's
+    non-finite policy's business (``hexcore.cuda.write``), not this function's.
+    """
+    x = np.asarray(k, np.float16).astype(np.float32)
+    xd = x.astype(np.float64)
+    top = levels(bits)
+    mean = xd.mean(axis=-2)
+    scale = xd.std(axis=-2) / np.sqrt(((top + 1) ** 2 - 1) / 12)  # std of 0..top
+    lo = mean - scale * (top / 2)
+    bad = np.zeros(mean.shape, bool)
+    with np.errstate(invalid="ignore"):
+        for _ in range(steps):
+            scale16, lo16 = _half(scale), _half(lo)
+            bad |= ~(np.isfinite(scale16) & np.isfinite(lo16))
+            c = quantize(x, scale16[..., None, :], lo16[..., None, :], bits).astype(np.float64)
+            cm = c.mean(axis=-2)
+            var = ((c - cm[..., None, :]) ** 2).mean(axis=-2)
+            cov = ((c - cm[..., None, :]) * xd).mean(axis=-2)  # sum(c - cm) = 0 exactly; each product exact
+            scale = np.where(var > 0, np.maximum(cov, 0) / np.where(var > 0, var, 1), 0.0)
+            lo = mean - scale * cm
+        scale16, lo16 = _half(scale), _half(lo)
+    bad |= ~(np.isfinite(scale16) & np.isfinite(lo16))
+    plain_scale, plain_lo = quant_params(x.min(axis=-2), x.max(axis=-2), bits)
+    return np.where(bad, plain_scale, scale16), np.where(bad, plain_lo, lo16)
+
+
+def _half(x: np.ndarray) -> np.ndarray:
+    # float64 -> float32 -> float16, both round-to-nearest-even (a kernel's two conversions)
+    with np.errstate(over="ignore"):
+        return np.asarray(x, np.float64).astype(np.float32).astype(np.float16)
+
+
+def seal_tier_block(k: np.ndarray, v: np.ndarray, tier, group_size: int, fitted_keys: bool = False):
+    """One block's FP16 rows ``k``, ``v`` ``[H, BS, D]`` sealed at ``tier`` (a
+    ``hexcore.quant.AgeTier``): (kc, km, vc, vm) as the store holds them; 2-bit keys take
+    :func:`fit_key_params` when ``fitted_keys``."""
+    if fitted_keys and tier.key_bits == 2:
+        x = k.astype(np.float32)
+        scale, lo = fit_key_params(k, 2)
+        kc, km = pack_key_rows(quantize(x, scale[:, None, :], lo[:, None, :], 2), 2), np.stack([scale, lo], axis=1)
+    else:
+        kc, km = quantize_keys(k, tier.key_bits)
+    vc, vm = quantize_values(v, tier.value_bits, group_size)
+    return kc, km, vc, vm
+
+
+def unseal_rows(kc, km, vc, vm, tier, group_size: int):
+    """A sealed block back to FP16 rows ``[H, BS, D]`` as a re-seal reads it:
+    ``float16(float32(scale) * code + float32(min))`` (the product is exact in float32)."""
+    kq = unpack_key_rows(kc, tier.key_bits).astype(np.float32)
+    k = km[:, 0, None, :].astype(np.float32) * kq + km[:, 1, None, :].astype(np.float32)
+    vq = unpack_value_block(vc, tier.value_bits, group_size).astype(np.float32)
+    vs = np.repeat(vm[:, :, 0, :].astype(np.float32), group_size, axis=-1)
+    vl = np.repeat(vm[:, :, 1, :].astype(np.float32), group_size, axis=-1)
+    return k.astype(np.float16), (vs * vq + vl).astype(np.float16)
+
+
+def tiered_kv(k: np.ndarray, v: np.ndarray, fmt, block_size: int, group_size: int):
+    """float64 K, V ``[H, n, D]`` as a cache of format ``fmt`` (a ``hexcore.quant.KVFormat``)
+    holds a sequence of ``n`` tokens whose FP16 rows are ``k``, ``v`` ``[H, n, D]``.
+
+    Sealed block ``j`` is FP16 while ``fmt.block_tiers(n, block_size)[j]`` is -1; otherwise it
+    went through tiers ``0 .. level`` in order: sealed from its FP16 rows at the first, then
+    re-sealed from :func:`unseal_rows` of the one before at each later one. The open tail
+    (``n % block_size`` tokens) is FP16.
+    """
+    k, v = np.asarray(k, np.float16), np.asarray(v, np.float16)
+    out_k, out_v = k.astype(np.float64), v.astype(np.float64)
+    for j, level in enumerate(fmt.block_tiers(k.shape[1], block_size)):
+        if level < 0:
+            continue
+        rows = slice(j * block_size, (j + 1) * block_size)
+        bk, bv = k[:, rows], v[:, rows]
+        for i, tier in enumerate(fmt.tiers[:level + 1]):
+            if i:
+                bk, bv = unseal_rows(*sealed, fmt.tiers[i - 1], group_size)
+            sealed = seal_tier_block(bk, bv, tier, group_size, fmt.fitted_keys)
+        kc, km, vc, vm = sealed
+        out_k[:, rows] = dequantize_keys(kc, km, fmt.tiers[level].key_bits)
+        out_v[:, rows] = dequantize_values(vc, vm, fmt.tiers[level].value_bits, group_size)
+    return out_k, out_v

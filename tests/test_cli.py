@@ -23,6 +23,21 @@ def test_demo_prints_table_layout_and_a_served_summary(capsys, tmp_path):
     assert summary["peak_kv_bytes_fp16"] >= summary["peak_kv_bytes"] and summary["mirror_mismatches"] == 0
 
 
+def test_plan_prices_the_formats_by_age_at_the_context(capsys):
+    from hexcore.cli import GIB
+
+    assert main(["plan", "--preset", "llama-3-8b", "--memory", "80GiB", "--context", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "formats by age, one sequence of 4,096 tokens (planned" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
+    # llama-3-8b at 4096 tokens, tail included (benchmarks/quality-notes.md): FP16 132096 B/token
+    for name, per_token in (("int4-aged", 41376), ("int2-aged", 25936)):
+        assert rows[name][1:] == [f"{per_token:.1f}", f"{132096 / per_token:.2f}x",
+                                  f"{80 * GIB // (per_token * 4096):,}"]
+    assert main(["plan", "--preset", "llama-3-8b"]) == 0  # without --context: priced at 4096
+    assert "one sequence of 4,096 tokens" in capsys.readouterr().out
+
+
 def test_plan_memory_and_context(capsys):
     from hexcore import KVCacheConfig
     from hexcore.cli import GIB, sequences_at_context
@@ -30,7 +45,7 @@ def test_plan_memory_and_context(capsys):
     assert main(["plan", "--preset", "llama-3-8b", "--memory", "80GiB", "--context", "8192"]) == 0
     out = capsys.readouterr().out
     assert "80 GiB budget" in out and "seqs @ 8,192" in out
-    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:]}
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:] if line.strip()}
     for dtype in ("fp16", "int4", "int2"):
         cfg = KVCacheConfig.from_preset("llama-3-8b", kv_dtype=dtype, block_size=32)
         assert int(rows[dtype][-1].replace(",", "")) == sequences_at_context(cfg, 80 * GIB, 8192)
@@ -92,6 +107,7 @@ def test_plan_at_the_edges_of_its_flags(capsys):
     assert main(["plan", "--budget-gib", "1e-9", "--max-seqs", "1", "--block-size", "16"]) == 0
     out = capsys.readouterr().out
     assert sum(line.startswith("fp16") for line in out.splitlines()) == 2
+    assert "int4-aged             - (its tier ages [32] are not multiples of block_size 256)" in out
 
 
 @pytest.mark.parametrize("args", [("llama-3-8b", float("nan"), 4, 32), ("llama-3-8b", -1, 4, 32),
