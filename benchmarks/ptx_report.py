@@ -1,7 +1,9 @@
 """Compile the decode kernel to PTX and SASS on a CPU machine: registers, spills, loads, mma,
-and the hot loop's size and opcodes (``sass_loop``).
+and the hot loop's size and opcodes (``sass_loop``); with ``--seal``, the quantizing seal
+kernels instead (plain and with fitted keys).
 
     python -m benchmarks.ptx_report [--sass] [--dump DIR] [--only BITS,D,BS,G]
+    python -m benchmarks.ptx_report --seal
 
 Needs numba-cuda's NVVM (``numba-cuda[cu13]``) and, for registers and SASS, ptxas and
 cuobjdump on PATH (Triton's wheel carries cuobjdump). No GPU is used: the compute
@@ -43,16 +45,17 @@ def ptx_of(shape: DecodeShape) -> str:
     return ptx
 
 
-def ptxas(ptx: str, sass: bool = False, dump: str | None = None, name: str = "k") -> str:
-    """ptxas -v resource usage (and SASS instruction counts when ``sass``) for one PTX module."""
+def ptxas(ptx: str, sass: bool = False, dump: str | None = None, name: str = "k", cap: int = GRID_REGISTERS) -> str:
+    """ptxas -v resource usage (and SASS instruction counts when ``sass``) for one PTX module
+    compiled with the register cap ``cap`` (the decode kernel's by default)."""
     if not shutil.which("ptxas"):
         return "ptxas not found"
     with tempfile.TemporaryDirectory() as tmp:
         src, obj = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(src, "w") as f:  # this NVVM may be newer than ptxas: claim the PTX ISA ptxas knows
             f.write(re.sub(r"^\.version .*$", ".version 9.0", ptx, flags=re.MULTILINE))
-        cap = ["-maxrregcount", str(GRID_REGISTERS)]  # what the decode kernel is launched with
-        res = subprocess.run(["ptxas", "-arch=sm_90", "-O3", "-v", *cap, src, "-o", obj], capture_output=True, text=True)
+        res = subprocess.run(["ptxas", "-arch=sm_90", "-O3", "-v", "-maxrregcount", str(cap), src, "-o", obj],
+                             capture_output=True, text=True)
         info = " ".join(l.split("info    : ")[-1] for l in res.stderr.splitlines() if "Used" in l or "spill" in l)
         if sass and res.returncode == 0 and shutil.which("cuobjdump"):
             dump_text = subprocess.run(["cuobjdump", "--dump-sass", obj], capture_output=True, text=True).stdout
@@ -83,7 +86,26 @@ def report(sass: bool = False, dump: str | None = None, only: str | None = None)
               f"cvt.s64 {ptx.count('cvt.rn.f32.s64')} | {ptxas(ptx, sass, dump, name)}", flush=True)
 
 
+SEAL_SIG = (U32, U32, U32, U32, types.float16[::1], types.float16[::1], I32, I32, I64, I64, I64,
+            types.int32[:, ::1], I64, I64)
+
+
+def seal_report() -> None:
+    """Registers and spills of the quantizing seal (H=8, D=128, BS=32, group 64, from tails)
+    for INT4 and INT2, plain and (INT2) with fitted keys, at the seal's register cap."""
+    from hexcore import KVCacheConfig
+    from hexcore.cuda.write import SEAL_REGISTERS, _seal_quantized_kernel
+
+    for dtype, fitted in (("int4", False), ("int2", False), ("int2", True)):
+        cfg = KVCacheConfig(num_layers=1, num_kv_heads=8, head_dim=128, block_size=32, kv_dtype=dtype)
+        ptx, _ = cuda.compile_ptx(_seal_quantized_kernel(cfg, fitted=fitted).py_func, SEAL_SIG, cc=(9, 0))
+        print(f"seal {dtype}{' fitted keys' if fitted else ''}: {ptxas(ptx, cap=SEAL_REGISTERS)}", flush=True)
+
+
 if __name__ == "__main__":
     def _arg(flag):
         return sys.argv[sys.argv.index(flag) + 1] if flag in sys.argv else None
-    report(sass="--sass" in sys.argv, dump=_arg("--dump"), only=_arg("--only"))
+    if "--seal" in sys.argv:
+        seal_report()
+    else:
+        report(sass="--sass" in sys.argv, dump=_arg("--dump"), only=_arg("--only"))

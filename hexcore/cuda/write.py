@@ -31,6 +31,14 @@ packing pass clamps in float32 and truncates (no ``floor``, no integer clamp). T
 seal tests each 32-bit word's two exponent fields only when ``nonfinite`` is given (a
 kernel specialisation), plus one barrier.
 
+Fitted keys (``fitted_keys=True``, INT2 stores only; ``hexcore.quant.KVFormat``): each
+key channel's pair is fitted to its block by ``FIT_STEPS`` Lloyd steps instead of taken
+from its extremes, exactly ``tests/reference.py``'s ``fit_key_params`` (float64
+statistics in token order, pairs rounded to float32 then float16; a pair that is not
+finite at any step falls back to the extremes'). Codes are then the quantizer's above
+under the fitted pair; values and the stored format are unchanged. A specialisation: the
+default kernels do not contain it.
+
 Code order: codes are packed into little-endian 32-bit words in the order the decode
 kernel's tensor-core fragments read them: key rows with adjacent channels interleaved
 within each word, value blocks in fragment order (``hexcore/layout.py``:
@@ -44,9 +52,10 @@ and a few integer operations.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
-from numba import cuda, float32, uint32
+from numba import cuda, float32, float64, uint32
 
 from ..config import KVCacheConfig
 from .._checks import as_int
@@ -68,6 +77,7 @@ STAGE_BYTES = 32 * 1024  # the quantizing seal stages a head's K and V tails in 
 # CTAs fit an SM; capped at 64 (80-152 bytes of local memory) 8 do. H200, 1024 blocks x 32 layers
 # (2026-12-01): INT4 8.12 -> 6.22 ms, INT2 10.00 -> 6.45 ms; a cap of 80 lies between.
 SEAL_REGISTERS = 64
+FIT_STEPS = 3  # Lloyd steps of a fitted key pair (tests/reference.fit_key_params)
 
 
 @cuda.jit(device=True)
@@ -197,10 +207,12 @@ def _row_range(rows, rows_in: int) -> tuple[int, int]:
 
 # -- seal -----------------------------------------------------------------------------
 @functools.cache
-def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False, from_rows: bool = False):
+def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False, from_rows: bool = False,
+                           fitted: bool = False):
     # report: write nonfinite[layer_in, s] (a specialisation: without it the flag array is
     # never touched). from_rows: the block's tokens are rows row0 + s * BS .. of K/V arrays
-    # [layers_in, rows_in, H, D] (seal_rows) instead of a tail (slots unused)
+    # [layers_in, rows_in, H, D] (seal_rows) instead of a tail (slots unused). fitted: key
+    # pairs fitted by _fit_key_channel (fitted keys, module docstring)
     H, BS, D, GS = cfg.num_kv_heads, cfg.block_size, cfg.head_dim, cfg.group_size
     bits, NG = cfg.kv_dtype.bits, cfg.num_groups
     levels = (1 << bits) - 1
@@ -269,6 +281,13 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False, from_rows: 
                     bad |= _write_params(lo0, hi0, sink0, k_meta, kmeta + 2 * work, D, levels, s_key, 2 * work)
                     bad |= _write_params(lo1, hi1, sink1, k_meta, kmeta + 2 * work + 1, D, levels, s_key,
                                          2 * work + 1)
+                    if fitted:  # a channel holding a NaN or an infinity keeps its NaN pair
+                        if sink0 == np.float32(0):
+                            _fit_key_channel(keys, at + work, ROW, BS, False, k_meta, kmeta + 2 * work, D, levels,
+                                             s_key, 2 * work)
+                        if sink1 == np.float32(0):
+                            _fit_key_channel(keys, at + work, ROW, BS, True, k_meta, kmeta + 2 * work + 1, D,
+                                             levels, s_key, 2 * work + 1)
                 else:  # values: one token's group; tokens t, t + 8, .. start their loops in other banks
                     g, t = (work - D // 2) // BS, (work - D // 2) % BS
                     lo0, hi0, sink0, lo1, hi1, sink1 = _word_extremes(values, at + t * ROW + g * GROUP_WORDS, 1,
@@ -338,6 +357,68 @@ def _write_params(lo, hi, sink, meta, at, min_offset, levels, copy, copy_at):
     copy[copy_at] = np.float32(meta[at])
     copy[copy_at + min_offset] = np.float32(meta[at + min_offset])
     return bad
+
+
+@cuda.jit(device=True)
+def _half_of(w, high):
+    return half2_hi(w) if high else half2_lo(w)
+
+
+@cuda.jit(device=True)
+def _rounded_pair(scale, lo, meta, at, min_offset):
+    # (scale, lo) float64 -> float32 -> float16 (stored at meta[at], meta[at + min_offset]),
+    # returned as float32; and whether both are finite
+    meta[at] = float32(scale)
+    meta[at + min_offset] = float32(lo)
+    s16, l16 = float32(meta[at]), float32(meta[at + min_offset])
+    return s16, l16, abs(s16) < math.inf and abs(l16) < math.inf
+
+
+@cuda.jit(device=True)
+def _fit_key_channel(rows, start, stride, count, high, meta, at, min_offset, levels, copy, copy_at):
+    """Fit one finite key channel's pair to its block (``tests/reference.fit_key_params``):
+    the channel is the low or ``high`` float16 of words ``rows[start + t * stride]``, ``t <
+    count``; its extremes' pair, already at ``meta[at]``, ``meta[at + min_offset]`` and
+    ``copy[copy_at]``, ``copy[copy_at + min_offset]``, is replaced by the fitted one (kept
+    if a fitted pair is not finite at some step)."""
+    n = float64(count)
+    total = float64(0)
+    for t in range(count):
+        total += float64(_half_of(rows[start + t * stride], high))
+    mean = total / n
+    squares = float64(0)
+    for t in range(count):
+        d = float64(_half_of(rows[start + t * stride], high)) - mean
+        squares += d * d
+    top = float64(levels)
+    scale = math.sqrt(squares / n) / math.sqrt(((top + 1) * (top + 1) - 1) / 12)
+    lo = mean - scale * (top / 2)
+    plain_scale, plain_lo = copy[copy_at], copy[copy_at + min_offset]
+    finite = True
+    for _ in range(FIT_STEPS):
+        s16, l16, ok = _rounded_pair(scale, lo, meta, at, min_offset)
+        finite = finite and ok
+        codes = float64(0)
+        for t in range(count):
+            codes += float64(_quantize(_half_of(rows[start + t * stride], high), s16, l16, levels))
+        cm = codes / n
+        var = float64(0)
+        cov = float64(0)
+        for t in range(count):
+            x = _half_of(rows[start + t * stride], high)
+            d = float64(_quantize(x, s16, l16, levels)) - cm
+            var += d * d
+            cov += d * float64(x)  # exact: d has at most 7 bits, x 11
+        var, cov = var / n, cov / n
+        scale = max(cov, float64(0)) / var if var > 0 else float64(0)
+        lo = mean - scale * cm
+    s16, l16, ok = _rounded_pair(scale, lo, meta, at, min_offset)
+    if not (finite and ok):
+        s16, l16 = plain_scale, plain_lo
+        meta[at] = s16
+        meta[at + min_offset] = l16
+    copy[copy_at] = s16
+    copy[copy_at + min_offset] = l16
 
 
 @cuda.jit(device=True)
@@ -442,7 +523,7 @@ def _seal_fp16_kernel(num_kv_heads: int, block_size: int, head_dim: int, report:
 
 
 def seal(store: DeviceKVStore, slots, block_ids, layer: int | None = None, stream=None,
-         nonfinite=None) -> None:
+         nonfinite=None, fitted_keys: bool = False) -> None:
     """Seal full tails into blocks (quantizing for INT4/INT2), all of a step's in one launch.
 
     Parameters
@@ -455,8 +536,10 @@ def seal(store: DeviceKVStore, slots, block_ids, layer: int | None = None, strea
         writes 1 where seal ``s`` held a NaN or infinite K or V value at that layer, else 0
         (the module docstring gives the policy). Read it after the step's next
         synchronisation.
+    fitted_keys : fit each key channel's scale and min to its block (INT2 stores only; the
+        module docstring, "Fitted keys").
     """
-    seal_launch(store, slots, block_ids, layer, nonfinite).run(resolve_stream(stream, slots, block_ids))
+    seal_launch(store, slots, block_ids, layer, nonfinite, fitted_keys).run(resolve_stream(stream, slots, block_ids))
 
 
 def nonfinite_flags(store: DeviceKVStore, num_seals: int, layer: int | None = None):
@@ -468,22 +551,23 @@ def nonfinite_flags(store: DeviceKVStore, num_seals: int, layer: int | None = No
 
 
 def prepare_seal(store: DeviceKVStore, slots, block_ids, layer: int | None = None,
-                 nonfinite=None) -> PreparedLaunch:
+                 nonfinite=None, fitted_keys: bool = False) -> PreparedLaunch:
     """``seal`` validated once and bound to fixed device buffers; ``run(stream)`` enqueues it.
 
     ``slots``, ``block_ids``: device int32 ``[rows]``; a row whose slot or block is -1
     is padding (the kernel skips it; its ``nonfinite`` entries are 0). Capture-safe.
     """
     device_only(slots=slots, block_ids=block_ids, nonfinite=nonfinite)
-    launch = seal_launch(store, slots, block_ids, layer, nonfinite)
+    launch = seal_launch(store, slots, block_ids, layer, nonfinite, fitted_keys)
     if launch.empty:
         raise HexcoreInvalidArgumentError("slots: a prepared seal needs at least one row, got 0")
     return launch.prepare()
 
 
-def seal_launch(store, slots, block_ids, layer=None, nonfinite=None) -> Launch:
+def seal_launch(store, slots, block_ids, layer=None, nonfinite=None, fitted_keys=False) -> Launch:
     """Validate :func:`seal`'s arguments; the launch that does it."""
     cfg = checked_store(store).config
+    _check_fitted(cfg, fitted_keys)
     first, count = _layer_range(layer, cfg.num_layers)
     slots = checked_ids(slots, "slots", None, store.max_seqs)
     num = slots.shape[0]
@@ -494,11 +578,11 @@ def seal_launch(store, slots, block_ids, layer=None, nonfinite=None) -> Launch:
                                                    output=True)
     check_outside_store(store, slots=slots, block_ids=block_ids, nonfinite=flags)
     return _seal_kernel_launch(store, False, store.words["k_tails"], store.words["v_tails"], slots, block_ids, first,
-                               count, flags, 0, 0)
+                               count, flags, 0, 0, fitted_keys)
 
 
 def seal_rows(store: DeviceKVStore, k, v, first_row: int, block_ids, layer: int | None = None, stream=None,
-              nonfinite=None) -> None:
+              nonfinite=None, fitted_keys: bool = False) -> None:
     """Seal whole blocks straight from K/V rows (a prompt's full blocks), one launch, no tail.
 
     Block ``block_ids[i]`` gets rows ``first_row + i * block_size`` .. ``+ block_size`` of
@@ -513,14 +597,16 @@ def seal_rows(store: DeviceKVStore, k, v, first_row: int, block_ids, layer: int 
         * block_size <= n``.
     block_ids : int32 ``[num_blocks_sealed]``: distinct destination blocks.
     nonfinite : as in :func:`seal` (``[layers, len(block_ids)]``).
+    fitted_keys : as in :func:`seal`.
     """
-    seal_rows_launch(store, k, v, first_row, block_ids, layer, nonfinite).run(
+    seal_rows_launch(store, k, v, first_row, block_ids, layer, nonfinite, fitted_keys).run(
         resolve_stream(stream, k, v, block_ids))
 
 
-def seal_rows_launch(store, k, v, first_row, block_ids, layer=None, nonfinite=None) -> Launch:
+def seal_rows_launch(store, k, v, first_row, block_ids, layer=None, nonfinite=None, fitted_keys=False) -> Launch:
     """Validate :func:`seal_rows`'s arguments; the launch that does it."""
     cfg, first, count, k, v, rows_in = _checked_kv_rows(store, k, v, layer)
+    _check_fitted(cfg, fitted_keys)
     host = block_ids
     block_ids = checked_ids(block_ids, "block_ids", None, store.num_blocks)
     num = block_ids.shape[0]
@@ -534,11 +620,19 @@ def seal_rows_launch(store, k, v, first_row, block_ids, layer=None, nonfinite=No
                                                    output=True)
     check_outside_store(store, k=k, v=v, block_ids=block_ids, nonfinite=flags)
     return _seal_kernel_launch(store, True, flat_words(k), flat_words(v), block_ids, block_ids, first, count,
-                               flags, first_row, rows_in)
+                               flags, first_row, rows_in, fitted_keys)
+
+
+def _check_fitted(cfg: KVCacheConfig, fitted_keys) -> None:
+    if not isinstance(fitted_keys, (bool, np.bool_)):
+        raise HexcoreInvalidArgumentError(f"fitted_keys: expected a bool, got {fitted_keys!r:.60}")
+    if fitted_keys and cfg.kv_dtype.bits != 2:
+        raise HexcoreInvalidArgumentError(f"fitted_keys: only INT2 stores fit their keys, this store is "
+                                          f"{cfg.kv_dtype.value}")
 
 
 def _seal_kernel_launch(store, from_rows: bool, k_src, v_src, slots, block_ids, first: int, count: int, nonfinite,
-                        row0: int, rows_in: int) -> Launch:
+                        row0: int, rows_in: int, fitted: bool = False) -> Launch:
     """The seal kernel of the store's dtype over ``len(block_ids)`` seals x ``count`` layers
     from ``first``: sources ``k_src``/``v_src`` as uint32 words (the tails, or with
     ``from_rows`` the K/V rows, ``slots`` then unused); ``nonfinite`` the checked flags or None."""
@@ -548,7 +642,7 @@ def _seal_kernel_launch(store, from_rows: bool, k_src, v_src, slots, block_ids, 
     grid = (block_ids.shape[0], count)
     if cfg.kv_dtype.is_quantized:
         f = store.flat
-        return Launch(_seal_quantized_kernel(cfg, report, from_rows), grid, THREADS, (
+        return Launch(_seal_quantized_kernel(cfg, report, from_rows, bool(fitted)), grid, THREADS, (
             k_src, v_src, w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"], slots, block_ids, first,
             store.num_blocks, store.max_seqs, flags, row0, rows_in))
     kernel = _seal_fp16_kernel(cfg.num_kv_heads, cfg.block_size, cfg.head_dim, report, from_rows)

@@ -450,3 +450,96 @@ def test_nonfinite_flags_are_checked():
     assert nonfinite_flags(store, 3).shape == (2, 3) and nonfinite_flags(store, 3, layer=1).shape == (1, 3)
     with pytest.raises(HexcoreInvalidArgumentError, match="host numpy array"):
         prepare_seal(store, cuda.to_device(one), cuda.to_device(one), nonfinite=np.zeros((2, 1), np.int32))
+
+
+# -- fitted keys (hexcore.quant.KVFormat.fitted_keys) ------------------------------------------------
+def expected_fitted_seal(k, v, group_size):
+    """An INT2 block sealed with fitted keys: ``tests/reference.fit_key_params`` for every
+    finite key channel, the non-finite policy's NaN pair and codes 0 for the others; values
+    as the plain seal. Returns (kc, km, vc, vm)."""
+    bad = ~np.isfinite(k).all(axis=1)  # [H, D]
+    finite = np.where(np.isfinite(k), k, 0).astype(np.float16)
+    scale, lo = ref.fit_key_params(finite, 2)
+    scale, lo = np.where(bad, np.nan, scale).astype(np.float16), np.where(bad, np.nan, lo).astype(np.float16)
+    codes = ref.quantize(finite.astype(np.float32), scale[:, None], lo[:, None], 2)
+    codes[np.broadcast_to(bad[:, None, :], codes.shape)] = 0
+    _, _, vc, vm = expected_nonfinite_seal(k, v, 2, group_size)
+    return ref.pack_key_rows(codes, 2), np.stack([scale, lo], axis=1), vc, vm
+
+
+def fitted_test_keys(rng, shape):
+    """K [..., H, BS, D] float16: channels of many scales and offsets, a constant channel,
+    one spanning float16's range (its fitted min overflows: the extremes' pair is kept),
+    and a NaN (its channel keeps the NaN pair)."""
+    k = (rng.standard_normal(shape) * rng.uniform(0.01, 30, shape[-1]) + rng.uniform(-5, 5, shape[-1]))
+    k[..., 1] = 0.75
+    k[..., 2] = np.where(np.arange(shape[-2]) % 2, 60000.0, -60000.0)
+    k = k.astype(np.float16)
+    k[(0,) * (len(shape) - 2) + (3, 4)] = np.nan
+    return k
+
+
+def check_fitted_seal(cfg, seed):
+    """Seal INT2 blocks with fitted keys from tails (layer by layer and all layers) and from
+    rows: bytes equal ``expected_fitted_seal``, the same on both paths; 2 of the pairs are
+    the extremes' and NaN as the test keys make them."""
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    L, H, BS, D = cfg.num_layers, cfg.num_kv_heads, cfg.block_size, cfg.head_dim
+    k = fitted_test_keys(rng, (L, 2, H, BS, D))
+    v = rng.standard_normal((L, 2, H, BS, D)).astype(np.float16)
+    stores = []
+    for path in ("tails", "rows"):
+        store = DeviceKVStore(cfg, num_blocks=5, max_seqs=4)
+        store.poison()
+        if path == "tails":
+            for t in range(BS):
+                append(store, np.ascontiguousarray(k[:, :, :, t]), np.ascontiguousarray(v[:, :, :, t]),
+                       np.array([2, 0], np.int32), np.full(2, t, np.int32))
+            seal(store, np.array([2, 0], np.int32), np.array([3, 1], np.int32), fitted_keys=True)
+        else:  # rows [L, 2 * BS, H, D]: block j's tokens j * BS ..
+            rows = lambda x: np.ascontiguousarray(x.transpose(0, 1, 3, 2, 4).reshape(L, 2 * BS, H, D))  # noqa: E731
+            seal_rows(store, rows(k), rows(v), 0, np.array([3, 1], np.int32), fitted_keys=True)
+        stores.append(snapshot(store))
+    for name in ("k_codes", "k_meta", "v_codes", "v_meta"):
+        np.testing.assert_array_equal(stores[0][name].view(np.uint8), stores[1][name].view(np.uint8), err_msg=name)
+    host = stores[0]
+    for l in range(L):
+        for j, b in enumerate([3, 1]):
+            kc, km, vc, vm = expected_fitted_seal(k[l, j], v[l, j], cfg.group_size)
+            np.testing.assert_array_equal(host["k_meta"][l, b].view(np.uint16), km.view(np.uint16))
+            np.testing.assert_array_equal(host["k_codes"][l, b], kc)
+            np.testing.assert_array_equal(host["v_codes"][l, b], vc)
+            np.testing.assert_array_equal(host["v_meta"][l, b].view(np.uint16), vm.view(np.uint16))
+    plain_scale, plain_lo = ref.quant_params(np.float32(-60000), np.float32(60000), 2)
+    sealed = host["k_meta"][:, [3, 1]]  # [L, 2, H, 2, D]
+    assert (sealed[..., 0, 2] == plain_scale).all() and (sealed[..., 1, 2] == plain_lo).all()
+    assert np.isnan(host["k_meta"][0, 3, 0, :, 4]).all() and not np.isnan(host["k_meta"][0, 1]).any()
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # float16 meta of the wide channel
+def test_seal_with_fitted_keys_is_the_reference_fit():
+    cfg = SIM_CONFIGS[2]
+    assert cfg.kv_dtype is KVDtype.INT2
+    check_fitted_seal(cfg, 20261201)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [c for c in GPU_CONFIGS if c.kv_dtype is KVDtype.INT2], ids=ids)
+def test_seal_with_fitted_keys_is_the_reference_fit_gpu(cfg, seed):
+    check_fitted_seal(cfg, seed)
+
+
+@pytest.mark.parametrize("cfg, value, match", [
+    (SIM_CONFIGS[1], True, "fitted_keys: only INT2 stores fit their keys, this store is int4"),
+    (SIM_CONFIGS[0], True, "fitted_keys: only INT2 stores .* fp16"),
+    (SIM_CONFIGS[2], 1, "fitted_keys: expected a bool, got 1"),
+])
+def test_fitted_keys_are_checked(cfg, value, match):
+    store = DeviceKVStore(cfg, num_blocks=2, max_seqs=2)
+    one = np.array([0], np.int32)
+    with pytest.raises(HexcoreInvalidArgumentError, match=match):
+        seal(store, one, one, fitted_keys=value)
+    rows = np.zeros((cfg.num_layers, cfg.block_size, cfg.num_kv_heads, cfg.head_dim), np.float16)
+    with pytest.raises(HexcoreInvalidArgumentError, match=match):
+        seal_rows(store, rows, rows, 0, one, fitted_keys=value)
