@@ -4,7 +4,8 @@ Public names load lazily (importing hexcore compiles or loads no njit module):
 PagedKVCache and StepResult (allocator), MetricsCollector (metrics),
 LockFreeRingBuffer (ring), SpeculativeAllocator (speculative), BlockTableMirror (events),
 Admission and prefix_keys (prefix: automatic prefix caching), BlockState (quarantine:
-the states a block can be in, QUARANTINED among them).
+the states a block can be in, QUARANTINED among them), TieredKVCache (tiered: a pool per
+kind of block, for formats by age).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ _MODULE_OF = {
     "PagedKVCache": "allocator",
     "SpeculativeAllocator": "speculative",
     "StepResult": "allocator",
+    "TieredKVCache": "tiered",
     "prefix_keys": "prefix",
 }
 

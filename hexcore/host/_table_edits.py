@@ -1,5 +1,6 @@
-"""Rare edits of the block manager's state, for fault tolerance: quarantine a block, line up
-free blocks for a migration, point a sequence's table at them. Plain numpy over
+"""Rare edits of the block manager's state: for fault tolerance, quarantine a block, line up
+free blocks for a migration, point a sequence's table at them; for formats by age
+(``tiered.py``), take one block out of a sequence's table. Plain numpy over
 ``PagedKVCache``'s arrays (quarantines and migrations are rare, so only the prefix cache's
 parts are njit, in ``_prefix.py``); ``quarantine.py`` validates and calls them.
 
@@ -96,3 +97,19 @@ def _take_free(blocks, counters, ids: np.ndarray) -> None:
         keep = stack[~np.isin(stack, ids)]
         stack[:len(keep)] = keep
     counters[core.NUM_FREE] = num_free - n
+
+
+def remove_entry(cache, seq_id: int, index: int) -> int:
+    """Take sealed block ``index`` out of ``seq_id``'s table (prefix cache off), the later
+    ones moving down one place; the sequence is ``block_size`` tokens shorter and its tail
+    untouched. Drops the sequence's reference to the block; returns 1 if that freed it."""
+    tables, seqs, bs = cache._tables, cache._seqs, cache.block_size
+    n = int(seqs[core.LEN, seq_id]) // bs
+    old = tables[seq_id, index:index + 1].copy()
+    tables[seq_id, index:n - 1] = tables[seq_id, index + 1:n].copy()
+    tables[seq_id, n - 1] = -1
+    seqs[core.LEN, seq_id] -= bs
+    freed = core.drop_references(cache._blocks, cache._counters, old)
+    stale = cache._out_rows[_step.ROW_SEQ] == seq_id  # step output rows copy only new blocks: recopy this one
+    cache._out_rows[_step.ROW_SEQ, stale] = -1
+    return freed

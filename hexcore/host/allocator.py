@@ -46,6 +46,7 @@ from ._validation import (check_counts, check_ids, check_predictions, check_stat
 from .metrics import as_collector
 from .prefix import (DEFAULT_PRIORITY, Admission, PrefixCacheMethods, PrefixState, as_tokens, check_namespace,
                      check_priority)
+from ._table_edits import remove_entry
 from .quarantine import BlockState, QuarantineMethods
 from .ring import LockFreeRingBuffer, check_timeout
 
@@ -314,6 +315,32 @@ class PagedKVCache(PrefixCacheMethods, QuarantineMethods):
         if t0:
             self._record("truncate_sequence", t0, freed=released)
         return dropped
+
+    def remove_block(self, seq_id: int, index: int) -> bool:
+        """Take sealed block ``index`` (its logical index) out of ``seq_id``'s table: the
+        later blocks move down one place and the sequence is ``block_size`` tokens shorter
+        (its tail untouched). The sequence's reference to the block goes as in a free;
+        True if that was the last one (the block is free again). For block managers that
+        move a block to another pool (``hexcore.host.tiered``).
+
+        Raises HexcoreInvalidSequenceError (not live), HexcoreInvalidArgumentError
+        (``index`` not an int in ``[0, sealed blocks)``), HexcoreConfigError (the prefix
+        cache is on, or an event ring is attached: neither follows such an edit); a
+        failed call changes nothing.
+        """
+        t0 = self._clock()
+        seq_id = self._live("seq_id", seq_id)
+        sealed = int(self._seqs[core.LEN, seq_id]) // self.block_size
+        if sealed == 0:
+            raise HexcoreInvalidArgumentError(f"index: sequence {seq_id} holds no sealed block")
+        index = as_int("index", index, low=0, high=sealed - 1)
+        if self._prefix is not None or self._events is not None:
+            raise HexcoreConfigError("remove_block: not with the prefix cache on or an event ring attached "
+                                     "(neither follows a block taken out of a table)")
+        freed = remove_entry(self, seq_id, index)
+        if t0:
+            self._record("remove_block", t0, freed=freed)
+        return bool(freed)
 
     def step(self, seq_ids: np.ndarray, new_lens: np.ndarray | None = None, tokens: np.ndarray | None = None,
              token_starts: np.ndarray | None = None) -> StepResult:

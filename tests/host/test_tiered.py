@@ -1,0 +1,186 @@
+"""TieredKVCache: a pool per kind of block, seals and re-seals by age (hexcore.host.tiered),
+replayed on a model of the device's blocks; and PagedKVCache.remove_block it builds on."""
+
+import numpy as np
+import pytest
+
+from hexcore import (HexcoreConfigError, HexcoreInvalidArgumentError, HexcoreInvalidSequenceError, HexcoreOOMError,
+                     KVCacheConfig)
+from hexcore.host import PagedKVCache, TieredKVCache
+from hexcore.host.tiered import SEAL
+from hexcore.quant import FORMATS, AgeTier, KVFormat
+
+BS = 16
+CONFIG = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=BS)
+# a third format: FP16 while young, INT4 from 64 tokens of age, INT2 from 128, two sink blocks
+AGED3 = KVFormat("aged3", (AgeTier(64, 4, 4), AgeTier(128, 2, 2)), sink_blocks=2)
+
+
+class DeviceModel:
+    """What the device's pools hold, replayed from a TieredKVCache's operations: each block
+    holds (logical block, the pools it went through, the seal it came from). A re-seal
+    checks that its source still holds the data of the block it moves, so an operation
+    order (or a reference count) that lets a block be overwritten while read fails here."""
+
+    def __init__(self):
+        self.blocks = {}  # (pool, block) -> (logical, pools so far, seal id)
+        self.data = {}  # seq_id -> {logical: seal id} (forks copy it)
+        self.seals = 0
+
+    def run(self, ops):
+        for s, j, src, src_block, kind, block in ops.tolist():
+            if src == SEAL:
+                self.seals += 1
+                self.data.setdefault(s, {})[j] = self.seals
+                self.blocks[kind, block] = (j, (kind,), self.seals)
+            else:
+                held = self.blocks[src, src_block]
+                assert held[0] == j and held[2] == self.data[s][j], (s, j, held)
+                self.blocks[kind, block] = (j, held[1] + (kind,), held[2])
+
+    def check(self, cache):
+        """Every live sequence's blocks hold its own data, through the pools its ages say."""
+        for s in (s for s in range(cache.max_seqs) if cache._lens[s] >= 0):
+            n = cache.seq_len(s)
+            kinds = cache.block_kinds(s)
+            places = [0] * len(cache.pools)
+            for j in range(n // BS):
+                kind = int(kinds[j])
+                block = int(cache.pools[kind].block_table(s)[places[kind]])
+                places[kind] += 1
+                assert self.blocks[kind, block] == (j, expected_path(cache, j, n), self.data[s][j]), (s, j)
+
+
+def expected_path(cache, j: int, n: int) -> tuple:
+    """The pools block ``j`` of a sequence of ``n`` tokens went through: its kind when sealed
+    (FP16 for a sink block or one younger than the first tier), then each later tier it aged into."""
+    fmt, first_fp16 = cache.format, cache._first_fp16
+    if j < fmt.sink_blocks:
+        return (0,)
+    age = n - (j + 1) * BS
+    path = [first_fp16 if fmt.tiers and fmt.tiers[0].min_age == 0 else 0]
+    path += [t + first_fp16 for t, tier in enumerate(fmt.tiers) if 0 < tier.min_age <= age]
+    return tuple(path)
+
+
+def tiered(fmt, blocks=(24, 48, 48), max_seqs=6):
+    cache = TieredKVCache(CONFIG, fmt, {k: n for k, n in zip(("fp16", "int4", "int2"), blocks)
+                                        if k in [d.value for d in _kinds(fmt)]}, max_seqs, max_seq_len=64 * BS)
+    return cache
+
+
+def _kinds(fmt):
+    from hexcore.host.tiered import _kinds as kinds
+
+    return kinds(FORMATS.get(fmt, fmt) if isinstance(fmt, str) else fmt, BS)
+
+
+@pytest.mark.parametrize("fmt", ["int4-aged", "int2-aged", AGED3, "int4", "fp16"], ids=lambda f: getattr(f, "name", f))
+def test_random_workload_keeps_every_block_where_its_age_says(fmt, rng, seed):
+    print(f"seed {seed}")
+    cache, device = tiered(fmt), DeviceModel()
+    for _ in range(400):
+        live = [s for s in range(cache.max_seqs) if cache._lens[s] >= 0]
+        op = rng.random()
+        if op < 0.1 and len(live) < cache.max_seqs:
+            cache.add_sequence()
+        elif op < 0.15 and live and len(live) < cache.max_seqs:
+            parent = int(rng.choice(live))
+            child = cache.fork_sequence(parent)
+            device.data[child] = dict(device.data.get(parent, {}))
+        elif op < 0.2 and len(live) > 2:
+            s = int(rng.choice(live))
+            cache.free_sequence(s)
+            device.data.pop(s, None)
+        elif live:
+            batch = rng.choice(live, int(rng.integers(1, len(live) + 1)), replace=False).astype(np.int32)
+            for _ in range(int(rng.integers(1, 40))):
+                try:
+                    result = cache.step(batch)
+                except (HexcoreOOMError, HexcoreInvalidSequenceError):  # out of blocks, or at max_seq_len
+                    break
+                device.run(result.ops)
+                assert result.seq_lens.tolist() == [cache.seq_len(int(s)) for s in batch]
+        cache.check_invariants()
+        device.check(cache)
+    assert device.seals > 50
+
+
+def test_a_step_orders_reseals_oldest_tier_first_then_seals():
+    cache = tiered("int2-aged")
+    s = cache.add_sequence()
+    ops = [cache.step(np.array([s], np.int32)).ops for _ in range(384 + 3 * BS)]
+    ops = np.concatenate([o for o in ops if len(o)])
+    # block 0 the FP16 sink, blocks 1.. INT4 when sealed; block 1 re-sealed to INT2 once 384 tokens old
+    assert ops[0].tolist() == [s, 0, SEAL, -1, 0, ops[0, 5]]
+    reseals = ops[ops[:, 2] != SEAL]
+    assert reseals[:, [1, 2, 4]].tolist() == [[1, 1, 2], [2, 1, 2]]
+    at = int(np.flatnonzero(ops[:, 2] != SEAL)[0])
+    assert ops[at + 1, 2] == SEAL and ops[at + 1, 1] == 384 // BS + 1  # the re-seal comes before the step's seal
+    assert cache.block_kinds(s).tolist() == [0, 2, 2] + [1] * (384 // BS)
+
+
+def test_an_oom_changes_nothing():
+    cache = tiered("int4-aged", blocks=(3, 1))
+    a, b = cache.add_sequence(), cache.add_sequence()
+    batch = np.array([a, b], np.int32)
+    for _ in range(2 * BS - 1):
+        cache.step(batch)
+    before = [p._tables.copy() for p in cache.pools], cache._lens.copy(), cache._kind.copy()
+    with pytest.raises(HexcoreOOMError, match=r"^pool fp16: the step takes 2 blocks, 1 are free"):
+        cache.step(batch)  # both seal block 1 into FP16, 1 free (block 0 is the sink: it stays)
+    after = [p._tables.copy() for p in cache.pools], cache._lens.copy(), cache._kind.copy()
+    assert all(np.array_equal(x, y) for x, y in zip(before[0], after[0]))
+    assert np.array_equal(before[1], after[1]) and np.array_equal(before[2], after[2])
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("batch, error, match", [
+    ([0, 0], HexcoreInvalidArgumentError, "seq_ids: sequence 0 is listed twice"),
+    ([0, 5], HexcoreInvalidSequenceError, r"seq_ids\[1\] = 5 is not a live sequence"),
+    ([9], HexcoreInvalidSequenceError, r"seq_ids\[0\] = 9 is not a live sequence"),
+])
+def test_bad_batches_are_typed_and_change_nothing(batch, error, match):
+    cache = tiered("int2-aged")
+    cache.add_sequence()
+    lens = cache._lens.copy()
+    with pytest.raises(error, match=match):
+        cache.step(np.array(batch, np.int32))
+    with pytest.raises(HexcoreInvalidArgumentError, match="seq_ids: expected a C-contiguous int32"):
+        cache.step(np.array(batch, np.int64))
+    assert np.array_equal(cache._lens, lens)
+
+
+@pytest.mark.parametrize("fmt, pools, error, match", [
+    (KVFormat("k4v2", (AgeTier(0, 4, 2),)), {"int4": 4}, HexcoreConfigError, "tier 0 holds keys and values at diff"),
+    (KVFormat("same", (AgeTier(0, 4, 4), AgeTier(64, 4, 4))), {"int4": 4}, HexcoreConfigError, "keeps the bits"),
+    (KVFormat("odd", (AgeTier(40, 4, 4),)), {"fp16": 4, "int4": 4}, HexcoreConfigError, "multiples of block_size"),
+    ("int2-aged", {"int4": 4, "int2": 4}, HexcoreInvalidArgumentError, r"pool_blocks: expected a dict with the keys"),
+    ("int2-aged", {"fp16": 0, "int4": 4, "int2": 4}, HexcoreInvalidArgumentError, r"pool_blocks\['fp16'\]"),
+    ("int9", {}, HexcoreConfigError, "format: expected a KVFormat or one of"),
+])
+def test_bad_formats_and_pools_are_typed(fmt, pools, error, match):
+    with pytest.raises(error, match=match):
+        TieredKVCache(CONFIG, fmt, pools, 2)
+
+
+# -- PagedKVCache.remove_block ----------------------------------------------------------------
+def test_remove_block_shifts_the_table_and_frees_the_last_reference():
+    cache = PagedKVCache(CONFIG, 8, 2)
+    a = cache.add_sequence()
+    cache.grow_sequence(a, 3 * BS + 5)
+    b = cache.fork_sequence(a)
+    table = cache.block_table(a).tolist()
+    assert cache.remove_block(a, 1) is False  # b still holds it
+    assert cache.block_table(a).tolist() == [table[0], table[2]] and cache.seq_len(a) == 2 * BS + 5
+    assert cache.remove_block(b, 1) is True and cache.num_free_blocks == 8 - 3 + 1
+    cache.check_invariants()
+    for bad, error, match in [((a, 2), HexcoreInvalidArgumentError, r"^index: "), ((a, -1), HexcoreInvalidArgumentError,
+                              r"^index: "), ((1 - a + 5, 0), HexcoreInvalidSequenceError, "seq_id")]:
+        with pytest.raises(error, match=match):
+            cache.remove_block(*bad)
+    with pytest.raises(HexcoreConfigError, match="prefix cache"):
+        prefix = PagedKVCache(CONFIG, 8, 2, prefix_cache=True)
+        s = prefix.add_sequence()
+        prefix.grow_sequence(s, BS)
+        prefix.remove_block(s, 0)
