@@ -35,7 +35,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import cuda, int64
+from numba import cuda, int32, int64
 
 from ...errors import HexcoreInvalidArgumentError
 from ..arrays import device_only
@@ -95,10 +95,29 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
                       joint_softmax: bool = False, count_items: bool = False):
     """The slice kernel of ``shape``: the decode kernel's arguments, then ``state`` int64
     ``[STATE_WORDS]``, ``log`` int64 ``[MAX_LOGGED * LOG_WORDS]``, ``item_counts`` int32 (``[items]``
-    with ``count_items``), ``budget_ns``, ``num_items``. Launched with a 1-D grid."""
+    with ``count_items``), ``budget_ns``, ``num_items``. Launched with a 1-D grid.
+
+    The item is a device function the loop calls and NVVM may not inline (``call_noinline``):
+    inlined, the optimiser hoisted the item's loop-invariant values (shared-memory addresses
+    of the thread, 64-bit each) out of the item loop, and they stayed live across every item
+    (ptxas, sm_90, INT4 D128 G4: 254 registers; called, 168, as for one item without a loop).
+    ptxas reads the kernel's arguments inside the callee from the parameter bank."""
     decode_item = decode_item_function(shape, l2_prefetch, joint_softmax)
     HG, YS = shape.head_groups, shape.H * shape.head_groups
     options = {} if max_registers is None or SIMULATOR else {"max_registers": max_registers}
+
+    @cuda.jit(device=True)
+    def run_item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots,
+                 out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale, item):
+        # item -> (split, KV head, head group, sequence), split fastest; 32-bit like the grid
+        # kernel's block indices (fewer registers at a cap). The arrays are global memory: said
+        # so (as_global), since a callee cannot see that they are kernel arguments
+        split, rest = item % max_splits, item // max_splits
+        y, b = rest % YS, rest // YS
+        decode_item(as_global(pool), k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, as_global(q),
+                    as_global(block_tables), as_global(seq_lens), as_global(tail_slots), as_global(out),
+                    as_global(part_o), as_global(part_ml), as_global(counters), layer, num_blocks, max_seqs,
+                    split_blocks, max_splits, scale, index(split), index(y // HG), index(y % HG), index(b))
 
     @cuda.jit(**options)
     def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots, out,
@@ -106,8 +125,9 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
                item_counts, budget_ns, num_items):
         tid = cuda.threadIdx.x
         # thread 0's clock, kept in shared memory so that nothing of it lives in registers
-        # across an item: now, start, last read, longest item, items taken, latest take, item
-        s = cuda.shared.array(7, int64)
+        # across an item: now, start, last read, longest item, items taken, latest take, item;
+        # 8 words, not 7: the item's ring, placed after it, stays 16-byte aligned (LDS.128)
+        s = cuda.shared.array(8, int64)
         if tid == 0:
             s[0] = global_timer_ns()
             begun = cuda.atomic.cas(state, START, 0, s[0])  # the slice starts with its first CTA
@@ -122,16 +142,77 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
                 break
             if count_items and tid == 0:
                 cuda.atomic.add(item_counts, item, 1)
-            split, rest = item % max_splits, item // max_splits
-            y, b = rest % YS, rest // YS
-            decode_item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens,
-                        tail_slots, out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks,
-                        max_splits, scale, split, y // HG, y % HG, b)
+            call_noinline(run_item, (pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables,
+                                     seq_lens, tail_slots, out, part_o, part_ml, counters, layer, num_blocks,
+                                     max_seqs, split_blocks, max_splits, scale, item))
             cuda.syncthreads()  # every thread is done with the item's shared memory (and s)
         if tid == 0:
             end_slice(state, log, global_timer_ns(), s[4], s[3], s[5])
 
     return kernel
+
+
+if SIMULATOR:
+    def call_noinline(function, args):
+        """``function(*args)`` (the simulator has no NVVM)."""
+        return function(*args)
+
+    def as_global(array):
+        """``array`` (the simulator has no address spaces)."""
+        return array
+
+    index = int  # numpy 2 would keep int32 arithmetic in 32 bits, where the GPU promotes to int64
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda import cgutils
+    from numba.cuda.extending import intrinsic
+
+    index = int32
+
+    @intrinsic
+    def call_noinline(typingctx, function, args):
+        """``function(*args)`` for a ``cuda.jit(device=True)`` function, kept out of line:
+        its definition gets LLVM's ``noinline`` (NVVM ignores the attribute on a call site).
+        ``function`` must be called only this way (the attribute is on its definition)."""
+        if not isinstance(function, types.Dispatcher) or not isinstance(args, types.BaseTuple):
+            return None
+        inner = typingctx.resolve_function_type(function, tuple(args.types), {})
+        if inner is None:
+            return None
+
+        def codegen(context, builder, signature, llargs):
+            values = cgutils.unpack_tuple(builder, llargs[1], len(args.types))
+            result = context.get_function(function, inner)(builder, values)
+            compiled = function.dispatcher.overloads[tuple(inner.args)]
+            name = compiled.fndesc.mangled_name
+            defined = [f for m in compiled.library.modules for f in m.functions if f.name == name and f.blocks]
+            if len(defined) != 1:
+                raise RuntimeError(f"call_noinline: {len(defined)} definitions of {name}")
+            defined[0].attributes.discard("alwaysinline")
+            defined[0].attributes.add("noinline")
+            return result
+
+        return inner.return_type(function, args), codegen
+
+    @intrinsic
+    def as_global(typingctx, array):
+        """``array`` with its data pointer marked as global memory, so that loads through it
+        are ``ld.global`` (LDG) in a device function, as they are for a kernel's own arguments.
+        The mark is a ``cvta.to.global`` (NVVM folds a pair of address-space casts away)."""
+        if not isinstance(array, types.Array):
+            return None
+
+        def codegen(context, builder, signature, llargs):
+            ary = context.make_array(array)(context, builder, value=llargs[0])
+            i64 = ir.IntType(64)
+            cvta = ir.InlineAsm(ir.FunctionType(i64, [i64]), "cvta.to.global.u64 $0, $1;", "=l,l")
+            word = builder.call(cvta, [builder.ptrtoint(ary.data, i64)])
+            globl = builder.inttoptr(word, ir.PointerType(ary.data.type.pointee, addrspace=1))
+            ary.data = builder.addrspacecast(globl, ary.data.type)
+            return ary._getvalue()
+
+        return array(array), codegen
 
 
 @cuda.jit(device=True)
