@@ -4,11 +4,12 @@ Importing this package loads numba.cuda; to run on the simulator, set
 ``NUMBA_ENABLE_CUDASIM=1`` first (``hexcore._runtime.use_simulator_if_no_gpu``).
 
 - ``store``: DeviceKVStore, the cache in device memory; ``write``: append and seal;
-  ``blocks``: copies and dequantization; ``launch``: launch descriptions; ``streams``:
+  ``blocks``: copies, dequantization and re-seals (``reseal_blocks``, ``run_tiered_ops``); ``launch``: launch descriptions; ``streams``:
   which stream a launch uses; ``device``: intrinsics with simulator twins.
 - ``attention/``: paged decode (``paged_decode``, ``DecodePlan``, ``DecodeOptions``) and
   prefill over a cached prefix (``prefill_attention``, ``gather_prefix``), the persistent
-  checkpoint-and-yield decode (``persistent_decode``); ``timer``: the GPU's global timer.
+  checkpoint-and-yield decode (``persistent_decode``), decode over a format by age's pools
+  (``tiered_decode``); ``timer``: the GPU's global timer.
 - ``integrity``: block checksums and guard words (used by ``hexcore.fault``).
 - ``steps/``: whole decode steps as CUDA graphs (``DecodeGraph``).
 """
@@ -16,8 +17,9 @@ Importing this package loads numba.cuda; to run on the simulator, set
 from __future__ import annotations
 
 from .attention import (BatchRows, DecodeOptions, DecodePlan, PersistentDecode, PersistentStats, gather_prefix,
-                        paged_decode, persistent_decode, prefill_attention, prefill_attention_batch)
-from .blocks import copy_blocks, copy_tails, dequantize_blocks, prepare_copy_blocks, prepare_copy_tails
+                        paged_decode, persistent_decode, prefill_attention, prefill_attention_batch, tiered_decode)
+from .blocks import (copy_blocks, copy_tails, dequantize_blocks, prepare_copy_blocks, prepare_copy_tails,
+                     reseal_blocks, run_tiered_ops)
 from .launch import Launch, PreparedLaunch
 from .layout_check import device_layout_offsets, host_layout_offsets, layout_agrees
 from .steps import DecodeGraph, DecodeStep, StepBuffers, StepViews
@@ -55,7 +57,10 @@ __all__ = [
     "prepare_copy_blocks",
     "prepare_copy_tails",
     "prepare_seal",
+    "reseal_blocks",
     "resolve_stream",
+    "run_tiered_ops",
     "seal",
     "seal_rows",
+    "tiered_decode",
 ]

@@ -186,3 +186,62 @@ def dequantize_blocks(store: DeviceKVStore, layer: int, block_ids, stream=None):
         _dequantize_kernel(cfg)[(total + THREADS - 1) // THREADS, THREADS, stream](
             w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"], ids, layer, store.num_blocks, k_out, v_out)
     return k_out, v_out
+
+
+def reseal_blocks(src: DeviceKVStore, src_ids: np.ndarray, dst: DeviceKVStore, dst_ids: np.ndarray,
+                  fitted_keys: bool = False) -> None:
+    """Re-seal blocks of one store into blocks of another kind (formats by age,
+    ``docs/formats.md``): every layer of block ``src_ids[i]`` of ``src`` is unsealed to FP16
+    rows (``dequantize_blocks``: ``float16(float32(scale) * code + float32(min))``) and sealed
+    from them into block ``dst_ids[i]`` of ``dst`` as ``seal_rows`` seals rows
+    (``fitted_keys`` as there).
+
+    ``src_ids``, ``dst_ids``: int32 ``[n]`` host arrays, distinct destinations. The two
+    stores must be alike but for their ``kv_dtype``. This first version stages the rows
+    through the host (one synchronising round trip per layer): it is correct, not fast.
+    """
+    from .write import seal_rows
+
+    a, b = checked_store(src).config, checked_store(dst).config
+    if (a.num_layers, a.num_kv_heads, a.head_dim, a.block_size) != (b.num_layers, b.num_kv_heads, b.head_dim,
+                                                                    b.block_size):
+        raise HexcoreInvalidArgumentError("dst: its shape differs from src's (only kv_dtype may)")
+    for name, ids in (("src_ids", src_ids), ("dst_ids", dst_ids)):
+        if not isinstance(ids, np.ndarray) or ids.dtype != np.int32 or ids.ndim != 1 or ids.shape != src_ids.shape:
+            raise HexcoreInvalidArgumentError(f"{name}: expected an int32 [n] host array like src_ids")
+    n = len(src_ids)
+    if n == 0:
+        return
+    H, BS, D = a.num_kv_heads, a.block_size, a.head_dim
+    rows_k = np.empty((a.num_layers, n * BS, H, D), np.float16)
+    rows_v = np.empty_like(rows_k)
+    for layer in range(a.num_layers):
+        k, v = (x.copy_to_host() for x in dequantize_blocks(src, layer, src_ids))  # [n, H, BS, D]
+        rows_k[layer] = k.transpose(0, 2, 1, 3).reshape(n * BS, H, D)
+        rows_v[layer] = v.transpose(0, 2, 1, 3).reshape(n * BS, H, D)
+    seal_rows(dst, cuda.to_device(rows_k), cuda.to_device(rows_v), 0, dst_ids, fitted_keys=fitted_keys)
+
+
+def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False) -> None:
+    """Run a ``TieredKVCache`` step's operations (``TieredStep.ops``, int32 ``[n, 6]``) on its
+    pools' stores (``stores[k]`` for pool ``k``), in order, a run of alike operations at a
+    time: a seal seals tail slot ``seq_id`` of ``stores[kind]`` into ``block``; a re-seal is
+    :func:`reseal_blocks`. ``fitted_keys``: the format's, applied to 2-bit pools."""
+    from .write import seal
+
+    from ..host.tiered import OP_BLOCK, OP_KIND, OP_SEQ, OP_SRC_BLOCK, OP_SRC_KIND
+
+    i = 0
+    while i < len(ops):
+        src, kind = int(ops[i, OP_SRC_KIND]), int(ops[i, OP_KIND])
+        j = i
+        while j < len(ops) and int(ops[j, OP_SRC_KIND]) == src and int(ops[j, OP_KIND]) == kind:
+            j += 1
+        run, fit = ops[i:j], fitted_keys and stores[kind].config.kv_dtype.bits == 2
+        blocks = np.ascontiguousarray(run[:, OP_BLOCK])
+        if src < 0:
+            seal(stores[kind], np.ascontiguousarray(run[:, OP_SEQ]), blocks, fitted_keys=fit)
+        else:
+            reseal_blocks(stores[src], np.ascontiguousarray(run[:, OP_SRC_BLOCK]), stores[kind], blocks,
+                          fitted_keys=fit)
+        i = j

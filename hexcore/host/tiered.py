@@ -156,11 +156,21 @@ class TieredKVCache:
         seq_id = self._live("seq_id", seq_id)
         return self._kind[seq_id, : self._lens[seq_id] // self.block_size].copy()
 
+    def tail_pools(self, seq_ids: np.ndarray) -> np.ndarray:
+        """The pool each of ``seq_ids``' open tail will be sealed into (int32 ``[B]``): the
+        store whose tail slot receives its new tokens (the seal reads them there)."""
+        check_ids("seq_ids", seq_ids, self.max_seqs)
+        self._check_batch(seq_ids, growing=False)
+        bs = self.block_size
+        blocks = self._lens[seq_ids] // bs  # the open block's logical index
+        return np.array([self._pool_of(self.format.block_tiers((j + 1) * bs, bs)[j:j + 1])[0] for j in blocks],
+                        np.int32)
+
     def block_tables(self, seq_ids: np.ndarray) -> list:
         """Per pool, int32 ``[B, n_k]``: the blocks of that kind of each of ``seq_ids`` in
         logical order, -1 past a row's own; and int32 ``[B]`` counts: ``[(table, counts)]``."""
         check_ids("seq_ids", seq_ids, self.max_seqs)
-        self._check_batch(seq_ids)
+        self._check_batch(seq_ids, growing=False)
         out = []
         for pool in self.pools:
             counts = (pool._seqs[core.LEN, seq_ids] // self.block_size).astype(np.int32)
@@ -238,7 +248,7 @@ class TieredKVCache:
         self._kind[s, j] = kind
         return s, j, src, src_block, kind, block
 
-    def _check_batch(self, seq_ids: np.ndarray) -> None:
+    def _check_batch(self, seq_ids: np.ndarray, growing: bool = True) -> None:
         bad = np.flatnonzero((seq_ids < 0) | (seq_ids >= self.max_seqs))
         if bad.size == 0:
             bad = np.flatnonzero(self._lens[seq_ids] < 0)
@@ -247,7 +257,7 @@ class TieredKVCache:
         if len(np.unique(seq_ids)) != len(seq_ids):
             first = int(np.flatnonzero(np.bincount(seq_ids) > 1)[0])
             raise HexcoreInvalidArgumentError(f"seq_ids: sequence {first} is listed twice")
-        over = np.flatnonzero(self._lens[seq_ids] + 1 > self.max_seq_len)
+        over = np.flatnonzero(self._lens[seq_ids] + int(growing) > self.max_seq_len)
         if over.size:
             raise HexcoreInvalidSequenceError(f"seq_ids[{over[0]}] = {seq_ids[over[0]]} is at max_seq_len "
                                               f"{self.max_seq_len}")

@@ -60,12 +60,13 @@ else:
 
 @functools.cache
 def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
-                  joint_softmax: bool = False):
+                  joint_softmax: bool = False, partials: bool = False):
     """The decode kernel of ``shape``, compiled on first launch (cached); the other
     arguments are DecodeOptions fields of the same names (``max_registers`` None: 128). One CTA per work item: the grid
     ``(splits, num_kv_heads * head_groups, batch)`` names the item's split, KV head and head
-    group, and sequence (``decode_item_function``)."""
-    decode_item = decode_item_function(shape, l2_prefetch, joint_softmax)
+    group, and sequence (``decode_item_function``). ``partials``: the kernel of one pool of a
+    format by age (``decode_item_function``)."""
+    decode_item = decode_item_function(shape, l2_prefetch, joint_softmax, partials)
     HG = shape.head_groups
     cap = GRID_REGISTERS if max_registers is None else max_registers
     options = {} if SIMULATOR else {"max_registers": cap}
@@ -81,12 +82,19 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
 
 
 @functools.cache
-def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_softmax: bool = False):
+def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_softmax: bool = False,
+                         partials: bool = False):
     """``decode_item(<the decode kernel's arguments>, split, h, hg, b)``: one work item, done by
     the whole CTA (every thread calls it, and every thread returns from it together): the
     split ``split`` of sequence ``b`` for KV head ``h`` and its query heads of head group
     ``hg``, with the fused merge when it is the sequence's last split to finish. Shared by
-    the grid kernel (``decode_kernel``) and the persistent kernel (``persistent.py``)."""
+    the grid kernel (``decode_kernel``) and the persistent kernel (``persistent.py``).
+
+    With ``partials`` (a specialisation; the kernels above do not contain it) every item
+    writes its partial to the workspace and nothing else, not ``out``, no merge, and an
+    item past its sequence's splits writes an empty one (``m`` -inf, ``l`` 0, ``o`` 0): the
+    launch of one pool of a format by age, whose partials ``tiered.py`` merges with the
+    other pools' (its ``part_o``/``part_ml`` start at the pool's first split slot)."""
     load_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish = warp_functions(shape, joint_softmax)
     H, D, BS, G = shape.H, shape.D, shape.BS, shape.G
     HG, NG, MT = shape.head_groups, shape.num_groups, shape.m_tiles
@@ -160,7 +168,15 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
         n_splits = (n_virtual + split_blocks - 1) // split_blocks
         head0 = h * G + hg * HPC  # first query head of the CTA
         if split >= n_splits:
-            if split == 0:  # an empty sequence: zeros
+            if partials:  # an empty partial: weight 0 in the merge
+                for i in range(tid, HPC * D, THREADS):
+                    if hg * HPC + i // D < G:
+                        at = (b * H * G + head0 + i // D) * max_splits + split
+                        part_o[at * D + i % D] = 0
+                        if i % D == 0:
+                            part_ml[at * 2] = NEG_INF
+                            part_ml[at * 2 + 1] = 0
+            elif split == 0:  # an empty sequence: zeros
                 for i in range(tid, HPC * D, THREADS):
                     if hg * HPC + i // D < G:
                         out[(b * H * G + head0 + i // D) * D + i % D] = 0
@@ -276,14 +292,14 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
             acc = float32(0)
             for w in range(WARPS):
                 acc += s_ml[w, j, 1] * s_o[(w * HPC + j) * D + d]
-            if n_splits == 1:
+            if n_splits == 1 and not partials:
                 out[(row0 + j) * D + d] = acc / s_ml[1, j, 0]
             else:
                 part_o[((row0 + j) * max_splits + split) * D + d] = acc
                 if d == 0:
                     part_ml[((row0 + j) * max_splits + split) * 2] = s_ml[0, j, 0]
                     part_ml[((row0 + j) * max_splits + split) * 2 + 1] = s_ml[1, j, 0]
-        if n_splits == 1:
+        if n_splits == 1 or partials:
             return
 
         # ---- the last CTA of this (sequence, KV head, head group) merges the splits -------

@@ -1,0 +1,140 @@
+"""Decode attention over a format by age (``docs/formats.md``): a sequence's sealed blocks
+lie in several pools, one store per kind of block (FP16, INT4, INT2).
+
+Each pool is decoded by the decode kernel of its kind, specialised to write split-K
+partials only (``kernel.decode_item_function(partials=True)``): pool ``p``'s splits take
+the workspace's split slots ``[base_p, base_p + splits_p)`` of every query head's row, an
+item past its sequence's splits an empty partial. One merge launch then combines every
+slot of a row (``kernel.merge_function``) into ``out``: the same arithmetic as one decode
+over all the blocks (attention does not depend on the order of its keys). The open tail is
+read from the store of the pool it will be sealed into (``tail_pool``).
+
+    out = tiered_decode(q, stores, tables, counts, tail_lens, tail_pool, tail_slots, layer)
+
+Host index arrays only (this first version reads them to size each pool's launch).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import cuda
+
+from ...errors import HexcoreInvalidArgumentError
+from ..arrays import checked_store
+from ..launch import Launch
+from ..streams import resolve_stream
+from .kernel import decode_kernel, merge_function
+from .launcher import Workspace, decode_launch
+from .options import DEFAULT_OPTIONS, DecodeOptions
+from .shape import HEADS_PER_CTA, THREADS, DecodeShape
+
+_workspace = Workspace()
+
+
+def tiered_decode(q, stores: list, tables: list, counts: list, tail_lens, tail_pool, tail_slots, layer: int = 0,
+                  out=None, scale: float | None = None, stream=None, options: DecodeOptions | None = None):
+    """Decode attention of one query token per sequence over blocks held in several pools.
+
+    Parameters
+    ----------
+    q : float16 ``[B, num_q_heads, head_dim]``.
+    stores : one DeviceKVStore per pool, alike but for their ``kv_dtype``.
+    tables : per pool, int32 ``[B, n_p]`` host arrays: each sequence's blocks in that pool.
+    counts : per pool, int32 ``[B]``: how many of ``tables[p][b]`` are its blocks.
+    tail_lens : int32 ``[B]``: tokens in each sequence's open tail (``< block_size``).
+    tail_pool : int32 ``[B]``: the pool whose store holds that tail.
+    tail_slots : int32 ``[B]``: its tail slot in that store.
+    layer : the layer to attend over.
+    out : optional float16 ``[B, num_q_heads, head_dim]`` device array; allocated if None.
+
+    Returns ``out``: ``softmax(q K^T * scale) V`` over every pool's blocks and the tail, zeros
+    for a sequence with no token. Raises HexcoreInvalidArgumentError for inconsistent
+    arguments (naming the pool) before anything runs.
+    """
+    options = options or DEFAULT_OPTIONS
+    tail_lens, tail_pool = np.asarray(tail_lens), np.asarray(tail_pool)
+    _check(stores, tables, counts, tail_lens, tail_pool)
+    bs = stores[0].config.block_size
+    launches, bases = [], [0]
+    for p, store in enumerate(stores):  # each pool's own launch first: its split count
+        lens = (counts[p].astype(np.int64) * bs + np.where(tail_pool == p, tail_lens, 0)).astype(np.int32)
+        launch, out = decode_launch(q, store, layer, tables[p], lens, tail_slots, out, scale, None, options,
+                                    _workspace)
+        launches.append(launch)
+        bases.append(bases[-1] + launch.grid[0])
+    total = bases[-1]
+    batch, num_q_heads, head_dim = out.shape
+    items = launches[0].grid[1] * batch
+    part_o, part_ml, _ = _workspace.get(batch * num_q_heads, total, head_dim, items)
+    cfg = stores[0].config
+    group = num_q_heads // cfg.num_kv_heads
+    runs = [_partials(launch, DecodeShape(store.config.kv_dtype.bits, cfg.num_kv_heads, head_dim, bs, group,
+                                          cfg.group_size), options, part_o[bases[p] * head_dim:],
+                      part_ml[bases[p] * 2:], total)
+            for p, (launch, store) in enumerate(zip(launches, stores))]
+    seq_lens = cuda.to_device((sum(c.astype(np.int64) for c in counts) * bs + tail_lens).astype(np.int32))
+    merge = Launch(merge_kernel(cfg.num_kv_heads, group, head_dim), (launches[0].grid[1], batch), THREADS,
+                   (part_o, part_ml, out.reshape(out.size), seq_lens, total))
+    stream = resolve_stream(stream, q, out)
+    for run in runs:
+        run.run(stream)
+    merge.run(stream)
+    return out
+
+
+def _partials(launch: Launch, shape: DecodeShape, options: DecodeOptions, part_o, part_ml, total: int) -> Launch:
+    # the pool's launch with the partials kernel, its partial arrays starting at its first
+    # slot, and a row stride of every pool's slots (`total`)
+    kernel = decode_kernel(shape, options.max_registers, options.l2_prefetch, options.joint_softmax, partials=True)
+    args = list(launch.args)
+    args[12], args[13], args[19] = part_o, part_ml, total
+    return Launch(kernel, launch.grid, launch.block, tuple(args))
+
+
+@functools.cache
+def merge_kernel(H: int, G: int, D: int):
+    """``kernel[(H * head_groups, B), THREADS](part_o, part_ml, out, seq_lens, total)``: each
+    CTA merges the ``total`` split slots of its (sequence, KV head, head group)'s query heads
+    into ``out`` (flat float16), zeros for a sequence of length 0."""
+    merge_splits = merge_function(D)
+    HG = -(-G // HEADS_PER_CTA)
+
+    @cuda.jit
+    def kernel(part_o, part_ml, out, seq_lens, total):
+        h, hg, b = cuda.blockIdx.x // HG, cuda.blockIdx.x % HG, cuda.blockIdx.y
+        row0 = (b * H + h) * G + hg * HEADS_PER_CTA
+        heads = min(HEADS_PER_CTA, G - hg * HEADS_PER_CTA)
+        if seq_lens[b] <= 0:
+            for i in range(cuda.threadIdx.x, heads * D, THREADS):
+                out[(row0 + i // D) * D + i % D] = 0
+            return
+        merge_splits(part_o, part_ml, out, row0, heads, total, total)
+
+    return kernel
+
+
+def _check(stores, tables, counts, tail_lens, tail_pool) -> None:
+    if not isinstance(stores, (list, tuple)) or not stores:
+        raise HexcoreInvalidArgumentError(f"stores: expected a non-empty list of DeviceKVStore, got {stores!r:.60}")
+    first = checked_store(stores[0]).config
+    for p, store in enumerate(stores):
+        cfg = checked_store(store).config
+        same = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.block_size, cfg.group_size)
+        if same != (first.num_layers, first.num_kv_heads, first.head_dim, first.block_size, first.group_size):
+            raise HexcoreInvalidArgumentError(f"stores[{p}]: its shape differs from stores[0]'s (only kv_dtype may)")
+    if not (isinstance(tables, (list, tuple)) and isinstance(counts, (list, tuple))
+            and len(tables) == len(counts) == len(stores)):
+        raise HexcoreInvalidArgumentError(f"tables, counts: expected one per store ({len(stores)})")
+    for p, (table, count) in enumerate(zip(tables, counts)):
+        if not (isinstance(table, np.ndarray) and isinstance(count, np.ndarray)):
+            raise HexcoreInvalidArgumentError(f"tables[{p}], counts[{p}]: expected host numpy arrays")
+        if count.shape != tail_lens.shape or table.ndim != 2 or (count > table.shape[1]).any() or (count < 0).any():
+            raise HexcoreInvalidArgumentError(f"counts[{p}]: expected [B] in [0, {table.shape[1]}] "
+                                              f"(tables[{p}]'s width)")
+    bs = first.block_size
+    if ((tail_lens < 0) | (tail_lens >= bs)).any():
+        raise HexcoreInvalidArgumentError(f"tail_lens: expected values in [0, {bs})")
+    if ((tail_pool < 0) | (tail_pool >= len(stores))).any():
+        raise HexcoreInvalidArgumentError(f"tail_pool: expected values in [0, {len(stores)})")

@@ -1,0 +1,142 @@
+"""A format by age end to end: TieredKVCache's steps run on one store per pool (append,
+seal, re-seal: run_tiered_ops), then tiered_decode, against tests/reference.py (tiered_kv,
+decode_attention) in float64."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hexcore import HexcoreInvalidArgumentError, KVCacheConfig
+from hexcore.cuda import DeviceKVStore, append, copy_tails, run_tiered_ops, tiered_decode
+from hexcore.host import TieredKVCache
+from hexcore.quant import AgeTier, KVFormat
+from tests import reference as ref
+
+BS, D, H, GROUP = 16, 64, 1, 32
+CONFIG = KVCacheConfig(num_layers=1, num_kv_heads=H, head_dim=D, block_size=BS, group_size=GROUP)
+# the 2-bit preset's shape at a smaller scale: sink, INT4 when sealed, INT2 (fitted keys) from 64 tokens of age
+SMALL2 = KVFormat("small2", (AgeTier(0, 4, 4), AgeTier(64, 2, 2)), sink_blocks=1, fitted_keys=True)
+FORMATS = {"int4-aged": "int4-aged", "small2": SMALL2}
+
+
+def run_format(fmt, seed, lengths, fork_at=None, config=CONFIG):
+    """Grow sequences token by token to ``lengths`` (one forked from sequence 0 at
+    ``fork_at`` tokens, if given) through a TieredKVCache and its stores; returns (cache,
+    stores, seq_ids, FP16 K/V rows per sequence [H, n, D])."""
+    rng = np.random.default_rng(seed)
+    H, D, BS = config.num_kv_heads, config.head_dim, config.block_size
+    cache = TieredKVCache(config, fmt, {k.value: 40 for k in _kinds(fmt, BS)}, 4, max_seq_len=1024)
+    stores = [DeviceKVStore(dataclasses.replace(config, kv_dtype=kind), num_blocks=pool.num_blocks, max_seqs=4)
+              for kind, pool in zip(cache.kinds, cache.pools)]
+    for store in stores:
+        store.poison()
+    seqs = [cache.add_sequence() for _ in lengths]
+    rows = {s: (np.zeros((H, 0, D), np.float16), np.zeros((H, 0, D), np.float16)) for s in seqs}
+    want = dict(zip(seqs, lengths))
+    while True:
+        growing = np.array([s for s in want if cache.seq_len(s) < want[s]], np.int32)
+        if not len(growing):
+            break
+        if fork_at is not None and cache.seq_len(seqs[0]) == fork_at:
+            child = cache.fork_sequence(seqs[0])
+            pool = int(cache.tail_pools(np.array([seqs[0]], np.int32))[0])
+            copy_tails(stores[pool], np.array([seqs[0]], np.int32), np.array([child], np.int32))
+            rows[child], want[child], fork_at = rows[seqs[0]], want[seqs[0]] + 5, None
+            continue
+        k, v = (rng.standard_normal((2, len(growing), H, D)) * rng.uniform(0.2, 3, D)).astype(np.float16)
+        pools = cache.tail_pools(growing)
+        for p in np.unique(pools):  # each new token into the tail of the store its block is sealed in
+            mine = pools == p
+            positions = np.array([cache.seq_len(int(s)) % BS for s in growing[mine]], np.int32)
+            every_layer = (config.num_layers, int(mine.sum()), H, D)  # the same rows in every layer
+            append(stores[p], np.ascontiguousarray(np.broadcast_to(k[mine], every_layer)),
+                   np.ascontiguousarray(np.broadcast_to(v[mine], every_layer)), growing[mine], positions, layer=None)
+        for i, s in enumerate(growing.tolist()):
+            rows[s] = tuple(np.concatenate([r, x[i][:, None]], axis=1) for r, x in zip(rows[s], (k, v)))
+        run_tiered_ops(stores, cache.step(growing).ops, cache.format.fitted_keys)
+    cache.check_invariants()
+    return cache, stores, list(want), rows
+
+
+def _kinds(fmt, block_size):
+    from hexcore.host.tiered import _kinds as kinds
+    from hexcore.quant import kv_format
+
+    return kinds(kv_format(fmt), block_size)
+
+
+def expected_block(fmt, k, v, j, BS, GROUP):
+    """Block ``j`` as the format's store holds it: its FP16 rows (k, v) for an FP16 block,
+    else the reference chain's sealed (kc, km, vc, vm)."""
+    rows = slice(j * BS, (j + 1) * BS)
+    levels = fmt.block_tiers(k.shape[1], BS)
+    if levels[j] < 0:
+        return k[:, rows], v[:, rows]
+    bk, bv = k[:, rows], v[:, rows]
+    for i, tier in enumerate(fmt.tiers[:levels[j] + 1]):
+        if i:
+            bk, bv = ref.unseal_rows(*sealed, fmt.tiers[i - 1], GROUP)
+        sealed = ref.seal_tier_block(bk, bv, tier, GROUP, fmt.fitted_keys)
+    return sealed
+
+
+def check_format(fmt, seed, lengths, fork_at, config=CONFIG):
+    """run_format, then every block of every sequence byte for byte against the reference
+    chain, and tiered_decode against float64 attention over tiered_kv."""
+    print(f"seed {seed}")
+    cache, stores, seqs, rows = run_format(fmt, seed, lengths, fork_at, config)
+    fmt, BS, D, GROUP = cache.format, config.block_size, config.head_dim, config.group_size
+    held = [{name: a.copy_to_host()[0] for name, a in store.arrays.items() if "tails" not in name}
+            for store in stores]  # layer 0 of each pool's blocks
+    for s in seqs:  # the stores' blocks, byte for byte
+        k, v = rows[s]
+        kinds, places = cache.block_kinds(s), [0] * len(stores)
+        for j, kind in enumerate(kinds.tolist()):
+            block = int(cache.pools[kind].block_table(s)[places[kind]])
+            places[kind] += 1
+            names = ("k_codes", "v_codes") if len(held[kind]) == 2 else ("k_codes", "k_meta", "v_codes", "v_meta")
+            for name, want in zip(names, expected_block(fmt, k, v, j, BS, GROUP)):
+                got = held[kind][name][block]
+                assert np.array_equal(got.view(np.uint8), np.ascontiguousarray(want).view(np.uint8)), (s, j, name)
+    # the decode over every pool and the tails, against float64 attention over tiered_kv
+    ids = np.array(seqs, np.int32)
+    rng = np.random.default_rng(seed + 1)
+    q = rng.standard_normal((len(ids), 4 * config.num_kv_heads, D)).astype(np.float16)
+    tables = cache.block_tables(ids)
+    lens = np.array([cache.seq_len(int(s)) for s in ids])
+    out = tiered_decode(q, stores, [t for t, _ in tables], [c for _, c in tables], (lens % BS).astype(np.int32),
+                        cache.tail_pools(ids), ids, layer=config.num_layers - 1).copy_to_host()
+    keys, values = zip(*(ref.tiered_kv(*rows[int(s)], fmt, BS, GROUP) for s in ids))
+    want = ref.decode_attention(q, list(keys), list(values), D ** -0.5)
+    assert ref.relative_l2(out, want) < 2e-3
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_every_block_holds_the_reference_chain_and_decode_matches(name, seed):
+    check_format(FORMATS[name], seed, lengths=[100, 61, 23], fork_at=50)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["int4-aged", "int2-aged"])
+def test_every_block_holds_the_reference_chain_and_decode_matches_gpu(name, seed):
+    config = KVCacheConfig(num_layers=2, num_kv_heads=8, head_dim=128, block_size=32, group_size=64)
+    check_format(name, seed, lengths=[450, 300, 33], fork_at=200, config=config)
+
+
+def test_a_sequence_with_no_token_gives_zeros_and_bad_pools_are_refused(seed):
+    cache, stores, seqs, rows = run_format("int4-aged", seed, lengths=[40, 0])
+    ids = np.array(seqs, np.int32)
+    tables = cache.block_tables(ids)
+    lens = np.array([cache.seq_len(int(s)) for s in ids])
+    args = ([t for t, _ in tables], [c for _, c in tables], (lens % BS).astype(np.int32), cache.tail_pools(ids), ids)
+    q = np.random.default_rng(seed).standard_normal((2, 2, D)).astype(np.float16)
+    out = tiered_decode(q, stores, *args).copy_to_host()
+    assert not out[1].any() and np.isfinite(out[0]).all() and out[0].any()
+    with pytest.raises(HexcoreInvalidArgumentError, match=r"tables, counts: expected one per store \(2\)"):
+        tiered_decode(q, stores, args[0][:1], args[1][:1], *args[2:])
+    with pytest.raises(HexcoreInvalidArgumentError, match=r"tail_pool: expected values in \[0, 2\)"):
+        tiered_decode(q, stores, *args[:3], np.array([0, 2], np.int32), ids)
+    with pytest.raises(HexcoreInvalidArgumentError, match=r"stores\[1\]: its shape differs"):
+        other = DeviceKVStore(dataclasses.replace(CONFIG, head_dim=128, kv_dtype="int4"), num_blocks=4, max_seqs=4)
+        tiered_decode(q, [stores[0], other], *args)
