@@ -124,11 +124,39 @@ def _prepared_copy(store, what, src, dst) -> PreparedLaunch:
 
 
 @functools.cache
-def _dequantize_kernel(cfg):
+def _element_function(cfg):
+    """``element(k_codes, v_codes, k_meta, v_meta, layer, block, h, t, d, num_blocks)``: the
+    float32 (k, v) of one element of a sealed block, ``float32(scale) * code + float32(min)``
+    (codes as flat uint32 words, meta flat float16); for an FP16 store the codes arrays are
+    its flat float16 blocks and the value is read as stored."""
     H, BS, D, GS = cfg.num_kv_heads, cfg.block_size, cfg.head_dim, cfg.group_size
     bits, row, NG = cfg.kv_dtype.bits, cfg.row_bytes, cfg.num_groups
     mask = (1 << bits) - 1
     chunk = layout.value_chunk_dims(GS)
+    quantized = cfg.kv_dtype.is_quantized
+
+    @cuda.jit(device=True)
+    def element(k_codes, v_codes, k_meta, v_meta, layer, block, h, t, d, num_blocks):
+        if not quantized:
+            at = code_offset(layer, block, h, t, num_blocks, H, BS, row) // 2 + d
+            return np.float32(k_codes[at]), np.float32(v_codes[at])
+        run = code_offset(layer, block, h, 0, num_blocks, H, BS, row) // 4
+        word, field = key_code_field(d, bits)
+        kq = np.float32((k_codes[run + t * (row // 4) + word] >> np.uint32(field * bits)) & mask)
+        kmeta = key_meta_offset(layer, block, h, num_blocks, H, D) // 2
+        k = np.float32(k_meta[kmeta + d]) * kq + np.float32(k_meta[kmeta + D + d])
+        word, field = value_code_field(t, d, bits, D, chunk)
+        vq = np.float32((v_codes[run + word] >> np.uint32(field * bits)) & mask)
+        vmeta = value_meta_offset(layer, block, h, t, num_blocks, H, BS, NG) // 2
+        return k, np.float32(v_meta[vmeta + d // GS]) * vq + np.float32(v_meta[vmeta + NG + d // GS])
+
+    return element
+
+
+@functools.cache
+def _dequantize_kernel(cfg):
+    H, BS, D = cfg.num_kv_heads, cfg.block_size, cfg.head_dim
+    element = _element_function(cfg)
 
     @cuda.jit
     def kernel(k_codes, v_codes, k_meta, v_meta, block_ids, layer, num_blocks, k_out, v_out):
@@ -144,15 +172,34 @@ def _dequantize_kernel(cfg):
         block = block_ids[j]
         if block < 0 or block >= num_blocks:
             return
-        run = code_offset(layer, block, h, 0, num_blocks, H, BS, row) // 4
-        word, field = key_code_field(d, bits)
-        kq = np.float32((k_codes[run + t * (row // 4) + word] >> np.uint32(field * bits)) & mask)
-        kmeta = key_meta_offset(layer, block, h, num_blocks, H, D) // 2
-        k_out[j, h, t, d] = np.float32(k_meta[kmeta + d]) * kq + np.float32(k_meta[kmeta + D + d])
-        word, field = value_code_field(t, d, bits, D, chunk)
-        vq = np.float32((v_codes[run + word] >> np.uint32(field * bits)) & mask)
-        vmeta = value_meta_offset(layer, block, h, t, num_blocks, H, BS, NG) // 2
-        v_out[j, h, t, d] = np.float32(v_meta[vmeta + d // GS]) * vq + np.float32(v_meta[vmeta + NG + d // GS])
+        k_out[j, h, t, d], v_out[j, h, t, d] = element(k_codes, v_codes, k_meta, v_meta, layer, block, h, t, d,
+                                                       num_blocks)
+
+    return kernel
+
+
+@functools.cache
+def _unseal_kernel(cfg):
+    H, BS, D = cfg.num_kv_heads, cfg.block_size, cfg.head_dim
+    element = _element_function(cfg)
+
+    @cuda.jit
+    def kernel(k_codes, v_codes, k_meta, v_meta, block_ids, num_blocks, k_out, v_out):
+        # grid (elements of one layer / THREADS, layers); out: rows [L, n * BS, H, D] float16
+        i = cuda.grid(1)
+        layer = cuda.blockIdx.y
+        n = block_ids.shape[0]
+        if i >= n * H * BS * D:
+            return
+        d = i % D
+        h = (i // D) % H
+        t = (i // (D * H)) % BS
+        j = i // (D * H * BS)
+        block = block_ids[j]
+        if block < 0 or block >= num_blocks:
+            return
+        k_out[layer, j * BS + t, h, d], v_out[layer, j * BS + t, h, d] = element(
+            k_codes, v_codes, k_meta, v_meta, layer, block, h, t, d, num_blocks)
 
     return kernel
 
@@ -188,17 +235,16 @@ def dequantize_blocks(store: DeviceKVStore, layer: int, block_ids, stream=None):
     return k_out, v_out
 
 
-def reseal_blocks(src: DeviceKVStore, src_ids: np.ndarray, dst: DeviceKVStore, dst_ids: np.ndarray,
-                  fitted_keys: bool = False) -> None:
+def reseal_blocks(src: DeviceKVStore, src_ids, dst: DeviceKVStore, dst_ids, fitted_keys: bool = False,
+                  stream=None) -> None:
     """Re-seal blocks of one store into blocks of another kind (formats by age,
     ``docs/formats.md``): every layer of block ``src_ids[i]`` of ``src`` is unsealed to FP16
-    rows (``dequantize_blocks``: ``float16(float32(scale) * code + float32(min))``) and sealed
-    from them into block ``dst_ids[i]`` of ``dst`` as ``seal_rows`` seals rows
-    (``fitted_keys`` as there).
+    rows, ``float16(float32(scale) * code + float32(min))`` (an FP16 block's rows as they
+    are), and sealed from them into block ``dst_ids[i]`` of ``dst`` as ``seal_rows`` seals
+    rows (``fitted_keys`` as there). Two launches, through a device scratch of the rows.
 
-    ``src_ids``, ``dst_ids``: int32 ``[n]`` host arrays, distinct destinations. The two
-    stores must be alike but for their ``kv_dtype``. This first version stages the rows
-    through the host (one synchronising round trip per layer): it is correct, not fast.
+    ``src_ids``, ``dst_ids``: int32 ``[n]`` (host arrays are range-checked), distinct
+    destinations. The two stores must be alike but for their ``kv_dtype``.
     """
     from .write import seal_rows
 
@@ -206,20 +252,23 @@ def reseal_blocks(src: DeviceKVStore, src_ids: np.ndarray, dst: DeviceKVStore, d
     if (a.num_layers, a.num_kv_heads, a.head_dim, a.block_size) != (b.num_layers, b.num_kv_heads, b.head_dim,
                                                                     b.block_size):
         raise HexcoreInvalidArgumentError("dst: its shape differs from src's (only kv_dtype may)")
-    for name, ids in (("src_ids", src_ids), ("dst_ids", dst_ids)):
-        if not isinstance(ids, np.ndarray) or ids.dtype != np.int32 or ids.ndim != 1 or ids.shape != src_ids.shape:
-            raise HexcoreInvalidArgumentError(f"{name}: expected an int32 [n] host array like src_ids")
-    n = len(src_ids)
+    stream = resolve_stream(stream, src_ids, dst_ids)
+    ids = checked_ids(src_ids, "src_ids", None, src.num_blocks)
+    n = ids.shape[0]
+    if getattr(dst_ids, "shape", None) != (n,):
+        raise HexcoreInvalidArgumentError(f"dst_ids: expected shape ({n},) like src_ids, got "
+                                          f"{getattr(dst_ids, 'shape', type(dst_ids).__name__)}")
     if n == 0:
         return
     H, BS, D = a.num_kv_heads, a.block_size, a.head_dim
-    rows_k = np.empty((a.num_layers, n * BS, H, D), np.float16)
-    rows_v = np.empty_like(rows_k)
-    for layer in range(a.num_layers):
-        k, v = (x.copy_to_host() for x in dequantize_blocks(src, layer, src_ids))  # [n, H, BS, D]
-        rows_k[layer] = k.transpose(0, 2, 1, 3).reshape(n * BS, H, D)
-        rows_v[layer] = v.transpose(0, 2, 1, 3).reshape(n * BS, H, D)
-    seal_rows(dst, cuda.to_device(rows_k), cuda.to_device(rows_v), 0, dst_ids, fitted_keys=fitted_keys)
+    k_rows = cuda.device_array((a.num_layers, n * BS, H, D), np.float16, stream=stream.numba)
+    v_rows = cuda.device_array((a.num_layers, n * BS, H, D), np.float16, stream=stream.numba)
+    f, w = src.flat, src.words
+    codes = (w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"]) if a.kv_dtype.is_quantized else (
+        f["k_codes"], f["v_codes"], f["k_codes"], f["v_codes"])  # (FP16: no meta, the slots unused)
+    grid = (-(-n * H * BS * D // THREADS), a.num_layers)
+    _unseal_kernel(a)[grid, THREADS, stream.numba](*codes, ids, src.num_blocks, k_rows, v_rows)
+    seal_rows(dst, k_rows, v_rows, 0, dst_ids, fitted_keys=fitted_keys, stream=stream)
 
 
 def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False) -> None:
