@@ -32,10 +32,10 @@ Scheme names (``Scheme.parse``): tiers joined by ``+``, then options joined by `
     Llama models), oNN (per block and head, the NN channels of largest magnitude of K and
     of V kept FP16, out of the scales), koNN (the same for keys only, in 2-bit key tiers only),
     sink (block 0 stays FP16), f32 (K/V not rounded to FP16: checks the emulation against
-    the model's own attention with --sdpa), fitk / nuk (2-bit key tiers only: each channel's
-    float16 pair (a, s) per block fitted by 3 Lloyd steps from the block's mean and std
-    instead of (min, scale)): fitk levels a + s * {0, 1, 2, 3} (``tests/reference.fit_key_params``,
-    what the seal implements; today's
+    the model's own attention with --sdpa), fitk / fitkN / nuk (2-bit key tiers only: each
+    channel's float16 pair (a, s) per block fitted by 3 Lloyd steps (fitkN: N steps, N in
+    1..16) from the block's mean and std instead of (min, scale)): fitk levels
+    a + s * {0, 1, 2, 3} (``tests/reference.fit_key_params``, what the seal implements; today's
     format and decode, only the seal's a = min and s = scale change: range clipped for
     MSE), nuk non-uniform levels a + s * NU2 (NU2 a fixed codebook, the Lloyd-Max levels
     of a standard normal, ``fit_levels``: a 4-entry table in the decode kernel)
@@ -171,6 +171,7 @@ class Scheme:
     outliers: int = 0         # channels of largest magnitude per block and head kept FP16
     key_outliers: int = 0     # the same for keys only, in 2-bit key tiers only
     key_levels: str = ""      # 2-bit key tiers: "" (min, scale), "fitk" or "nuk" (Lloyd-fitted)
+    key_steps: int = 3        # fitk's Lloyd steps (fitkN)
     sink: bool = False        # block 0 (the attention sink) stays FP16
     fp16: bool = True         # K/V rounded to float16 (the cache's storage); False only for checks
 
@@ -191,6 +192,8 @@ class Scheme:
                 kw[dict(b="block", g="group", o="outliers", ko="key_outliers")[m[1]]] = int(m[2])
             elif o in ("fitk", "nuk"):
                 kw["key_levels"] = o
+            elif (m := re.fullmatch(r"fitk(\d+)", o)) and 1 <= int(m[1]) <= 16:
+                kw["key_levels"], kw["key_steps"] = "fitk", int(m[1])
             elif o in ("rot", "rotk", "rotv"):
                 kw["rot_k"] = kw.get("rot_k", False) or o in ("rot", "rotk")
                 kw["rot_v"] = kw.get("rot_v", False) or o in ("rot", "rotv")
@@ -266,15 +269,17 @@ def fit_levels(kb: np.ndarray, codebook: np.ndarray, steps: int = 3) -> np.ndarr
     return a + s * c[q]
 
 
-def quantize_keys(k: np.ndarray, bits: int, block: int, outliers: int = 0, levels: str = "") -> np.ndarray:
+def quantize_keys(k: np.ndarray, bits: int, block: int, outliers: int = 0, levels: str = "",
+                  steps: int = 3) -> np.ndarray:
     """float64 dequantized keys [H, S, D] (float16-valued `k`, S a multiple of `block`):
     per channel over each block, the reference quantizer (or, at 2 bits, `levels` "fitk" /
-    "nuk": ``tests/reference.fit_key_params`` / fit_levels); `outliers` channels kept exact."""
+    "nuk": ``tests/reference.fit_key_params`` with `steps` Lloyd steps / fit_levels);
+    `outliers` channels kept exact."""
     H, S, D = k.shape
     kb = k.reshape(H, S // block, block, D)
     if levels == "fitk" and bits == 2:  # the seal's specification: tests/reference.fit_key_params
         r = _reference()
-        scale, lo = r.fit_key_params(kb, 2)  # [H, NB, D]
+        scale, lo = r.fit_key_params(kb, 2, steps)  # [H, NB, D]
         codes = r.quantize(kb.astype(np.float16).astype(np.float32), scale[:, :, None], lo[:, :, None], 2)
         out = scale[:, :, None].astype(np.float64) * codes + lo[:, :, None].astype(np.float64)
     elif levels and bits == 2:
@@ -385,7 +390,7 @@ class Emulator:
         out = []
         for tier in sc.tiers:
             kout = sc.outliers or (sc.key_outliers if tier.key_bits == 2 else 0)
-            kin = quantize_keys(kin, tier.key_bits, sc.block, kout, sc.key_levels)
+            kin = quantize_keys(kin, tier.key_bits, sc.block, kout, sc.key_levels, sc.key_steps)
             vin = quantize_values(vin, tier.value_bits, sc.group, sc.block, sc.outliers)
             ko = torch.from_numpy(quant.rotate(kin) if sc.rot_k else kin)
             if sc.prerope:
