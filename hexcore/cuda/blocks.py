@@ -154,13 +154,17 @@ def _element_function(cfg):
 
 
 @functools.cache
-def _dequantize_kernel(cfg):
+def _dequantize_kernel(cfg, rows: bool = False):
+    """Sealed blocks ``block_ids`` back to float16, layers ``first_layer + blockIdx.y``:
+    into ``[n, H, BS, D]`` (one layer, ``dequantize_blocks``) or, with ``rows``, into token
+    rows ``[layers, n * BS, H, D]`` (what ``seal_rows`` reads: the re-seal). Ids out of
+    range are skipped."""
     H, BS, D = cfg.num_kv_heads, cfg.block_size, cfg.head_dim
     element = _element_function(cfg)
 
     @cuda.jit
-    def kernel(k_codes, v_codes, k_meta, v_meta, block_ids, layer, num_blocks, k_out, v_out):
-        # codes: flat uint32 words; meta: flat float16; out: [n, H, BS, D] float16
+    def kernel(k_codes, v_codes, k_meta, v_meta, block_ids, first_layer, num_blocks, k_out, v_out):
+        # codes: flat uint32 words (FP16: flat float16); meta: flat float16
         i = cuda.grid(1)
         n = block_ids.shape[0]
         if i >= n * H * BS * D:
@@ -172,34 +176,13 @@ def _dequantize_kernel(cfg):
         block = block_ids[j]
         if block < 0 or block >= num_blocks:
             return
-        k_out[j, h, t, d], v_out[j, h, t, d] = element(k_codes, v_codes, k_meta, v_meta, layer, block, h, t, d,
-                                                       num_blocks)
-
-    return kernel
-
-
-@functools.cache
-def _unseal_kernel(cfg):
-    H, BS, D = cfg.num_kv_heads, cfg.block_size, cfg.head_dim
-    element = _element_function(cfg)
-
-    @cuda.jit
-    def kernel(k_codes, v_codes, k_meta, v_meta, block_ids, num_blocks, k_out, v_out):
-        # grid (elements of one layer / THREADS, layers); out: rows [L, n * BS, H, D] float16
-        i = cuda.grid(1)
-        layer = cuda.blockIdx.y
-        n = block_ids.shape[0]
-        if i >= n * H * BS * D:
-            return
-        d = i % D
-        h = (i // D) % H
-        t = (i // (D * H)) % BS
-        j = i // (D * H * BS)
-        block = block_ids[j]
-        if block < 0 or block >= num_blocks:
-            return
-        k_out[layer, j * BS + t, h, d], v_out[layer, j * BS + t, h, d] = element(
-            k_codes, v_codes, k_meta, v_meta, layer, block, h, t, d, num_blocks)
+        k, v = element(k_codes, v_codes, k_meta, v_meta, first_layer + cuda.blockIdx.y, block, h, t, d, num_blocks)
+        if rows:
+            k_out[cuda.blockIdx.y, j * BS + t, h, d] = k
+            v_out[cuda.blockIdx.y, j * BS + t, h, d] = v
+        else:
+            k_out[j, h, t, d] = k
+            v_out[j, h, t, d] = v
 
     return kernel
 
@@ -267,7 +250,7 @@ def reseal_blocks(src: DeviceKVStore, src_ids, dst: DeviceKVStore, dst_ids, fitt
     codes = (w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"]) if a.kv_dtype.is_quantized else (
         f["k_codes"], f["v_codes"], f["k_codes"], f["v_codes"])  # (FP16: no meta, the slots unused)
     grid = (-(-n * H * BS * D // THREADS), a.num_layers)
-    _unseal_kernel(a)[grid, THREADS, stream.numba](*codes, ids, src.num_blocks, k_rows, v_rows)
+    _dequantize_kernel(a, rows=True)[grid, THREADS, stream.numba](*codes, ids, 0, src.num_blocks, k_rows, v_rows)
     seal_rows(dst, k_rows, v_rows, 0, dst_ids, fitted_keys=fitted_keys, stream=stream)
 
 
