@@ -4,8 +4,9 @@ Importing this package loads numba.cuda; to run on the simulator, set
 ``NUMBA_ENABLE_CUDASIM=1`` first (``hexcore._runtime.use_simulator_if_no_gpu``).
 
 - ``store``: DeviceKVStore, the cache in device memory; ``write``: append and seal;
-  ``blocks``: copies, dequantization and re-seals (``reseal_blocks``, ``run_tiered_ops``); ``launch``: launch descriptions; ``streams``:
-  which stream a launch uses; ``device``: intrinsics with simulator twins.
+  ``blocks``: copies, dequantization and re-seals (``reseal_blocks``, ``run_tiered_ops``);
+  ``launch``: launch descriptions; ``streams``: which stream a launch uses; ``device``:
+  intrinsics with simulator twins.
 - ``attention/``: paged decode (``paged_decode``, ``DecodePlan``, ``DecodeOptions``) and
   prefill over a cached prefix (``prefill_attention``, ``gather_prefix``), the persistent
   checkpoint-and-yield decode (``persistent_decode``), decode over a format by age's pools
