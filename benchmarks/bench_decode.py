@@ -1,10 +1,11 @@
 """Paged decode on the GPU: each shape's time against its byte floor (4.47 TB/s), with
 torch SDPA on contiguous FP16 KV and paged FlexAttention as peers in the same run.
 
-    python -m benchmarks.bench_decode [--shapes all|quick|gqa] [--dtypes fp16,int4,int2]
+    python -m benchmarks.bench_decode [--shapes all|quick|gqa] [--dtypes fp16,int4,int2,int4-aged,int2-aged]
         [--variants [--variant-names "default,no register cap,..."]] [--flex all|N|none] [--peers|--no-peers] [--name NAME]
 
-``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, joint softmax); ``--name`` names the JSON
+A dtype ending in ``-aged`` is a format by age (``docs/formats.md``): its blocks in a store per
+pool, decoded by ``tiered_decode``'s prepared launches. ``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, joint softmax); ``--name`` names the JSON
 (decode_<name>.json under $OUT). The hexcore rows use only the API older versions share
 (DecodePlan without options when none are given), so the same script measures a
 previous commit's package first on PYTHONPATH.
@@ -53,6 +54,53 @@ def decode_case(dtype: str, batch: int, num_q_heads: int, num_kv_heads: int, ctx
     plan = DecodePlan(q, store, tables, lens, slots, max_seq_len=ctx, **kwargs)
     plan.run(0)
     return (lambda: plan.run(0)), kv_bytes(cfg, batch, ctx), store, kernel_info(plan)
+
+
+def tiered_case(name: str, batch: int, num_q_heads: int, num_kv_heads: int, ctx: int, options=None):
+    """(run, bytes, stores, info) for a format by age (``hexcore.quant.FORMATS``, e.g.
+    int2-aged): a store per pool holding each sequence's blocks of that kind (``ctx``
+    tokens: blocks by ``KVFormat.block_tiers``), shuffled tables, and ``tiered_decode``'s
+    launches prepared once (each pool's partials launch, then the merge)."""
+    import dataclasses
+
+    from benchmarks.gpu_common import fill_store
+    from hexcore.cuda import DeviceKVStore
+    from hexcore.cuda.attention.tiered import tiered_decode_launches
+    from hexcore.host.tiered import _kinds
+    from hexcore.quant import kv_format
+
+    fmt = kv_format(name)
+    base = KVCacheConfig(num_layers=1, num_kv_heads=num_kv_heads, head_dim=D, block_size=BS)
+    kinds = _kinds(fmt, BS)
+    first_fp16 = int(kinds[0].value == "fp16")
+    levels = fmt.block_tiers(ctx, BS)
+    pools = np.where(levels < 0, 0, levels + first_fp16)
+    rng = np.random.default_rng(0)
+    stores, tables, counts, nbytes = [], [], [], 0
+    for p, kind in enumerate(kinds):
+        per_seq = int((pools == p).sum())
+        cfg = dataclasses.replace(base, kv_dtype=kind)
+        store = DeviceKVStore(cfg, num_blocks=max(1, batch * per_seq), max_seqs=batch)
+        fill_store(store)
+        stores.append(store)
+        ids = rng.permutation(max(1, batch * per_seq)).astype(np.int32)
+        tables.append(ids[: batch * per_seq].reshape(batch, per_seq) if per_seq else np.full((batch, 1), -1, np.int32))
+        counts.append(np.full(batch, per_seq, np.int32))
+        nbytes += batch * per_seq * cfg.block_bytes_per_layer
+    tail = ctx % BS
+    q = rng.standard_normal((batch, num_q_heads, D)).astype(np.float16)
+    launches, _ = tiered_decode_launches(q, stores, tables, counts, np.full(batch, tail, np.int32),
+                                         np.zeros(batch, np.int32), np.arange(batch, dtype=np.int32),
+                                         options=options)
+    prepared = [launch.prepare() for launch in launches if not launch.empty]
+
+    def run():
+        for launch in prepared:
+            launch.run()
+
+    run()
+    nbytes += batch * tail * 2 * num_kv_heads * D * 2
+    return run, nbytes, (stores, prepared), dict(launches=len(prepared))
 
 
 def kernel_info(plan) -> dict:
@@ -138,7 +186,8 @@ def rows_for(shape, dtypes=("fp16", "int4", "int2"), variants=None, peers=True, 
             print(f"SDPA peer skipped: {type(exc).__name__}: {exc}")
     for dtype in dtypes:
         for name, options in (variants or {"": None}).items():
-            run, nbytes, store, info = decode_case(dtype, *shape, options=options)
+            case = tiered_case if dtype.endswith("-aged") else decode_case
+            run, nbytes, store, info = case(dtype, *shape, options=options)
             seconds = time_gpu(run)
             rows.append(_row(f"hexcore {dtype}{name}", shape, seconds, nbytes, nbytes, sdpa_seconds, **info))
             del store

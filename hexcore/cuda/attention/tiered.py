@@ -11,7 +11,7 @@ read from the store of the pool it will be sealed into (``tail_pool``).
 
     out = tiered_decode(q, stores, tables, counts, tail_lens, tail_pool, tail_slots, layer)
 
-Host index arrays only (this first version reads them to size each pool's launch).
+``tiered_decode_launches`` makes the launches without running them. Host index arrays only (this first version reads them to size each pool's launch).
 """
 
 from __future__ import annotations
@@ -53,6 +53,20 @@ def tiered_decode(q, stores: list, tables: list, counts: list, tail_lens, tail_p
     for a sequence with no token. Raises HexcoreInvalidArgumentError for inconsistent
     arguments (naming the pool) before anything runs.
     """
+    launches, out = tiered_decode_launches(q, stores, tables, counts, tail_lens, tail_pool, tail_slots, layer, out,
+                                           scale, options)
+    stream = resolve_stream(stream, q, out)
+    for launch in launches:
+        launch.run(stream)
+    return out
+
+
+def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_lens, tail_pool, tail_slots,
+                           layer: int = 0, out=None, scale: float | None = None,
+                           options: DecodeOptions | None = None) -> tuple:
+    """:func:`tiered_decode`'s arguments checked and its launches made, not run: ``(launches,
+    out)``, to run in order on one stream (each ``Launch.prepare()``-able, so a benchmark or a
+    graph can replay them with the same arrays)."""
     options = options or DEFAULT_OPTIONS
     tail_lens, tail_pool = np.asarray(tail_lens), np.asarray(tail_pool)
     _check(stores, tables, counts, tail_lens, tail_pool)
@@ -77,11 +91,7 @@ def tiered_decode(q, stores: list, tables: list, counts: list, tail_lens, tail_p
     seq_lens = cuda.to_device((sum(c.astype(np.int64) for c in counts) * bs + tail_lens).astype(np.int32))
     merge = Launch(merge_kernel(cfg.num_kv_heads, group, head_dim), (launches[0].grid[1], batch), THREADS,
                    (part_o, part_ml, out.reshape(out.size), seq_lens, total))
-    stream = resolve_stream(stream, q, out)
-    for run in runs:
-        run.run(stream)
-    merge.run(stream)
-    return out
+    return runs + [merge], out
 
 
 def _partials(launch: Launch, shape: DecodeShape, options: DecodeOptions, part_o, part_ml, total: int) -> Launch:
