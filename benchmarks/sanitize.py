@@ -2,7 +2,8 @@
 initcheck, synccheck): append, seal (from tails and from rows), copy (blocks, tails), dequantize, the layout check,
 paged decode (every dtype, MHA and GQA, one split and many, a head group of 9), a
 DecodeGraph step (and one that verifies blocks against their digests inside the step), prefill over a cached prefix (gather and extend kernels, one sequence and a batch), block
-checksums and guard words, and the persistent decode (several slices).
+checksums and guard words, the persistent decode (several slices), and a format by age's
+kernels (the seal with fitted keys, re-seals between pools, the partials decode and its merge).
 
     compute-sanitizer --tool racecheck python3 -m benchmarks.sanitize
 """
@@ -17,7 +18,7 @@ from numba import cuda
 from hexcore import KVCacheConfig
 from hexcore.cuda import (DecodeGraph, DecodeOptions, DeviceKVStore, append, copy_blocks, copy_tails,
                           dequantize_blocks, layout_agrees, nonfinite_flags, paged_decode, persistent_decode,
-                          prefill_attention, prefill_attention_batch, seal, seal_rows)
+                          prefill_attention, prefill_attention_batch, reseal_blocks, seal, seal_rows, tiered_decode)
 from hexcore.cuda.integrity import check_guards, checksum_blocks
 
 SPLIT = DecodeOptions(ctas_per_sm=64, min_split_blocks=1)
@@ -98,6 +99,36 @@ def run_new_kernels(store, tables, rng) -> None:
     assert not np.isnan(out.copy_to_host()).any() and stats.launches >= 1
 
 
+def run_tiered(rng) -> None:
+    """A pool per kind (FP16, INT4, INT2): rows sealed into each (INT2 with fitted keys),
+    re-seals FP16 -> INT4 and INT4 -> INT2 (fitted), then tiered_decode over the three."""
+    import dataclasses
+
+    base = KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=128, block_size=16)
+    stores = []
+    for kind in ("fp16", "int4", "int2"):
+        store = DeviceKVStore(dataclasses.replace(base, kv_dtype=kind), num_blocks=6, max_seqs=2)
+        store.pool.copy_to_device(np.zeros(store.pool.shape, np.uint32))  # initcheck: every byte written once
+        store.fill_guards()
+        stores.append(store)
+    k = rng.standard_normal((2, 32, 2, 128)).astype(np.float16)
+    for store in stores:
+        fit = store.config.kv_dtype.bits == 2
+        seal_rows(store, k, k, 0, np.array([0, 1], np.int32), fitted_keys=fit)
+        append(store, k[:, :5], k[:, :5], np.zeros(5, np.int32), np.arange(5, dtype=np.int32))
+    reseal_blocks(stores[0], np.array([0, 1], np.int32), stores[1], np.array([2, 3], np.int32))
+    reseal_blocks(stores[1], np.array([2], np.int32), stores[2], np.array([2], np.int32), fitted_keys=True)
+    tables = [np.array([[0, 1], [1, 0]], np.int32), np.array([[2, 3], [3, 0]], np.int32),
+              np.array([[2, 0], [1, 0]], np.int32)]
+    counts = [np.array([2, 1], np.int32), np.array([2, 1], np.int32), np.array([1, 2], np.int32)]
+    q = rng.standard_normal((2, 8, 128)).astype(np.float16)
+    out = tiered_decode(q, stores, tables, counts, np.array([5, 0], np.int32), np.array([1, 0], np.int32),
+                        np.array([0, 1], np.int32), layer=1)
+    cuda.synchronize()
+    assert not np.isnan(out.copy_to_host()).any()
+    assert not any(check_guards(store).any() for store in stores)
+
+
 def main(argv=None) -> None:
     """``--new``: only the kernels added on 2026-12-01 (prefill, checksums, persistent)."""
     rng = np.random.default_rng(0)
@@ -105,6 +136,7 @@ def main(argv=None) -> None:
     for dtype in ("fp16", "int4", "int2"):
         run_dtype(dtype, rng, only_new)
         assert layout_agrees(KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=128, block_size=16, kv_dtype=dtype))
+    run_tiered(rng)
     print("sanitize run complete")
 
 
