@@ -263,6 +263,18 @@ def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False) -> 
 
     from ..host.tiered import OP_BLOCK, OP_KIND, OP_SEQ, OP_SRC_BLOCK, OP_SRC_KIND
 
+    if not isinstance(stores, (list, tuple)) or not stores:
+        raise HexcoreInvalidArgumentError(f"stores: expected a non-empty list of DeviceKVStore, got {stores!r:.60}")
+    for p, store in enumerate(stores):
+        if not isinstance(store, DeviceKVStore):
+            raise HexcoreInvalidArgumentError(f"stores[{p}]: expected a DeviceKVStore, got {type(store).__name__}")
+    if not (isinstance(ops, np.ndarray) and ops.dtype == np.int32 and ops.ndim == 2 and ops.shape[1] == 6):
+        raise HexcoreInvalidArgumentError(f"ops: expected an int32 [n, 6] array (TieredStep.ops), got "
+                                          f"{getattr(ops, 'dtype', type(ops).__name__)} {getattr(ops, 'shape', '')}")
+    bad = np.flatnonzero((ops[:, OP_KIND] < 0) | (ops[:, OP_KIND] >= len(stores)) | (ops[:, OP_SRC_KIND] < -1)
+                         | (ops[:, OP_SRC_KIND] >= len(stores)))
+    if bad.size:
+        raise HexcoreInvalidArgumentError(f"ops[{bad[0]}]: a pool outside [0, {len(stores)}): {ops[bad[0]].tolist()}")
     i = 0
     while i < len(ops):
         src, kind = int(ops[i, OP_SRC_KIND]), int(ops[i, OP_KIND])

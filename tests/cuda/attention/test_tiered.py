@@ -140,3 +140,31 @@ def test_a_sequence_with_no_token_gives_zeros_and_bad_pools_are_refused(seed):
     with pytest.raises(HexcoreInvalidArgumentError, match=r"stores\[1\]: its shape differs"):
         other = DeviceKVStore(dataclasses.replace(CONFIG, head_dim=128, kv_dtype="int4"), num_blocks=4, max_seqs=4)
         tiered_decode(q, [stores[0], other], *args)
+
+
+def test_bad_operations_and_reseals_are_typed_and_write_nothing():
+    from hexcore.cuda import reseal_blocks
+
+    stores = [DeviceKVStore(dataclasses.replace(CONFIG, kv_dtype=kind), num_blocks=4, max_seqs=2)
+              for kind in ("int4", "int2")]
+    for store in stores:
+        store.poison()
+    before = [{n: a.copy_to_host() for n, a in store.arrays.items()} for store in stores]
+    one = np.array([0], np.int32)
+    for call, match in [
+        (lambda: run_tiered_ops(stores, np.zeros((1, 5), np.int32)), r"ops: expected an int32 \[n, 6\]"),
+        (lambda: run_tiered_ops(stores, np.zeros((1, 6), np.int64)), r"ops: expected an int32"),
+        (lambda: run_tiered_ops(stores, np.array([[0, 0, -1, -1, 2, 0]], np.int32)), r"ops\[0\]: a pool outside"),
+        (lambda: run_tiered_ops([stores[0], "x"], np.zeros((0, 6), np.int32)), r"stores\[1\]: expected a Device"),
+        (lambda: reseal_blocks(stores[0], np.array([4], np.int32), stores[1], one), "src_ids"),
+        (lambda: reseal_blocks(stores[0], one, stores[1], np.array([0, 1], np.int32)), r"dst_ids: expected shape"),
+        (lambda: reseal_blocks(stores[1], one, stores[0], one, fitted_keys=True), "fitted_keys: only INT2"),
+        (lambda: reseal_blocks(stores[0], one, DeviceKVStore(dataclasses.replace(CONFIG, head_dim=128,
+                                                                                 kv_dtype="int2"), 4, 2), one),
+         "dst: its shape differs"),
+    ]:
+        with pytest.raises(HexcoreInvalidArgumentError, match=match):
+            call()
+    for store, saved in zip(stores, before):
+        for name, array in store.arrays.items():
+            assert np.array_equal(array.copy_to_host().view(np.uint8), saved[name].view(np.uint8)), name
