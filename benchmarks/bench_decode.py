@@ -5,7 +5,9 @@ torch SDPA on contiguous FP16 KV and paged FlexAttention as peers in the same ru
         [--variants [--variant-names "default,no register cap,..."]] [--flex all|N|none] [--peers|--no-peers] [--name NAME]
 
 A dtype ending in ``-aged`` is a format by age (``docs/formats.md``): its blocks in a store per
-pool, decoded by ``tiered_decode``'s prepared launches. ``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, joint softmax); ``--name`` names the JSON
+pool, decoded by ``tiered_decode``'s prepared launches; ``int4+merge`` (any dtype + ``+merge``)
+is that path with one pool: the partials kernel (no fused merge, no spills) and a separate
+merge launch, against the fused merge of the plain row. ``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, joint softmax); ``--name`` names the JSON
 (decode_<name>.json under $OUT). The hexcore rows use only the API older versions share
 (DecodePlan without options when none are given), so the same script measures a
 previous commit's package first on PYTHONPATH.
@@ -69,7 +71,7 @@ def tiered_case(name: str, batch: int, num_q_heads: int, num_kv_heads: int, ctx:
     from hexcore.host.tiered import _kinds
     from hexcore.quant import kv_format
 
-    fmt = kv_format(name)
+    fmt = kv_format(name.removesuffix("+merge"))
     base = KVCacheConfig(num_layers=1, num_kv_heads=num_kv_heads, head_dim=D, block_size=BS)
     kinds = _kinds(fmt, BS)
     first_fp16 = int(kinds[0].value == "fp16")
@@ -186,7 +188,7 @@ def rows_for(shape, dtypes=("fp16", "int4", "int2"), variants=None, peers=True, 
             print(f"SDPA peer skipped: {type(exc).__name__}: {exc}")
     for dtype in dtypes:
         for name, options in (variants or {"": None}).items():
-            case = tiered_case if dtype.endswith("-aged") else decode_case
+            case = tiered_case if dtype.endswith(("-aged", "+merge")) else decode_case
             run, nbytes, store, info = case(dtype, *shape, options=options)
             seconds = time_gpu(run)
             rows.append(_row(f"hexcore {dtype}{name}", shape, seconds, nbytes, nbytes, sdpa_seconds, **info))
