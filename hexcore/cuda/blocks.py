@@ -254,14 +254,19 @@ def reseal_blocks(src: DeviceKVStore, src_ids, dst: DeviceKVStore, dst_ids, fitt
     seal_rows(dst, k_rows, v_rows, 0, dst_ids, fitted_keys=fitted_keys, stream=stream)
 
 
-def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False) -> None:
+def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, rows=None) -> None:
     """Run a ``TieredKVCache`` step's operations (``TieredStep.ops``, int32 ``[n, 6]``) on its
     pools' stores (``stores[k]`` for pool ``k``), in order, a run of alike operations at a
     time: a seal seals tail slot ``seq_id`` of ``stores[kind]`` into ``block``; a re-seal is
-    :func:`reseal_blocks`. ``fitted_keys``: the format's, applied to 2-bit pools."""
-    from .write import seal
+    :func:`reseal_blocks`. ``fitted_keys``: the format's, applied to 2-bit pools.
 
-    from ..host.tiered import OP_BLOCK, OP_KIND, OP_SEQ, OP_SRC_BLOCK, OP_SRC_KIND
+    ``rows``: ``(k, v, first)`` for the operations of one sequence's ``TieredKVCache.grow``
+    (a prompt): ``k``, ``v`` float16 ``[L, n, H, D]`` hold its tokens ``first ..``; a block
+    that starts at or after token ``first`` is sealed from them (``seal_rows``), the one the
+    tail was filling from the tail (complete it with ``append`` first)."""
+    from .write import seal, seal_rows
+
+    from ..host.tiered import OP_BLOCK, OP_KIND, OP_LOGICAL, OP_SEQ, OP_SRC_BLOCK, OP_SRC_KIND
 
     if not isinstance(stores, (list, tuple)) or not stores:
         raise HexcoreInvalidArgumentError(f"stores: expected a non-empty list of DeviceKVStore, got {stores!r:.60}")
@@ -283,7 +288,16 @@ def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False) -> 
             j += 1
         run, fit = ops[i:j], fitted_keys and stores[kind].config.kv_dtype.bits == 2
         blocks = np.ascontiguousarray(run[:, OP_BLOCK])
-        if src < 0:
+        bs = stores[kind].config.block_size
+        if src < 0 and rows is not None and int(run[0, OP_LOGICAL]) * bs >= rows[2]:
+            # a prompt's whole blocks, consecutive in a grow: one seal_rows from their first row
+            seal_rows(stores[kind], rows[0], rows[1], int(run[0, OP_LOGICAL]) * bs - rows[2], blocks,
+                      fitted_keys=fit)
+        elif src < 0 and rows is not None and len(run) > 1:  # the tail's block first, then the prompt's
+            seal(stores[kind], np.ascontiguousarray(run[:1, OP_SEQ]), blocks[:1], fitted_keys=fit)
+            seal_rows(stores[kind], rows[0], rows[1], int(run[1, OP_LOGICAL]) * bs - rows[2], blocks[1:],
+                      fitted_keys=fit)
+        elif src < 0:
             seal(stores[kind], np.ascontiguousarray(run[:, OP_SEQ]), blocks, fitted_keys=fit)
         else:
             reseal_blocks(stores[src], np.ascontiguousarray(run[:, OP_SRC_BLOCK]), stores[kind], blocks,

@@ -139,12 +139,33 @@ class TieredKVCache:
         check_ids("seq_ids", seq_ids, self.max_seqs)
         self._check_batch(seq_ids)
         new_lens = self._lens[seq_ids] + 1
-        moves = self._moves(seq_ids, new_lens)  # per tier, oldest first, then the seals
-        self._check_room(moves)
-        ops = [self._apply(phase, move) for phase, rows in enumerate(moves) for move in rows]
+        moves = [move for phase in self._moves(seq_ids, new_lens) for move in phase]  # oldest tier first
+        self._check_room(moves, "the step")
+        ops = [self._apply(move) for move in moves]
         self._lens[seq_ids] = new_lens
-        table = np.array(ops, np.int32).reshape(-1, 6)
-        return TieredStep(table, new_lens.astype(np.int32))
+        return TieredStep(np.array(ops, np.int32).reshape(-1, 6), new_lens.astype(np.int32))
+
+    def grow(self, seq_id: int, new_len: int) -> TieredStep:
+        """Grow ``seq_id`` to ``new_len`` tokens (a prompt): the operations of every block it
+        fills, block after block, each as a step would make it (a block that ages past a
+        tier within the prompt is sealed, then re-sealed: the chain of the format).
+
+        The device runs them in order; a seal's rows are the prompt's rows of that block
+        (or the tail's, for the block the tail was filling). All or nothing:
+        HexcoreInvalidSequenceError, HexcoreInvalidArgumentError (``new_len`` not an int in
+        ``[seq_len, max_seq_len]``) or HexcoreOOMError naming the pool; nothing changes.
+        """
+        seq_id = self._live("seq_id", seq_id)
+        old = int(self._lens[seq_id])
+        new_len = as_int("new_len", new_len, low=old, high=self.max_seq_len)
+        bs, ids = self.block_size, np.array([seq_id], np.int32)
+        moves = []
+        for n in range((old // bs + 1) * bs, new_len + 1, bs):
+            moves += [move for phase in self._moves(ids, np.array([n])) for move in phase]
+        self._check_room(moves, f"growing sequence {seq_id} to {new_len} tokens")
+        ops = [self._apply(move) for move in moves]
+        self._lens[seq_id] = new_len
+        return TieredStep(np.array(ops, np.int32).reshape(-1, 6), np.array([new_len], np.int32))
 
     # -- queries --------------------------------------------------------------------
     def seq_len(self, seq_id: int) -> int:
@@ -213,22 +234,34 @@ class TieredKVCache:
             for t in range(tiers - 1, -1, -1):  # blocks reaching tier t's age now (none for an age-0 tier: sealed so)
                 age = int(self._ages[t])
                 old = (n - age) // bs - 1
-                if age and old >= self.format.sink_blocks:
-                    src = int(self._kind[s, old])
+                if age and old >= self.format.sink_blocks:  # it is in the pool of the tier before
+                    src = t - 1 + self._first_fp16 if t else 0
                     phases[tiers - 1 - t].append((s, old, src, t + self._first_fp16))
         return phases
 
-    def _check_room(self, moves: list) -> None:
-        takes = np.zeros(len(self.pools), np.int64)
-        for rows in moves:
-            for _, _, _, kind in rows:
-                takes[kind] += 1
-        for k, pool in enumerate(self.pools):
-            if takes[k] > pool.num_free_blocks:
-                raise HexcoreOOMError(f"pool {self.kinds[k].value}: the step takes {takes[k]} blocks, "
-                                      f"{pool.num_free_blocks} are free")
+    def _check_room(self, moves: list, what: str) -> None:
+        # Run `moves` on the pools' free counts, in order: a seal or re-seal takes a block of
+        # its pool; a re-seal gives its source block back when this sequence held the last
+        # reference (a block sealed by these same moves, or one no fork shares). Raises
+        # HexcoreOOMError naming the first pool that runs out, before anything changes.
+        free = [pool.num_free_blocks for pool in self.pools]
+        sealed_before = {}
+        for s, j, src, kind in moves:
+            if src != SEAL:
+                if j < sealed_before.setdefault(s, int(self._lens[s]) // self.block_size):
+                    at = int((self._kind[s, :j] == src).sum())
+                    block = self.pools[src]._tables[s, at]
+                    freed = self.pools[src]._blocks[core.REFS, block] == 1
+                else:
+                    freed = True
+                free[src] += int(freed)
+            free[kind] -= 1
+            if free[kind] < 0:
+                pool = self.pools[kind]
+                raise HexcoreOOMError(f"pool {self.kinds[kind].value}: {what} needs more blocks than the "
+                                      f"{pool.num_free_blocks} free")
 
-    def _apply(self, phase: int, move: tuple) -> tuple:
+    def _apply(self, move: tuple) -> tuple:
         # one seal or re-seal on the host state; its operation row
         s, j, src, kind = move
         bs = self.block_size

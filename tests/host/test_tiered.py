@@ -127,7 +127,7 @@ def test_an_oom_changes_nothing():
     for _ in range(2 * BS - 1):
         cache.step(batch)
     before = [p._tables.copy() for p in cache.pools], cache._lens.copy(), cache._kind.copy()
-    with pytest.raises(HexcoreOOMError, match=r"^pool fp16: the step takes 2 blocks, 1 are free"):
+    with pytest.raises(HexcoreOOMError, match=r"^pool fp16: the step needs more blocks than the 1 free"):
         cache.step(batch)  # both seal block 1 into FP16, 1 free (block 0 is the sink: it stays)
     after = [p._tables.copy() for p in cache.pools], cache._lens.copy(), cache._kind.copy()
     assert all(np.array_equal(x, y) for x, y in zip(before[0], after[0]))
@@ -184,3 +184,44 @@ def test_remove_block_shifts_the_table_and_frees_the_last_reference():
         s = prefix.add_sequence()
         prefix.grow_sequence(s, BS)
         prefix.remove_block(s, 0)
+
+
+def test_grow_is_the_steps_of_a_prompt_and_fits_pools_sized_for_the_end():
+    # int2-aged (INT2 from 384 tokens = 24 blocks of age), a 600-token prompt: 37 blocks; at the
+    # end 1 FP16 (the sink), 12 INT2, 24 INT4. Each block is sealed INT4 and re-sealed INT2 as the
+    # prompt ages it, so an INT4 pool of 24 is enough only because each re-seal gives its block
+    # back before the next seal takes one.
+    n = 600
+    stepped, grown, device = tiered("int2-aged"), tiered("int2-aged", blocks=(1, 24, 12)), DeviceModel()
+    a, b = stepped.add_sequence(), grown.add_sequence()
+    for _ in range(n):
+        stepped.step(np.array([a], np.int32))
+    result = grown.grow(b, n)
+    device.run(result.ops)
+    grown.check_invariants()
+    device.check(grown)
+    assert result.seq_lens.tolist() == [n] and grown.block_kinds(b).tolist() == stepped.block_kinds(a).tolist()
+    assert [p.num_free_blocks for p in grown.pools] == [0, 0, 0]
+    # the same ops as one token at a time, blocks aside
+    again, ops = tiered("int2-aged"), []
+    s = again.add_sequence()
+    for _ in range(n):
+        ops.append(again.step(np.array([s], np.int32)).ops)
+    assert np.array_equal(np.concatenate(ops)[:, [1, 2, 4]], result.ops[:, [1, 2, 4]])
+
+
+def test_grow_out_of_a_pool_or_past_max_seq_len_changes_nothing():
+    cache = tiered("int2-aged", blocks=(1, 23, 12))
+    s = cache.add_sequence()
+    cache.grow(s, 5)
+    state = [p._tables.copy() for p in cache.pools], cache._lens.copy(), cache._kind.copy()
+    with pytest.raises(HexcoreOOMError, match=r"^pool int4: growing sequence 0 to 600 tokens needs more blocks"):
+        cache.grow(s, 600)
+    with pytest.raises(HexcoreInvalidArgumentError, match=r"^new_len: "):
+        cache.grow(s, cache.max_seq_len + 1)
+    with pytest.raises(HexcoreInvalidArgumentError, match=r"^new_len: "):
+        cache.grow(s, 4)
+    after = [p._tables.copy() for p in cache.pools], cache._lens.copy(), cache._kind.copy()
+    assert all(np.array_equal(x, y) for x, y in zip(state[0], after[0]))
+    assert np.array_equal(state[1], after[1]) and np.array_equal(state[2], after[2])
+    cache.check_invariants()

@@ -168,3 +168,52 @@ def test_bad_operations_and_reseals_are_typed_and_write_nothing():
     for store, saved in zip(stores, before):
         for name, array in store.arrays.items():
             assert np.array_equal(array.copy_to_host().view(np.uint8), saved[name].view(np.uint8)), name
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_a_prompt_grown_at_once_holds_what_token_steps_hold(name, seed):
+    """grow + run_tiered_ops(rows=...) + the rest into the tail equals one token a step:
+    every block byte for byte, and the decode bit for bit."""
+    n, first = 100, 7  # 7 tokens stepped first: the prompt completes the tail's block
+    stepped, stores_a, seqs, rows = run_format(FORMATS[name], seed, lengths=[n])
+    s = seqs[0]
+    k, v = rows[s]
+    cache = TieredKVCache(CONFIG, FORMATS[name], {kind.value: 40 for kind in _kinds(FORMATS[name], BS)}, 4,
+                          max_seq_len=1024)
+    stores = [DeviceKVStore(dataclasses.replace(CONFIG, kv_dtype=kind), num_blocks=40, max_seqs=4)
+              for kind in cache.kinds]
+    for store in stores:
+        store.poison()
+    b = cache.add_sequence()
+    ids = np.array([b], np.int32)
+    for t in range(first):
+        pool = stores[int(cache.tail_pools(ids)[0])]
+        append(pool, k[None, :, t][:, None], v[None, :, t][:, None], ids, np.array([t], np.int32), layer=None)
+        run_tiered_ops(stores, cache.step(ids).ops, cache.format.fitted_keys)
+    prompt = [np.ascontiguousarray(x[:, first:].transpose(1, 0, 2)[None]) for x in (k, v)]  # [1, n - first, H, D]
+    head = (BS - first % BS) % BS  # the prompt rows that complete the tail's block
+    pool = stores[int(cache.tail_pools(ids)[0])]
+    append(pool, *prompt, np.full(head, b, np.int32), np.arange(first, first + head, dtype=np.int32), layer=None,
+           rows=(0, head))
+    run_tiered_ops(stores, cache.grow(b, n).ops, cache.format.fitted_keys, rows=(*prompt, first))
+    rest = n % BS
+    pool = stores[int(cache.tail_pools(ids)[0])]
+    append(pool, *prompt, np.full(rest, b, np.int32), np.arange(rest, dtype=np.int32), layer=None,
+           rows=(n - first - rest, rest))
+    cache.check_invariants()
+    assert cache.block_kinds(b).tolist() == stepped.block_kinds(s).tolist()
+    for kind in range(len(stores)):  # the same blocks, in the same logical order, byte for byte
+        for name_ in stores[kind].arrays:
+            if "tails" in name_:
+                continue
+            a = stores_a[kind].arrays[name_].copy_to_host()[:, stepped.pools[kind].block_table(s)]
+            got = stores[kind].arrays[name_].copy_to_host()[:, cache.pools[kind].block_table(b)]
+            assert np.array_equal(a.view(np.uint8), got.view(np.uint8)), (kind, name_)
+    q = np.random.default_rng(seed).standard_normal((1, 4 * H, D)).astype(np.float16)
+    outs = []
+    for c, st, sid in ((stepped, stores_a, s), (cache, stores, b)):
+        sid = np.array([sid], np.int32)
+        tables = c.block_tables(sid)
+        outs.append(tiered_decode(q, st, [t for t, _ in tables], [x for _, x in tables],
+                                  np.array([n % BS], np.int32), c.tail_pools(sid), sid).copy_to_host())
+    assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
