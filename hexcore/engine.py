@@ -65,6 +65,13 @@ class Engine:
         step (``engine.speculative``, a :class:`~hexcore.host.SpeculativeAllocator`), or a
         dict of its options (``ring``, ``capacity``, ``reserve_floor``, ``max_reserved``);
         ``False`` (the default): no reservations, ``engine.speculative`` is None.
+    format, pool_blocks : a format by age (``hexcore.quant.KVFormat`` or a name such as
+        ``"int2-aged"``, ``docs/formats.md``) and the blocks of each of its pools (a dict
+        kind name -> count; ``num_blocks`` is then unused): the Engine holds a
+        ``TieredKVCache`` (``engine.cache``) and a store per pool (``engine.stores``), and
+        runs steps with eager launches (``engine_tiered.py``; ``engine.graph`` and
+        ``engine.store`` are None). Not with ``prefix_cache``, ``speculative``,
+        ``fault_tolerance``, truncation or the prefill attention helpers.
     fault_tolerance : ``True`` or a dict of :class:`~hexcore.FaultTolerantKVCache` options
         (``policy``, ``sample_every``, ``scrub_blocks``, ``metrics``) and the graph's
         ``max_verify_blocks`` (default 1024): ``engine.faults`` records every seal's digest
@@ -76,10 +83,18 @@ class Engine:
     def __init__(self, config: KVCacheConfig, num_blocks: int, max_seqs: int, num_q_heads: int, *,
                  max_seq_len: int | None = None, batch_buckets=None, backend: str = "auto",
                  scale: float | None = None, options=None, metrics=None, prefix_cache: bool = False,
-                 speculative: bool | dict = False, fault_tolerance: bool | dict = False):
+                 speculative: bool | dict = False, fault_tolerance: bool | dict = False, format=None,
+                 pool_blocks: dict | None = None):
         from .cuda import DecodeGraph, DeviceKVStore
         from .cuda.steps.graph import DEFAULT_BUCKETS
 
+        self.config, self.num_q_heads, self.scale = config, num_q_heads, scale
+        self._forks: list = []  # (parent, child) tail copies not yet made
+        self._tiered = None
+        if format is not None:
+            self._init_tiered(format, pool_blocks, max_seqs, max_seq_len, prefix_cache, speculative, fault_tolerance,
+                              options)
+            return
         speculative = _options("speculative", speculative, SPECULATIVE_OPTIONS, "SpeculativeAllocator")
         faults = _options("fault_tolerance", fault_tolerance, FAULT_OPTIONS, "FaultTolerantKVCache")
         self.cache = PagedKVCache(config, num_blocks, max_seqs, metrics, max_seq_len=max_seq_len,
@@ -99,8 +114,24 @@ class Engine:
             max_verify = faults.pop("max_verify_blocks", 1024)
             self.faults = FaultTolerantKVCache(self.cache, self.store, **faults)
             self.graph = self.faults.decode_graph(num_q_heads, max_verify, **graph_options)
-        self.config, self.num_q_heads, self.scale = config, num_q_heads, scale
-        self._forks: list = []  # (parent, child) tail copies not yet made
+
+    def _init_tiered(self, fmt, pool_blocks, max_seqs, max_seq_len, prefix_cache, speculative, fault_tolerance,
+                     options) -> None:
+        from .engine_tiered import TieredParts
+
+        for name, value in (("prefix_cache", prefix_cache), ("speculative", speculative),
+                            ("fault_tolerance", fault_tolerance)):
+            if value is not False:
+                raise HexcoreConfigError(f"{name}: not with a format by age (format={fmt!r:.40})")
+        self._tiered = TieredParts(self.config, fmt, pool_blocks, max_seqs, self.num_q_heads, max_seq_len,
+                                   self.scale, options)
+        self.cache, self.stores = self._tiered.cache, self._tiered.stores
+        self.store = self.graph = self.speculative = self.faults = None
+        self._owner = self.cache
+
+    def _not_tiered(self, what: str) -> None:
+        if self._tiered is not None:
+            raise HexcoreConfigError(f"{what}: not with a format by age ({self.cache.format.name})")
 
     # -- sequences ------------------------------------------------------------------
     def add(self, seq_id: int | None = None) -> int:
@@ -118,11 +149,14 @@ class Engine:
         :meth:`hexcore.host.PagedKVCache.admit` (with the prefix cache off this is :meth:`add`
         and ``cached_tokens`` is 0).
         """
+        self._not_tiered("admit")
         return self.cache.admit(tokens, namespace=namespace, priority=priority, leave_last=leave_last)
 
     def fork(self, parent: int) -> int:
         """A sequence sharing ``parent``'s tokens (sealed blocks by reference); its id. The
         tail copy runs with the next step or prefill."""
+        if self._tiered is not None:
+            return self._tiered.fork(parent)
         child = self.cache.fork_sequence(parent)
         # a parent whose own tail copy is pending holds its parent's tail: copy from that one,
         # so no pending copy reads a tail another one writes (one launch copies them all)
@@ -143,6 +177,7 @@ class Engine:
         boundary: ``PagedKVCache.truncate_sequence``); the number of sealed blocks it let
         go. Nothing moves on the device: decode reads ``seq_len`` rows, and the next append
         overwrites the stale tail rows."""
+        self._not_tiered("truncate")
         return self.cache.truncate_sequence(seq_id, new_len)
 
     def seq_len(self, seq_id: int) -> int:
@@ -166,6 +201,10 @@ class Engine:
         from .cuda.arrays import checked
 
         n = _rows(k, v, self.config)
+        if self._tiered is not None:
+            if tokens is not None:
+                raise HexcoreConfigError("tokens: a format by age has no prefix cache")
+            return self._tiered.prefill(seq_id, k, v, stream)
         cfg = self.config
         shape = (cfg.num_layers, n, cfg.num_kv_heads, cfg.head_dim)
         k, v = checked(k, "k", np.float16, shape), checked(v, "v", np.float16, shape)  # one copy of host arrays
@@ -203,6 +242,7 @@ class Engine:
         ``[n, num_q_heads, D]`` (see :func:`hexcore.cuda.prefill_attention` for ``out``,
         ``backend`` and ``stream``). A pending fork copy runs first (the tail is read).
         """
+        self._not_tiered("prefill_attention")
         from .cuda import prefill_attention
 
         seq_id = as_int("seq_id", seq_id)
@@ -224,6 +264,7 @@ class Engine:
         copies them. Returns ``out`` ``[B, n_max, num_q_heads, D]``. Pending fork copies run
         first.
         """
+        self._not_tiered("prefill_attention_batch")
         from .cuda import BatchRows, prefill_attention_batch
 
         if rows is None:
@@ -244,6 +285,7 @@ class Engine:
         sequences), ``n_new`` (host int32 ``[B]``) and ``n_max`` (``k.shape[1]``): their block
         tables, cached lengths and new-token counts checked and copied to the device once
         (a :class:`hexcore.cuda.BatchRows`, valid until one of the sequences changes)."""
+        self._not_tiered("batch_rows")
         from .cuda import BatchRows
 
         ids, padded, prefix = self._batch_tables(seq_ids)
@@ -281,6 +323,8 @@ class Engine:
     # -- decode steps ----------------------------------------------------------------
     def buffers(self, batch: int):
         """The (q, k, v, out) views of a step of ``batch`` sequences (fill them before running)."""
+        if self._tiered is not None:
+            return self._tiered.buffers(batch)
         return self.graph.buffers(batch)
 
     def check(self, stream=None) -> None:
@@ -288,6 +332,7 @@ class Engine:
         ``fault_tolerance``: ``FaultTolerantKVCache.check_graph``; synchronises ``stream``,
         one 8-byte read when all is well). Without ``fault_tolerance`` it raises
         HexcoreConfigError: there is nothing to check."""
+        self._not_tiered("check")
         if self.faults is None:
             raise HexcoreConfigError("check: this Engine was built without fault_tolerance")
         self.faults.check_graph(self.graph, stream)
@@ -306,6 +351,10 @@ class Engine:
         before the step is refused.
         """
         ids = _as_seq_ids(seq_ids)
+        if self._tiered is not None:
+            if tokens is not None:
+                raise HexcoreConfigError("tokens: a format by age has no prefix cache")
+            return self._tiered.step(ids)
         if tokens is not None:
             tokens = as_tokens("tokens", tokens)
             if tokens.shape != ids.shape:

@@ -492,3 +492,85 @@ def test_live_seq_ids_names_the_bad_entry(seq_ids, error, match):
     with pytest.raises(error, match=match):
         engine.live_seq_ids(seq_ids)
     assert engine.live_seq_ids([], allow_empty=True) == [] and engine.cache.num_sequences == 2
+
+
+# -- a format by age (Engine(format=...), hexcore/engine_tiered.py) ---------------------------------
+class TieredMirror(Mirror):
+    """The K/V an engine in a format by age was given; ``cached`` is tests/reference.tiered_kv."""
+
+    def cached(self, engine, seq, layer):
+        cfg = engine.config
+        k = self.k[seq][layer].transpose(1, 0, 2)  # [H, n, D]
+        v = self.v[seq][layer].transpose(1, 0, 2)
+        return ref.tiered_kv(k, v, engine.cache.format, cfg.block_size, cfg.group_size)
+
+
+def make_tiered_engine(fmt, cfg=None, q_heads=2, **kwargs):
+    from hexcore.host.tiered import _kinds
+    from hexcore.quant import kv_format
+
+    cfg = cfg or KVCacheConfig(num_layers=2, num_kv_heads=1, head_dim=64, block_size=16, group_size=32)
+    pools = {kind.value: 24 for kind in _kinds(kv_format(fmt), cfg.block_size)}
+    engine = Engine(cfg, 0, 4, q_heads, format=fmt, pool_blocks=pools, max_seq_len=768, **kwargs)
+    for store in engine.stores:
+        store.poison()
+    return engine
+
+
+def test_a_format_by_age_prefills_forks_and_steps_against_the_reference(rng):
+    # sink, INT4 when sealed, INT2 from 48 tokens of age (block 16); fitted keys are tested in
+    # tests/cuda (their seal is slow on the simulator)
+    from hexcore.quant import AgeTier, KVFormat
+
+    fmt = KVFormat("small2", (AgeTier(0, 4, 4), AgeTier(48, 2, 2)), sink_blocks=1)
+    engine, mirror = make_tiered_engine(fmt), TieredMirror()
+    a, b = engine.add(), engine.add()
+    for seq, n in ((a, 94), (b, 9)):  # a: block 1 sealed INT4 and re-sealed INT2 within the prompt
+        k, v = random_kv(rng, engine, n)
+        engine.prefill(seq, k, v)
+        mirror.add(seq, k, v)
+    k, v = random_kv(rng, engine, 21)  # b: onto its partial tail, across a block
+    engine.prefill(b, k, v)
+    mirror.add(b, k, v)
+    c = engine.fork(a)
+    mirror.add(c, mirror.k[a], mirror.v[a])
+    assert engine.cache.block_kinds(a).tolist() == [0, 2, 1, 1, 1]
+    run_steps(engine, mirror, [a, b, c], rng, 2)  # a, c seal block 5 and re-seal block 2; b seals block 1
+    assert engine.cache.block_kinds(c).tolist() == [0, 2, 2, 1, 1, 1] and engine.seq_len(b) == 32
+    engine.finish(a)
+    run_steps(engine, mirror, [b, c], rng, 1, per_layer=True)
+    engine.cache.check_invariants()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["int4-aged", "int2-aged"])
+def test_a_format_by_age_on_gpu(fmt, rng):
+    cfg = KVCacheConfig(num_layers=2, num_kv_heads=8, head_dim=128, block_size=32, group_size=64)
+    engine, mirror = make_tiered_engine(fmt, cfg, q_heads=32), TieredMirror()
+    a, b = engine.add(), engine.add()
+    for seq, n in ((a, 470), (b, 33)):  # a: INT2 blocks re-sealed within the prompt (int2-aged)
+        k, v = random_kv(rng, engine, n)
+        engine.prefill(seq, k, v)
+        mirror.add(seq, k, v)
+    c = engine.fork(a)
+    mirror.add(c, mirror.k[a], mirror.v[a])
+    run_steps(engine, mirror, [a, b, c], rng, 36)  # every sequence seals; a and c re-seal at 480 and 512
+    run_steps(engine, mirror, [b, c], rng, 2, per_layer=True)
+    engine.cache.check_invariants()
+
+
+def test_a_format_by_age_refuses_what_it_does_not_do(rng):
+    from hexcore import HexcoreConfigError
+
+    for kwargs in (dict(prefix_cache=True), dict(speculative=True), dict(fault_tolerance=True)):
+        with pytest.raises(HexcoreConfigError, match=f"^{next(iter(kwargs))}: not with a format by age"):
+            make_tiered_engine("int4-aged", **kwargs)
+    engine = make_tiered_engine("int4-aged")
+    a = engine.add()
+    k, v = random_kv(rng, engine, 5)
+    for call in (lambda: engine.admit(np.arange(3, dtype=np.int32)), lambda: engine.truncate(a, 0),
+                 lambda: engine.prefill_attention(a, 0, None, None, None), lambda: engine.check(),
+                 lambda: engine.prefill(a, k, v, tokens=np.arange(5, dtype=np.int32))):
+        with pytest.raises(HexcoreConfigError, match="not with a format by age|no prefix cache"):
+            call()
+    assert engine.seq_len(a) == 0

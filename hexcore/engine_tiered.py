@@ -1,0 +1,168 @@
+"""The Engine's parts for a cache in a format by age (``Engine(..., format="int2-aged")``,
+``docs/formats.md``): a ``TieredKVCache``, a ``DeviceKVStore`` per pool, and the order of
+a step written once:
+
+- a step's new token goes into the tail of the store its block will be sealed in
+  (``TieredKVCache.tail_pools``, one masked append per pool);
+- the step's re-seals run before its seals (all layers at the first layer's call: they
+  read only old, complete blocks), each layer's seals after that layer's append;
+- attention is ``tiered_decode`` over every pool and the tail.
+
+Eager launches (no CUDA graph yet) and host index arrays: correct, not yet the serving
+path's speed. Not with the prefix cache, speculative allocation, fault tolerance,
+truncation or the prefill attention helpers (typed errors from ``Engine``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ._checks import as_int
+from .config import KVCacheConfig
+from .errors import HexcoreInvalidArgumentError
+from .host.tiered import OP_BLOCK, OP_KIND, OP_SEQ, OP_SRC_KIND, SEAL, TieredKVCache
+
+
+class TieredParts:
+    """Block manager and stores of an Engine in a format by age (see the module docstring)."""
+
+    def __init__(self, config: KVCacheConfig, fmt, pool_blocks: dict, max_seqs: int, num_q_heads: int,
+                 max_seq_len: int | None, scale, options):
+        from .cuda import DeviceKVStore
+
+        self.cache = TieredKVCache(config, fmt, pool_blocks, max_seqs, max_seq_len=max_seq_len)
+        self.stores = [DeviceKVStore(dataclasses.replace(config, kv_dtype=kind), pool.num_blocks, max_seqs)
+                       for kind, pool in zip(self.cache.kinds, self.cache.pools)]
+        self.config, self.num_q_heads, self.scale, self.options = config, num_q_heads, scale, options
+        self._buffers: dict = {}
+
+    def fork(self, parent: int) -> int:
+        """The child sequence, its tail copied now (in the store of the parent's tail)."""
+        from .cuda import copy_tails
+
+        child = self.cache.fork_sequence(parent)
+        pool = int(self.cache.tail_pools(np.array([parent], np.int32))[0])
+        copy_tails(self.stores[pool], np.array([parent], np.int32), np.array([child], np.int32))
+        return child
+
+    def prefill(self, seq_id: int, k, v, stream=None) -> None:
+        """Append a prompt's K/V (float16 ``[L, n, H, D]``, shape checked by the Engine):
+        complete the open tail, grow (the block manager's seals and re-seals of every block
+        the prompt fills; raises before anything changes), run them (whole blocks sealed from
+        the rows), then the rest into the new tail."""
+        from .cuda import append, run_tiered_ops
+        from .cuda.arrays import checked
+
+        bs = self.config.block_size
+        k, v = checked(k, "k", np.float16, tuple(k.shape)), checked(v, "v", np.float16, tuple(k.shape))
+        n, seq_id = k.shape[1], as_int("seq_id", seq_id)
+        start = self.cache.seq_len(seq_id)
+        ids = np.array([seq_id], np.int32)
+        pool = int(self.cache.tail_pools(ids)[0])
+        ops = self.cache.grow(seq_id, start + n).ops  # all or nothing: raises before any write
+        head = min(n, (bs - start % bs) % bs)  # rows that complete the open tail
+        if head:
+            append(self.stores[pool], k, v, np.full(head, seq_id, np.int32),
+                   np.arange(start % bs, start % bs + head, dtype=np.int32), stream=stream, rows=(0, head))
+        run_tiered_ops(self.stores, ops, self.cache.format.fitted_keys, rows=(k, v, start))
+        rest = (start + n) % bs if n > head else 0
+        if rest:
+            pool = int(self.cache.tail_pools(ids)[0])
+            append(self.stores[pool], k, v, np.full(rest, seq_id, np.int32), np.arange(rest, dtype=np.int32),
+                   stream=stream, rows=(n - rest, rest))
+
+    def buffers(self, batch: int) -> tuple:
+        """Device ``StepViews`` (q, k, v, out) of a step of ``batch`` sequences: ``[L, B, heads, D]``
+        float16 numba device arrays."""
+        from numba import cuda
+
+        from .cuda import StepViews
+
+        if batch not in self._buffers:
+            cfg = self.config
+            L, H, D = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+            self._buffers[batch] = StepViews(*(cuda.device_array((L, batch, h, D), np.float16)
+                                               for h in (self.num_q_heads, H, H, self.num_q_heads)))
+        return self._buffers[batch]
+
+    def step(self, ids: np.ndarray) -> "TieredEngineStep":
+        """The block manager's part of a step of ``ids`` (raises before anything changes)."""
+        pools = self.cache.tail_pools(ids)  # where each new token goes (before the step seals it)
+        positions = np.array([self.cache.seq_len(int(s)) % self.config.block_size for s in ids], np.int32)
+        result = self.cache.step(ids)
+        return TieredEngineStep(self, ids, pools, positions, result)
+
+
+class TieredEngineStep:
+    """One decode step of an Engine in a format by age: ``buffers`` (q, k, v, out) to fill,
+    then ``run()`` (all layers) or ``attend(layer)`` per layer, as ``EngineStep``."""
+
+    def __init__(self, parts: TieredParts, ids: np.ndarray, pools: np.ndarray, positions: np.ndarray, result):
+        from numba import cuda
+
+        self.parts, self.result, self.batch = parts, result, len(ids)
+        self.buffers = parts.buffers(self.batch)
+        cache, bs = parts.cache, parts.config.block_size
+        self._slots = [cuda.to_device(np.where(pools == p, ids, -1).astype(np.int32))  # -1: skipped by append
+                       if (pools == p).any() else None for p in range(len(parts.stores))]
+        self._positions = cuda.to_device(positions)
+        tables = cache.block_tables(ids)
+        self._decode = ([t for t, _ in tables], [c for _, c in tables], (result.seq_lens % bs).astype(np.int32),
+                        cache.tail_pools(ids), ids)
+        self._resealed = False
+        self._loaded = None
+
+    def write(self, q, k, v) -> None:
+        """Copy host arrays into the step's buffers (as ``EngineStep.write``)."""
+        from .engine import EngineStep
+
+        EngineStep.write(self, q, k, v)
+
+    def output(self) -> np.ndarray:
+        """``out`` on the host: float16 ``[L, B, num_q_heads, D]`` (synchronises)."""
+        return self.buffers[3].copy_to_host()
+
+    def run(self, stream=None):
+        """Append, seal and attention for every layer; returns ``out``."""
+        if self._loaded is not None:
+            raise HexcoreInvalidArgumentError("run: this step was already loaded by attend()")
+        for layer in range(self.parts.config.num_layers):
+            self._attend(layer, stream)
+        self._loaded = True
+        return self.buffers[3]
+
+    def attend(self, layer: int, stream=None):
+        """Append, seal and attention for one layer (``q/k/v[layer]`` filled); returns ``out[layer]``."""
+        if self._loaded is True:
+            raise HexcoreInvalidArgumentError("attend: this step already ran whole")
+        self._loaded = False
+        layer = as_int("layer", layer, low=0, high=self.parts.config.num_layers - 1)
+        return self._attend(layer, stream)
+
+    def _attend(self, layer: int, stream):
+        from .cuda import append, run_tiered_ops, seal, tiered_decode
+
+        parts, ops = self.parts, self.result.ops
+        fitted = parts.cache.format.fitted_keys
+        if not self._resealed:  # the step's re-seals first, every layer: they read only old blocks
+            run_tiered_ops(parts.stores, np.ascontiguousarray(ops[ops[:, OP_SRC_KIND] != SEAL]), fitted)
+            self._resealed = True
+        q, k, v, out = self.buffers
+        for store, slots in zip(parts.stores, self._slots):
+            if slots is not None:
+                append(store, k[layer], v[layer], slots, self._positions, layer=layer, stream=stream)
+        seals = ops[ops[:, OP_SRC_KIND] == SEAL]
+        for kind in np.unique(seals[:, OP_KIND]).tolist():  # this layer of the step's seals, a launch per pool
+            mine = seals[seals[:, OP_KIND] == kind]
+            seal(parts.stores[kind], np.ascontiguousarray(mine[:, OP_SEQ]), np.ascontiguousarray(mine[:, OP_BLOCK]),
+                 layer=layer, fitted_keys=fitted and kind_bits(parts, kind) == 2, stream=stream)
+        tiered_decode(q[layer], parts.stores, *self._decode, layer=layer, out=out[layer], scale=parts.scale,
+                      stream=stream, options=parts.options)
+        return out[layer]
+
+
+def kind_bits(parts: TieredParts, kind: int) -> int:
+    """Bits of pool ``kind``'s blocks."""
+    return parts.stores[kind].config.kv_dtype.bits
