@@ -169,6 +169,8 @@ class Engine:
     def finish(self, seq_id: int) -> None:
         """Free ``seq_id``'s tail and its references to blocks (a block reserved for its next
         seal goes back to the pool, counted as mispredicted)."""
+        if self._tiered is not None:
+            return self._tiered.finish(seq_id)
         self._owner.free_sequence(seq_id)
         self._forks = [(p, c) for p, c in self._forks if c != seq_id]
 

@@ -2,6 +2,7 @@
 ``docs/formats.md``): a ``TieredKVCache``, a ``DeviceKVStore`` per pool, and the order of
 a step written once:
 
+- a fork's tail copy (in the store that holds the tail) runs with the next prefill or step;
 - a step's new token goes into the tail of the store its block will be sealed in
   (``TieredKVCache.tail_pools``, one masked append per pool);
 - the step's re-seals run before its seals (all layers at the first layer's call: they
@@ -37,15 +38,33 @@ class TieredParts:
                        for kind, pool in zip(self.cache.kinds, self.cache.pools)]
         self.config, self.num_q_heads, self.scale, self.options = config, num_q_heads, scale, options
         self._buffers: dict = {}
+        self._forks: list = []  # (pool, parent, child) tail copies not yet made
 
     def fork(self, parent: int) -> int:
-        """The child sequence, its tail copied now (in the store of the parent's tail)."""
-        from .cuda import copy_tails
-
+        """The child sequence; its tail copy (in the store that holds the parent's tail) runs
+        with the next prefill or step, as ``Engine.fork``'s."""
         child = self.cache.fork_sequence(parent)
         pool = int(self.cache.tail_pools(np.array([parent], np.int32))[0])
-        copy_tails(self.stores[pool], np.array([parent], np.int32), np.array([child], np.int32))
+        # a parent whose own copy is pending holds its parent's tail: copy from that one
+        source = next((p for _, p, c in self._forks if c == parent), parent)
+        if any(p == child for _, p, _ in self._forks):  # the child's slot is a pending source: copy it out first
+            self.copy_forks(None)
+        self._forks.append((pool, source, child))
         return child
+
+    def finish(self, seq_id: int) -> None:
+        """Free ``seq_id`` (its pending tail copy, if any, is dropped)."""
+        self.cache.free_sequence(seq_id)
+        self._forks = [f for f in self._forks if f[2] != seq_id]
+
+    def copy_forks(self, stream) -> None:
+        """The pending forks' tail copies, a launch per store."""
+        from .cuda import copy_tails
+
+        forks, self._forks = self._forks, []
+        for pool in sorted({f[0] for f in forks}):
+            src, dst = (np.array(x, np.int32) for x in zip(*((p, c) for k, p, c in forks if k == pool)))
+            copy_tails(self.stores[pool], src, dst, stream=stream)
 
     def prefill(self, seq_id: int, k, v, stream=None) -> None:
         """Append a prompt's K/V (float16 ``[L, n, H, D]``, shape checked by the Engine):
@@ -62,6 +81,7 @@ class TieredParts:
         ids = np.array([seq_id], np.int32)
         pool = int(self.cache.tail_pools(ids)[0])
         ops = self.cache.grow(seq_id, start + n).ops  # all or nothing: raises before any write
+        self.copy_forks(stream)
         head = min(n, (bs - start % bs) % bs)  # rows that complete the open tail
         if head:
             append(self.stores[pool], k, v, np.full(head, seq_id, np.int32),
@@ -146,7 +166,8 @@ class TieredEngineStep:
 
         parts, ops = self.parts, self.result.ops
         fitted = parts.cache.format.fitted_keys
-        if not self._resealed:  # the step's re-seals first, every layer: they read only old blocks
+        if not self._resealed:  # pending fork copies, then the step's re-seals (every layer: they read only old blocks)
+            parts.copy_forks(stream)
             run_tiered_ops(parts.stores, np.ascontiguousarray(ops[ops[:, OP_SRC_KIND] != SEAL]), fitted)
             self._resealed = True
         q, k, v, out = self.buffers
