@@ -1,13 +1,15 @@
 """Paged decode on the GPU: each shape's time against its byte floor (4.47 TB/s), with
 torch SDPA on contiguous FP16 KV and paged FlexAttention as peers in the same run.
 
-    python -m benchmarks.bench_decode [--shapes all|quick|gqa] [--dtypes fp16,int4,int2,int4-aged,int2-aged]
+    python -m benchmarks.bench_decode [--shapes all|quick|gqa] [--dtypes fp16,int4,int2,int2-aged,...]
         [--variants [--variant-names "default,no register cap,..."]] [--flex all|N|none] [--peers|--no-peers] [--name NAME]
 
 A dtype ending in ``-aged`` is a format by age (``docs/formats.md``): its blocks in a store per
 pool, decoded by ``tiered_decode``'s prepared launches; ``int4+merge`` (any dtype + ``+merge``)
 is that path with one pool: the partials kernel (no fused merge, no spills) and a separate
-merge launch, against the fused merge of the plain row. ``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, joint softmax); ``--name`` names the JSON
+merge launch, against the fused merge of the plain row.
+
+``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, joint softmax); ``--name`` names the JSON
 (decode_<name>.json under $OUT). The hexcore rows use only the API older versions share
 (DecodePlan without options when none are given), so the same script measures a
 previous commit's package first on PYTHONPATH.

@@ -11,7 +11,8 @@ read from the store of the pool it will be sealed into (``tail_pool``).
 
     out = tiered_decode(q, stores, tables, counts, tail_lens, tail_pool, tail_slots, layer)
 
-``tiered_decode_launches`` makes the launches without running them. Host index arrays only (this first version reads them to size each pool's launch).
+``tiered_decode_launches`` makes the launches without running them. Host index arrays only
+(this first version reads them to size each pool's launch).
 """
 
 from __future__ import annotations
