@@ -57,11 +57,13 @@ class TieredParts:
         self.cache.free_sequence(seq_id)
         self._forks = [f for f in self._forks if f[2] != seq_id]
 
-    def copy_forks(self, stream) -> None:
-        """The pending forks' tail copies, a launch per store."""
+    def copy_forks(self, stream, forks: list | None = None) -> None:
+        """Tail copies, a launch per store: ``forks`` ((pool, parent, child) items), or the
+        pending ones (taken)."""
         from .cuda import copy_tails
 
-        forks, self._forks = self._forks, []
+        if forks is None:
+            forks, self._forks = self._forks, []
         for pool in sorted({f[0] for f in forks}):
             src, dst = (np.array(x, np.int32) for x in zip(*((p, c) for k, p, c in forks if k == pool)))
             copy_tails(self.stores[pool], src, dst, stream=stream)
@@ -112,14 +114,16 @@ class TieredParts:
         pools = self.cache.tail_pools(ids)  # where each new token goes (before the step seals it)
         positions = np.array([self.cache.seq_len(int(s)) % self.config.block_size for s in ids], np.int32)
         result = self.cache.step(ids)
-        return TieredEngineStep(self, ids, pools, positions, result)
+        forks, self._forks = self._forks, []  # this step's copies: a fork after this call waits for the next
+        return TieredEngineStep(self, ids, pools, positions, result, forks)
 
 
 class TieredEngineStep:
     """One decode step of an Engine in a format by age: ``buffers`` (q, k, v, out) to fill,
     then ``run()`` (all layers) or ``attend(layer)`` per layer, as ``EngineStep``."""
 
-    def __init__(self, parts: TieredParts, ids: np.ndarray, pools: np.ndarray, positions: np.ndarray, result):
+    def __init__(self, parts: TieredParts, ids: np.ndarray, pools: np.ndarray, positions: np.ndarray, result,
+                 forks: list):
         from numba import cuda
 
         self.parts, self.result, self.batch = parts, result, len(ids)
@@ -131,8 +135,7 @@ class TieredEngineStep:
         tables = cache.block_tables(ids)
         self._decode = ([t for t, _ in tables], [c for _, c in tables], (result.seq_lens % bs).astype(np.int32),
                         cache.tail_pools(ids), ids)
-        self._resealed = False
-        self._loaded = None
+        self._forks, self._resealed, self._loaded = forks, False, None
 
     def write(self, q, k, v) -> None:
         """Copy host arrays into the step's buffers (as ``EngineStep.write``)."""
@@ -166,8 +169,8 @@ class TieredEngineStep:
 
         parts, ops = self.parts, self.result.ops
         fitted = parts.cache.format.fitted_keys
-        if not self._resealed:  # pending fork copies, then the step's re-seals (every layer: they read only old blocks)
-            parts.copy_forks(stream)
+        if not self._resealed:  # this step's fork copies, then its re-seals (every layer: they read only old blocks)
+            parts.copy_forks(stream, self._forks)
             run_tiered_ops(parts.stores, np.ascontiguousarray(ops[ops[:, OP_SRC_KIND] != SEAL]), fitted)
             self._resealed = True
         q, k, v, out = self.buffers

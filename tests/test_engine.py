@@ -539,6 +539,17 @@ def test_a_format_by_age_prefills_forks_and_steps_against_the_reference(rng):
     assert engine.cache.block_kinds(c).tolist() == [0, 2, 2, 1, 1, 1] and engine.seq_len(b) == 32
     engine.finish(a)
     run_steps(engine, mirror, [b, c], rng, 1, per_layer=True)
+    # a fork between a step and its run: the child's tail copy waits for the next step, so it
+    # holds the token the run appends
+    step = engine.step([b, c])
+    d = engine.fork(c)
+    k, v = random_kv(rng, engine, 2)
+    step.write(rng.standard_normal((2, 2, 2, 64)).astype(np.float16), k, v)
+    step.run()
+    mirror.add(b, k[:, :1], v[:, :1])
+    mirror.add(c, k[:, 1:], v[:, 1:])
+    mirror.k[d], mirror.v[d] = mirror.k[c], mirror.v[c]  # (d may reuse a's finished slot)
+    run_steps(engine, mirror, [d, b], rng, 1)
     engine.cache.check_invariants()
 
 
