@@ -70,15 +70,13 @@ def tiered_case(name: str, batch: int, num_q_heads: int, num_kv_heads: int, ctx:
     from benchmarks.gpu_common import fill_store
     from hexcore.cuda import DeviceKVStore
     from hexcore.cuda.attention.tiered import tiered_decode_launches
-    from hexcore.host.tiered import _kinds
+    from hexcore.host.tiered import block_pools, pool_kinds
     from hexcore.quant import kv_format
 
     fmt = kv_format(name.removesuffix("+merge"))
     base = KVCacheConfig(num_layers=1, num_kv_heads=num_kv_heads, head_dim=D, block_size=BS)
-    kinds = _kinds(fmt, BS)
-    first_fp16 = int(kinds[0].value == "fp16")
-    levels = fmt.block_tiers(ctx, BS)
-    pools = np.where(levels < 0, 0, levels + first_fp16)
+    kinds = pool_kinds(fmt, BS)
+    pools = block_pools(fmt, ctx, BS)
     rng = np.random.default_rng(0)
     stores, tables, counts, nbytes = [], [], [], 0
     for p, kind in enumerate(kinds):

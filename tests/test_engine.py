@@ -506,11 +506,11 @@ class TieredMirror(Mirror):
 
 
 def make_tiered_engine(fmt, cfg=None, q_heads=2, **kwargs):
-    from hexcore.host.tiered import _kinds
+    from hexcore.host.tiered import pool_kinds
     from hexcore.quant import kv_format
 
     cfg = cfg or KVCacheConfig(num_layers=2, num_kv_heads=1, head_dim=64, block_size=16, group_size=32)
-    pools = {kind.value: 24 for kind in _kinds(kv_format(fmt), cfg.block_size)}
+    pools = {kind.value: 24 for kind in pool_kinds(kv_format(fmt), cfg.block_size)}
     engine = Engine(cfg, 0, 4, q_heads, format=fmt, pool_blocks=pools, max_seq_len=768, **kwargs)
     for store in engine.stores:
         store.poison()

@@ -39,7 +39,7 @@ from . import _blocks as core
 from ._validation import check_ids
 from .allocator import PagedKVCache
 
-__all__ = ["TieredKVCache", "TieredStep", "SEAL"]
+__all__ = ["TieredKVCache", "TieredStep", "SEAL", "block_pools", "pool_kinds"]
 
 SEAL = -1  # the source kind of an operation that seals rows (the tail's, or a prompt's)
 # columns of TieredStep.ops
@@ -83,7 +83,7 @@ class TieredKVCache:
             raise HexcoreInvalidArgumentError(f"config: expected KVCacheConfig, got {type(config).__name__}")
         self.format = kv_format(format)
         self.block_size = bs = config.block_size
-        self.kinds = _kinds(self.format, bs)
+        self.kinds = pool_kinds(self.format, bs)
         pools = _pool_sizes(pool_blocks, self.kinds)
         max_seqs = as_int("max_seqs", max_seqs, low=1)
         if max_seq_len is None:
@@ -94,6 +94,9 @@ class TieredKVCache:
                       for kind, n in zip(self.kinds, pools)]
         self.max_seq_len = self.pools[0].max_seq_len
         self._first_fp16 = int(self.kinds[0] is KVDtype.FP16)  # pool of tier t: t + this
+        tiers = self.format.tiers
+        # the pool a block is sealed into (age 0), past the sink: tier 0's if its age is 0, else FP16's
+        self._seal_pool = self._first_fp16 if tiers and tiers[0].min_age == 0 else 0
         self._ages = np.array([t.min_age for t in self.format.tiers], np.int64)
         self._lens = np.full(max_seqs, -1, np.int64)  # [seq_id] -> length in tokens, -1 not live
         # [seq_id, logical block] -> the pool holding it, -1 not sealed
@@ -182,10 +185,8 @@ class TieredKVCache:
         store whose tail slot receives its new tokens (the seal reads them there)."""
         check_ids("seq_ids", seq_ids, self.max_seqs)
         self._check_batch(seq_ids, growing=False)
-        bs = self.block_size
-        blocks = self._lens[seq_ids] // bs  # the open block's logical index
-        return np.array([self._pool_of(self.format.block_tiers((j + 1) * bs, bs)[j:j + 1])[0] for j in blocks],
-                        np.int32)
+        blocks = self._lens[seq_ids] // self.block_size  # the open block's logical index
+        return np.where(blocks < self.format.sink_blocks, 0, self._seal_pool).astype(np.int32)
 
     def block_tables(self, seq_ids: np.ndarray) -> list:
         """Per pool, int32 ``[B, n_k]``: the blocks of that kind of each of ``seq_ids`` in
@@ -213,24 +214,20 @@ class TieredKVCache:
             pool.check_invariants()
         for s in np.flatnonzero(self._lens >= 0):
             n = int(self._lens[s]) // self.block_size
-            want = self._pool_of(self.format.block_tiers(int(self._lens[s]), self.block_size))
+            want = block_pools(self.format, int(self._lens[s]), self.block_size)
             assert np.array_equal(self._kind[s, :n], want), (s, self._kind[s, :n], want)
             assert (self._kind[s, n:] == -1).all(), s
             for k, pool in enumerate(self.pools):
                 assert pool.seq_len(int(s)) == int((want == k).sum()) * self.block_size, (s, k)
 
     # -- internals --------------------------------------------------------------------
-    def _pool_of(self, levels: np.ndarray) -> np.ndarray:
-        # block_tiers levels (-1 FP16, else the tier) -> pool indices (int8)
-        return np.where(levels < 0, 0, levels + self._first_fp16).astype(np.int8)
-
     def _moves(self, seq_ids: np.ndarray, new_lens: np.ndarray) -> list:
         # [tier T-1 re-seals, ..., tier 0 re-seals, seals]: (seq_id, logical, source kind, kind)
         bs, tiers = self.block_size, len(self._ages)
         phases = [[] for _ in range(tiers + 1)]
         for s, n in zip(seq_ids[new_lens % bs == 0].tolist(), new_lens[new_lens % bs == 0].tolist()):
             j = n // bs - 1
-            phases[tiers].append((s, j, SEAL, int(self._pool_of(self.format.block_tiers(n, bs)[j:j + 1])[0])))
+            phases[tiers].append((s, j, SEAL, 0 if j < self.format.sink_blocks else self._seal_pool))
             for t in range(tiers - 1, -1, -1):  # blocks reaching tier t's age now (none for an age-0 tier: sealed so)
                 age = int(self._ages[t])
                 old = (n - age) // bs - 1
@@ -302,7 +299,15 @@ class TieredKVCache:
         return seq_id
 
 
-def _kinds(fmt, block_size: int) -> list:
+def block_pools(fmt, length: int, block_size: int) -> np.ndarray:
+    """The pool (index into :func:`pool_kinds`) of each sealed block of a sequence of
+    ``length`` tokens in format ``fmt``: int8 ``[length // block_size]``."""
+    levels = fmt.block_tiers(length, block_size)  # -1 FP16, else the tier
+    first_fp16 = int(pool_kinds(fmt, block_size)[0] is KVDtype.FP16)
+    return np.where(levels < 0, 0, levels + first_fp16).astype(np.int8)
+
+
+def pool_kinds(fmt, block_size: int) -> list:
     """The pools a format needs, in order: FP16 (when a block can be FP16: the sink, or
     blocks younger than the first tier), then one per tier."""
     tiers = fmt.tiers

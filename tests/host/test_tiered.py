@@ -70,7 +70,7 @@ def tiered(fmt, blocks=(24, 48, 48), max_seqs=6):
 
 
 def _kinds(fmt):
-    from hexcore.host.tiered import _kinds as kinds
+    from hexcore.host.tiered import pool_kinds as kinds
 
     return kinds(FORMATS.get(fmt, fmt) if isinstance(fmt, str) else fmt, BS)
 

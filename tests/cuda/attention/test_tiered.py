@@ -60,7 +60,7 @@ def run_format(fmt, seed, lengths, fork_at=None, config=CONFIG):
 
 
 def _kinds(fmt, block_size):
-    from hexcore.host.tiered import _kinds as kinds
+    from hexcore.host.tiered import pool_kinds as kinds
     from hexcore.quant import kv_format
 
     return kinds(kv_format(fmt), block_size)
