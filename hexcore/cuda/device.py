@@ -27,9 +27,9 @@ Helpers
   the branch it guards is warp-uniform.
 - ``exp2(x)``: ``2**x`` in float32 (``ex2.approx.ftz``: 2 ulp; the twin uses math.exp2).
 - ``cp_async16(dst, j, src, i)``: start copying words ``src[i:i+4]`` (global) to
-  ``dst[j:j+4]`` (a shared uint32 array), 16 bytes, without registers
-  (``cp.async.cg.shared.global``); ``cp_async_commit()`` closes a group of such copies,
-  ``cp_async_wait_one()`` waits until at most the newest group is in flight,
+  ``dst[j:j+4]`` (a shared uint32 array declared with ``alignment=SHARED_ALIGN16``), 16
+  bytes, without registers (``cp.async.cg.shared.global``); ``cp_async_commit()`` closes a
+  group of such copies, ``cp_async_wait_one()`` waits until at most the newest group is in flight,
   ``cp_async_wait_all()`` for all of them. Other lanes see the words after ``syncwarp()``.
 - ``syncwarp()``: the warp's lanes meet (``bar.warp.sync``); orders their shared memory.
 - ``prefetch_l2(words, i, nbytes)``: ask for ``nbytes`` (a multiple of 16) of the uint32
@@ -51,6 +51,11 @@ from numba import config, cuda, types
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 FULL_MASK = 0xFFFFFFFF
+# the ``alignment`` of a shared array written or read 16 bytes at a time (cp_async16's
+# destination): numba declares a shared array with its dtype's alignment, and where ptxas
+# places it among a kernel's other shared arrays is its choice (an out-of-line callee's
+# arrays move). None on the simulator, which refuses the argument (and needs none)
+SHARED_ALIGN16 = None if SIMULATOR else 16
 
 
 def device_function(fn):

@@ -64,7 +64,7 @@ from ..layout import value_chunk_dims
 from .arrays import (check_distinct, check_distinct_pairs, check_outside_store, checked, checked_ids, checked_layer,
                      checked_store, device_only)
 from .attention.mma import half2_hi, half2_lo
-from .device import SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, load_u32x4
+from .device import SHARED_ALIGN16, SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, load_u32x4
 from .device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch
 from .streams import resolve_stream
@@ -253,8 +253,8 @@ def _seal_quantized_kernel(cfg: KVCacheConfig, report: bool = False, from_rows: 
             return
         s_key = cuda.shared.array(KEY_PARAMS, float32)  # [2, D]: scale, min as stored (float16)
         s_value = cuda.shared.array(VALUE_PARAMS, float32)  # [BS, 2, NG]
-        s_k = cuda.shared.array(STAGE_WORDS, uint32)  # the head's tail rows [BS, STAGE_ROW], two float16 a word
-        s_v = cuda.shared.array(STAGE_WORDS, uint32)
+        s_k = cuda.shared.array(STAGE_WORDS, uint32, alignment=SHARED_ALIGN16)  # the head's tail rows [BS, STAGE_ROW]
+        s_v = cuda.shared.array(STAGE_WORDS, uint32, alignment=SHARED_ALIGN16)  # (two float16 a word)
         key_scale = cuda.local.array(FIELDS, float32)  # one key code word's channels (registers)
         key_min = cuda.local.array(FIELDS, float32)
         bad = False  # this thread saw a group holding a NaN or an infinity

@@ -35,8 +35,8 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from ..device import (SIMULATOR, cp_async_commit, cp_async_wait_all, cp_async_wait_one, device_function, exp2,
-                      load_cg_f32, load_cg_f32x4, prefetch_l2, shfl_idx_int, shfl_xor, syncwarp)
+from ..device import (SHARED_ALIGN16, SIMULATOR, cp_async_commit, cp_async_wait_all, cp_async_wait_one,
+                      device_function, exp2, load_cg_f32, load_cg_f32x4, prefetch_l2, shfl_idx_int, shfl_xor, syncwarp)
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 from .fragments import NEG_INF, warp_functions
 from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape
@@ -201,7 +201,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
         q_valid = hg * HPC + gid < G  # rows past the group's heads stay zero
         load_q(q, b * H * G + head0 + (gid if q_valid else 0), lane, q_valid, qh, float32(scale * LOG2E))
 
-        ring = cuda.shared.array(RING_WORDS, uint32)  # per warp: two stages of sealed INT chunks
+        ring = cuda.shared.array(RING_WORDS, uint32, alignment=SHARED_ALIGN16)  # per warp: two stages of sealed chunks
         if QUANTIZED:
             # sealed blocks: a two-stage cp.async pipeline per warp (the next chunk's copies
             # fly while this one is computed)

@@ -101,8 +101,11 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
     inlined, the optimiser hoisted the item's loop-invariant values (shared-memory addresses
     of the thread, 64-bit each) out of the item loop, and they stayed live across every item
     (ptxas, sm_90, INT4 D128 G4: 254 registers; called, 168, as for one item without a loop).
-    ptxas reads the kernel's arguments inside the callee from the parameter bank."""
-    decode_item = decode_item_function(shape, l2_prefetch, joint_softmax)
+    ptxas reads the kernel's arguments inside the callee from the parameter bank. The item
+    is a fresh compilation of ``decode_item_function``, not the cached one the grid kernel
+    inlines: the ``noinline`` mark is on the compiled definition, which a grid kernel
+    compiled later in the same process would otherwise link and call out of line."""
+    decode_item = decode_item_function.__wrapped__(shape, l2_prefetch, joint_softmax)
     HG, YS = shape.head_groups, shape.H * shape.head_groups
     options = {} if max_registers is None or SIMULATOR else {"max_registers": max_registers}
 
