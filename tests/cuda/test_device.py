@@ -46,3 +46,31 @@ def test_warp_helpers_match_numpy(rng):
 @pytest.mark.gpu
 def test_warp_helpers_on_gpu(rng):
     check_warp(rng)
+
+
+def test_every_cp_async16_destination_is_declared_16_byte_aligned():
+    """Source check: each shared array that ``cp_async16`` writes (16 bytes a copy) is
+    declared with ``alignment=SHARED_ALIGN16``. numba gives a shared array its dtype's
+    alignment and ptxas places it where it likes: the H200 faulted on a ring at an address
+    that was not a multiple of 16 (2026-12-01). The simulator cannot see this."""
+    import ast
+    import pathlib
+
+    package = pathlib.Path(__file__).resolve().parents[2] / "hexcore"
+    destinations, declared = set(), {}
+    for path in package.rglob("*.py"):
+        if path.name == "device.py":  # the helper's own definitions and twin
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "cp_async16":
+                destinations.add(node.args[0].id)
+            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                    and ast.unparse(node.value.func) == "cuda.shared.array"):
+                aligned = any(k.arg == "alignment" and ast.unparse(k.value) == "SHARED_ALIGN16"
+                              for k in node.value.keywords)
+                for target in node.targets:
+                    declared.setdefault(getattr(target, "id", None), []).append((f"{path.name}:{node.lineno}", aligned))
+    assert destinations >= {"ring", "s_k", "s_v"}, destinations
+    for name in destinations:
+        assert declared.get(name), f"{name}: cp_async16's destination has no cuda.shared.array declaration"
+        assert all(aligned for _, aligned in declared[name]), f"{name}: declared without 16-byte alignment: {declared[name]}"
