@@ -73,4 +73,5 @@ def test_every_cp_async16_destination_is_declared_16_byte_aligned():
     assert destinations >= {"ring", "s_k", "s_v"}, destinations
     for name in destinations:
         assert declared.get(name), f"{name}: cp_async16's destination has no cuda.shared.array declaration"
-        assert all(aligned for _, aligned in declared[name]), f"{name}: declared without 16-byte alignment: {declared[name]}"
+        assert all(aligned for _, aligned in declared[name]), \
+            f"{name}: declared without 16-byte alignment: {declared[name]}"
