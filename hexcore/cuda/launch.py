@@ -80,8 +80,11 @@ class PreparedLaunch:
         argtypes = tuple(dispatcher.typeof_pyval(a) for a in self._args)
         kernel = dispatcher.compile(argtypes)
         values: list = []
+        self._where = []  # argument i -> (its first marshalled value, how many)
         for argtype, value in zip(kernel.argument_types, self._args):
+            first = len(values)
             kernel._prepare_args(argtype, value, 0, [], values)  # numba's own marshalling, done once
+            self._where.append((first, len(values) - first))
         function = kernel._codelibrary.get_cufunc()
         self.name, self._core = function.name, None
         if path == "core":
@@ -96,6 +99,24 @@ class PreparedLaunch:
         # cuLaunchKernel takes in place of a CUfunction (cuda.core casts it the same way)
         self._head = (driver.CUfunction(int(function.handle)), *self.grid, *self.block, 0)
         self._launch = driver.cuLaunchKernel
+
+    def set_scalar(self, index: int, value: int) -> None:
+        """Argument ``index``, an int the launch was prepared with, becomes ``value`` for the
+        runs that follow (a layer index: one prepared launch serves every layer). Runs
+        already enqueued keep the value they had (``cuLaunchKernel`` copies its parameters)."""
+        old = self._args[index] if 0 <= index < len(self._args) else None
+        if type(old) is not int:
+            raise HexcoreInvalidArgumentError(f"index: argument {index} is not an int argument of this launch")
+        value = int(value)
+        self._args = self._args[:index] + (value,) + self._args[index + 1:]
+        if SIMULATOR:
+            return
+        at, _ = self._where[index]
+        if self._core is not None:
+            values = self._core[2]
+            values[at] = type(values[at])(value)  # the ctypes integer numba marshalled
+        else:
+            self._keep[0][at].value = value
 
     def run(self, stream=0) -> None:
         """Enqueue the kernel on ``stream``: a numba stream, a raw ``CUstream`` handle (int)

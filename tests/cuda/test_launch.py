@@ -99,6 +99,13 @@ def test_prepared_launch_equals_plain_launch_gpu(path, rng):
         cuda.synchronize()
         assert np.array_equal(got.copy_to_host(), expect.copy_to_host()), f"stream {run_on}"
         args[1].copy_to_device(rng.standard_normal(11).astype(np.float32))  # same address, new contents
+    prepared.set_scalar(4, -12345)  # i64: the next runs see the new value, the arrays stay
+    got.copy_to_device(np.full(300, np.nan))
+    _mixed[3, 128](expect, *args[:3], -12345, *args[4:])
+    prepared.run(stream)
+    stream.synchronize()
+    assert np.array_equal(got.copy_to_host(), expect.copy_to_host()), "set_scalar"
+    prepared.set_scalar(4, args[3])
     if path == "raw":
         from hexcore.cuda.steps.capture import DriverGraph
 
@@ -108,6 +115,19 @@ def test_prepared_launch_equals_plain_launch_gpu(path, rng):
         graph.replay(stream_handle(0))
         cuda.synchronize()
         assert np.array_equal(got.copy_to_host(), expect.copy_to_host()), "graph replay"
+
+
+def test_set_scalar_changes_an_int_argument_for_later_runs(rng):
+    args = _mixed_args(rng)
+    expect, got = cuda.device_array(40), cuda.device_array(40)
+    prepared = PreparedLaunch(_mixed, 2, 32, (got, *args))
+    prepared.set_scalar(4, 17)
+    prepared.run()
+    _mixed[2, 32](expect, *args[:3], 17, *args[4:])
+    np.testing.assert_array_equal(got.copy_to_host(), expect.copy_to_host())
+    for index in (1, 3, 5, 8, -1):  # an array, an np.int32, a float, out of range
+        with pytest.raises(HexcoreInvalidArgumentError, match=f"index: argument {index} is not an int"):
+            prepared.set_scalar(index, 1)
 
 
 @pytest.mark.gpu
