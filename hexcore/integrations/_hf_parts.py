@@ -202,6 +202,17 @@ def read_buffer(view, like):
     return torch.from_numpy(view.copy_to_host()).to(like.device)
 
 
+def engine_view(tensor):
+    """A contiguous tensor as an array the Engine reads without converting it again: a numba
+    device view of a CUDA tensor's memory, a numpy view of a host tensor's (the simulator).
+    Writes to ``tensor`` show through the view."""
+    if tensor.is_cuda:
+        from numba import cuda
+
+        return cuda.as_cuda_array(tensor)
+    return tensor.numpy()
+
+
 def for_engine(tensor):
     """A tensor as the Engine takes it (contiguous): CUDA tensors as they are, host tensors
     (the simulator) as numpy arrays."""

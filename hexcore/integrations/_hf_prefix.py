@@ -15,7 +15,7 @@ import torch
 
 from ..errors import HexcoreInvalidArgumentError
 from ..host.prefix import as_tokens
-from ._hf_parts import for_engine, read_buffer, real_tokens
+from ._hf_parts import engine_view, for_engine, read_buffer, real_tokens
 
 _HOOK_ATTRIBUTE = "_hexcore_token_hook"
 CACHE_KWARGS = ("past_key_values", "cache")  # the forward's cache keyword: transformers 5.17, and 5.24
@@ -121,15 +121,17 @@ class Extend:
 
     Per layer the live rows' real new tokens attend over what each row holds plus
     themselves, causally, all rows in one call (``Engine.prefill_attention_batch``: one
-    gather launch, one attention call, over ``Engine.batch_rows`` made at the first layer);
-    their K/V are staged as float16 ``[L, n, H, D]`` and stored after the last layer
-    (``Engine.prefill``, with their token ids when the prefix cache tracks the row).
+    gather launch, one attention call, over ``Engine.batch_rows`` made at the first layer,
+    into buffers made at the first layer: the rows' prepared gather and scratch serve every
+    layer); their K/V are staged as float16 ``[L, n, H, D]`` and stored after the last
+    layer (``Engine.prefill``, with their token ids when the prefix cache tracks the row).
     Padding positions and released rows get zeros.
     """
 
     def __init__(self, cache, batch: int, tokens: int, ids):
         self.cache, self.batch, self.tokens, self.ids = cache, batch, tokens, ids
         self.keep = self.k = self.v = self.token_ids = self.rows = None
+        self.live = self.stage = None  # [(row, seq, index)], (q, k, v) and the engine's k, v views
 
     def attend(self, layer: int, query, key, value, mask):
         """Output ``[B, T, num_q_heads, D]`` of layer ``layer`` (``query`` ``[B, Hq, T, D]``,
@@ -139,26 +141,30 @@ class Extend:
         engine = self.cache.engine
         stream = torch.cuda.current_stream(query.device) if query.is_cuda else None  # pending fork copies too
         out = query.new_zeros((self.batch, self.tokens, query.shape[1], query.shape[3]))
-        live = [(row, seq, self.keep[row]) for row, seq in enumerate(self.cache.rows)
-                if seq >= 0 and self.keep[row].numel()]
-        if not live:
+        if self.live is None:
+            self.live = [(row, seq, self.keep[row]) for row, seq in enumerate(self.cache.rows)
+                         if seq >= 0 and self.keep[row].numel()]
+        if not self.live:
             return out
-        lengths = [int(index.numel()) for _, _, index in live]  # shapes: no synchronisation
-        n_max, (H, D) = max(lengths), (key.shape[1], key.shape[3])
-        q = query.new_zeros((len(live), n_max, query.shape[1], D), dtype=torch.float16)
-        k, v = (key.new_zeros((len(live), n_max, H, D), dtype=torch.float16) for _ in range(2))
-        for j, (row, _, index) in enumerate(live):  # each row's real tokens, padded to the longest
+        lengths = [int(index.numel()) for _, _, index in self.live]  # shapes: no synchronisation
+        if self.stage is None:  # zeros once: each layer rewrites the rows' real tokens only
+            n_max, (H, D) = max(lengths), (key.shape[1], key.shape[3])
+            q = query.new_zeros((len(self.live), n_max, query.shape[1], D), dtype=torch.float16)
+            k, v = (key.new_zeros((len(self.live), n_max, H, D), dtype=torch.float16) for _ in range(2))
+            self.stage = (q, k, v, engine_view(k), engine_view(v))
+        q, k, v, k_view, v_view = self.stage
+        for j, (row, _, index) in enumerate(self.live):  # each row's real tokens, padded to the longest
             self.k[row][layer] = key[row].index_select(1, index).transpose(0, 1)
             self.v[row][layer] = value[row].index_select(1, index).transpose(0, 1)
             q[j, :lengths[j]] = query[row].index_select(1, index).transpose(0, 1)
             k[j, :lengths[j]], v[j, :lengths[j]] = self.k[row][layer], self.v[row][layer]
-        seqs = [seq for _, seq, _ in live]
+        seqs = [seq for _, seq, _ in self.live]
         if self.rows is None:  # the rows' tables and lengths, on the device once for every layer
-            self.rows = engine.batch_rows(seqs, np.array(lengths, np.int32), n_max)
-        got = engine.prefill_attention_batch(seqs, layer, for_engine(q), for_engine(k), for_engine(v), None,
-                                             stream=stream, rows=self.rows)
+            self.rows = engine.batch_rows(seqs, np.array(lengths, np.int32), q.shape[1])
+        got = engine.prefill_attention_batch(seqs, layer, for_engine(q), k_view, v_view, None, stream=stream,
+                                             rows=self.rows)
         got = read_buffer(got, query)
-        for j, (row, _, index) in enumerate(live):
+        for j, (row, _, index) in enumerate(self.live):
             out[row].index_copy_(0, index, got[j, :lengths[j]].to(out.dtype))
         return out
 

@@ -28,7 +28,7 @@ from numba import cuda
 
 from ..._checks import as_int
 from ...errors import HexcoreInvalidArgumentError
-from ..arrays import check_outside_store, checked, checked_layer, checked_store
+from ..arrays import check_outside_store, checked, checked_layer, checked_store, device_pointer
 from ..device import SIMULATOR
 from ..launch import Launch
 from ..store import flat_words
@@ -187,8 +187,8 @@ def prefill_attention_batch(q, k_new, v_new, store, layer: int, block_tables, pr
         _sdpa_batch_path(store, layer, rows, (q_in, q), k_new, v_new, (out, out_dev), scale, stream, launch_stream)
         return out
     shape = (B, cfg.num_kv_heads, rows.S_max, cfg.head_dim)
-    k_s = cuda.device_array(shape, np.float16, stream=launch_stream.numba)
-    v_s = cuda.device_array(shape, np.float16, stream=launch_stream.numba)
+    k_s, v_s = rows.scratch(launch_stream, lambda: tuple(
+        cuda.device_array(shape, np.float16, stream=launch_stream.numba) for _ in range(2)))
     _gather_batch(store, layer, rows, k_new, v_new, k_s, v_s, launch_stream)
     group = num_q_heads // cfg.num_kv_heads
     zeros = np.zeros(out_shape[1:], np.float16)
@@ -215,6 +215,12 @@ class BatchRows:
     Holds the host ``prefix_lens``, ``tail_slots``, ``n_new`` ``[B]``, ``S_max`` (the longest
     ``prefix_lens[r] + n_new[r]``), the device ``tables`` ``[B, W]`` and ``packed``
     ``[3, B]`` (prefix_lens, tail_slots, n_new: one copy).
+
+    What every layer of a forward shares is also made once, at the first call that needs
+    it: the SDPA mask, the gather's scratch (reused by the calls on one stream, each of
+    which rewrites all of it; a call on another stream gets its own) and the gather's
+    prepared launch (reused while the calls pass the same ``k_new``/``v_new`` buffers, the
+    layer set per call).
     """
 
     def __init__(self, store, batch: int, n_max: int, block_tables, prefix_lens, tail_slots, n_new):
@@ -224,7 +230,7 @@ class BatchRows:
         self.packed = checked(np.stack([self.prefix_lens, self.tail_slots, self.n_new]), "rows", np.int32, (3, None),
                               align=4)
         self.S_max = int((self.prefix_lens + self.n_new).max()) if self.batch else 0
-        self._lengths = None
+        self._lengths = self._mask = self._scratch = self._gather = None
 
     def lengths(self, device):
         """torch int64 ``(prefix_lens, n_new)`` on ``device``, copied the first time."""
@@ -235,6 +241,43 @@ class BatchRows:
                                                                                              self.n_new))
         return self._lengths
 
+    def mask(self, device):
+        """The boolean SDPA mask ``[B, 1, n_max, S_max]`` of :func:`extend_mask` on ``device``,
+        made the first time."""
+        if self._mask is None:
+            self._mask = extend_mask(*self.lengths(device), self.n_max, self.S_max)
+        return self._mask
+
+    def scratch(self, stream, make):
+        """The gather's scratch for calls on ``stream`` (a resolved Stream): ``make()`` the
+        first time and whenever the stream differs from the last call's, else the same."""
+        key = id(stream.numba) if stream.handle is None else int(stream.handle)
+        if self._scratch is None or self._scratch[0] != key:
+            self._scratch = (key, make())
+        return self._scratch[1]
+
+    def prepared_gather(self, buffers, make):
+        """The gather's prepared launch over ``buffers`` (its device arrays ``k_new``, ``v_new``,
+        ``k_out``, ``v_out``): ``make().prepare()`` the first time and whenever a buffer's
+        address or shape differs from the last call's, else the same (set its layer)."""
+        key = tuple((device_pointer(x) or id(x), x.shape) for x in buffers)  # (simulator: no address)
+        if self._gather is None or self._gather[0] != key:
+            self._gather = (key, make().prepare(), buffers)  # the buffers held: their ids stay theirs
+        return self._gather[1]
+
+
+def extend_mask(prefix_lens, n_new, n_max: int, S_max: int):
+    """Boolean ``[B, 1, n_max, S_max]``: query ``i`` of row ``r`` sees positions ``0 ..
+    prefix_lens[r] + i`` when ``i < n_new[r]``; a padding query sees position 0 alone (no
+    NaN). ``prefix_lens``, ``n_new``: int tensors ``[B]`` on the mask's device."""
+    import torch
+
+    i = torch.arange(n_max, device=prefix_lens.device)[None, :, None]
+    p = torch.arange(S_max, device=prefix_lens.device)[None, None, :]
+    start, n = prefix_lens[:, None, None], n_new[:, None, None]
+    allowed = ((p <= start + i) & (i < n)) | ((i >= n) & (p == 0))
+    return allowed[:, None]
+
 
 def sdpa_extend_batch(q, k, v, prefix_lens, n_new, scale: float | None = None):
     """Causal extend attention of a padded batch with torch SDPA: ``q`` ``[B, n_max, Hq, D]``
@@ -242,18 +285,14 @@ def sdpa_extend_batch(q, k, v, prefix_lens, n_new, scale: float | None = None):
     ``r`` seeing positions ``0 .. prefix_lens[r] + i`` (``prefix_lens``, ``n_new``: int
     tensors ``[B]`` on that device); returns ``[B, n_max, Hq, D]`` (padding rows: the
     attention over position 0 alone)."""
-    import torch
+    return _sdpa_masked(q, k, v, extend_mask(prefix_lens, n_new, q.shape[1], k.shape[2]), scale)
+
+
+def _sdpa_masked(q, k, v, mask, scale):
     import torch.nn.functional as F
 
-    B, n_max, num_q_heads, _ = q.shape
-    S_max = k.shape[2]
-    i = torch.arange(n_max, device=q.device)[None, :, None]
-    p = torch.arange(S_max, device=q.device)[None, None, :]
-    start, n = prefix_lens[:, None, None], n_new[:, None, None]
-    allowed = (p <= start + i) & (i < n)
-    allowed = allowed | ((i >= n) & (p == 0))  # a padding row sees something: no NaN
-    result = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=allowed[:, None], scale=scale,
-                                            enable_gqa=num_q_heads != k.shape[1])
+    result = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, scale=scale,
+                                            enable_gqa=q.shape[2] != k.shape[1])
     return result.transpose(1, 2)
 
 
@@ -313,17 +352,28 @@ def _sdpa_path(store, layer, table, prefix_len, slot, q, k_new, v_new, out, scal
         out.copy_(sdpa_extend(q, k_s, v_s, scale))
 
 
+GATHER_LAYER_ARG = 7  # the layer's position among the batch gather kernel's arguments
+
+
 def _gather_batch(store, layer, rows, k_new, v_new, k_out, v_out, stream) -> None:
+    """The batch gather on ``stream`` through ``rows``' prepared launch: checked device
+    arrays, ``k_out``, ``v_out`` ``[B, H, S_max, D]``."""
+    prepared = rows.prepared_gather((k_new, v_new, k_out, v_out), lambda: _gather_batch_launch(
+        store, layer, rows, k_new, v_new, k_out, v_out))
+    prepared.set_scalar(GATHER_LAYER_ARG, int(layer))
+    prepared.run(stream.numba)
+
+
+def _gather_batch_launch(store, layer, rows, k_new, v_new, k_out, v_out) -> Launch:
     cfg = store.config
     prefix_lens, tail_slots, n_new = rows.packed[0], rows.packed[1], rows.packed[2]
     B, S_max = k_out.shape[0], k_out.shape[2]
     w = store.words
     meta = w.get("k_meta", w["k_tails"]), w.get("v_meta", w["v_tails"])  # (FP16 stores have none)
-    grid = (gather_grid(cfg, S_max), B)
-    gather_batch_kernel(cfg)[grid, GATHER_THREADS, stream.numba](
-        w["k_codes"], w["v_codes"], *meta, w["k_tails"], w["v_tails"], rows.tables, layer, store.num_blocks,
-        store.max_seqs, tail_slots, prefix_lens, n_new, flat_words(k_new), flat_words(v_new), flat_words(k_out),
-        flat_words(v_out), S_max, k_new.shape[1])
+    args = (w["k_codes"], w["v_codes"], *meta, w["k_tails"], w["v_tails"], rows.tables, int(layer), store.num_blocks,
+            store.max_seqs, tail_slots, prefix_lens, n_new, flat_words(k_new), flat_words(v_new), flat_words(k_out),
+            flat_words(v_out), S_max, k_new.shape[1])
+    return Launch(gather_batch_kernel(cfg), (gather_grid(cfg, S_max), B), GATHER_THREADS, args)
 
 
 def _sdpa_batch_path(store, layer, rows, q, k_new, v_new, out, scale, stream, launch_stream):
@@ -335,11 +385,13 @@ def _sdpa_batch_path(store, layer, rows, q, k_new, v_new, out, scale, stream, la
               for x, dev in ((q, q_dev), (out, out_dev)))
     shape = (q.shape[0], cfg.num_kv_heads, rows.S_max, cfg.head_dim)
     with torch_stream(torch, stream, launch_stream):
-        k_s = torch.empty(shape, dtype=torch.float16, device=q.device)
-        v_s = torch.empty(shape, dtype=torch.float16, device=q.device)
-        _gather_batch(store, layer, rows, k_new, v_new, cuda.as_cuda_array(k_s), cuda.as_cuda_array(v_s),
-                      launch_stream)
-        out.copy_(sdpa_extend_batch(q, k_s, v_s, *rows.lengths(q.device), scale))
+        def make():  # torch tensors for SDPA and numba views of them for the gather
+            made = [torch.empty(shape, dtype=torch.float16, device=q.device) for _ in range(2)]
+            return (*made, *(cuda.as_cuda_array(t) for t in made))
+
+        k_s, v_s, k_view, v_view = rows.scratch(launch_stream, make)
+        _gather_batch(store, layer, rows, k_new, v_new, k_view, v_view, launch_stream)
+        out.copy_(_sdpa_masked(q, k_s, v_s, rows.mask(q.device), scale))
 
 
 def _check_prepared(rows, store, batch: int, n_max: int, given) -> None:

@@ -205,11 +205,19 @@ def test_rows_made_once_give_what_each_call_gives(rng):
     args = (tables, np.array(prefix_lens, np.int32), tails, np.array(n_new, np.int32))
     rows = BatchRows(store, 3, 3, *args)
     assert rows.S_max == 38 and rows.tables.shape == (3, 3)
-    for layer in (0, 1):
+    device = [cuda.to_device(x) for x in (q, k_new, v_new)]  # the same buffers every layer
+    got = {}
+    for layer in (0, 1, 0):  # the rows' prepared gather serves every layer
         want = prefill_attention_batch(q, k_new, v_new, store, layer, *args, backend="numba").copy_to_host()
-        got = prefill_attention_batch(q, k_new, v_new, store, layer, None, None, None, None, backend="numba",
-                                      rows=rows).copy_to_host()
-        np.testing.assert_array_equal(got, want)
+        got[layer] = prefill_attention_batch(*device, store, layer, None, None, None, None, backend="numba",
+                                             rows=rows).copy_to_host()
+        np.testing.assert_array_equal(got[layer], want)
+    assert not np.array_equal(got[0], got[1])  # the layers differ: a gather of the wrong layer fails
+    k_other = rng.standard_normal(k_new.shape).astype(np.float16)  # another buffer: prepared again
+    want = prefill_attention_batch(q, k_other, v_new, store, 1, *args, backend="numba").copy_to_host()
+    np.testing.assert_array_equal(prefill_attention_batch(
+        device[0], cuda.to_device(k_other), device[2], store, 1, None, None, None, None, backend="numba",
+        rows=rows).copy_to_host(), want)
 
 
 @pytest.mark.parametrize("make,match", [
@@ -300,6 +308,14 @@ def test_a_batch_matches_the_reference_gpu(backend, dtype, rng):
         assert not np.isnan(got[r, :n]).any()
         if n:
             assert ref.relative_l2(got[r, :n], expect[r]) <= TOLERANCE, r
+    # through BatchRows, twice on the same buffers (its scratch, mask and prepared gather reused)
+    rows = BatchRows(store, 4, max(n_new), tables, np.array(prefix_lens, np.int32), tails, np.array(n_new, np.int32))
+    device = [cuda.to_device(x) for x in (q, k_new, v_new)]
+    for _ in range(2):
+        again = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+        prefill_attention_batch(*device, store, 0, None, None, None, None, out=again, backend=backend, rows=rows)
+        for r, n in enumerate(n_new):
+            np.testing.assert_array_equal(again.copy_to_host()[r, :n], got[r, :n])
 
 
 @pytest.mark.gpu
