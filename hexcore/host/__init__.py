@@ -4,8 +4,8 @@ Public names load lazily (importing hexcore compiles or loads no njit module):
 PagedKVCache and StepResult (allocator), MetricsCollector (metrics),
 LockFreeRingBuffer (ring), SpeculativeAllocator (speculative), BlockTableMirror (events),
 Admission and prefix_keys (prefix: automatic prefix caching), BlockState (quarantine:
-the states a block can be in, QUARANTINED among them), TieredKVCache (tiered: a pool per
-kind of block, for formats by age).
+the states a block can be in, QUARANTINED among them), TieredKVCache and pool_blocks_for
+(tiered: a pool per kind of block, for formats by age, and the pool sizes a workload needs).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ _MODULE_OF = {
     "SpeculativeAllocator": "speculative",
     "StepResult": "allocator",
     "TieredKVCache": "tiered",
+    "pool_blocks_for": "tiered",
     "prefix_keys": "prefix",
 }
 

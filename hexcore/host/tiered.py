@@ -307,6 +307,26 @@ def block_pools(fmt, length: int, block_size: int) -> np.ndarray:
     return np.where(levels < 0, 0, levels + first_fp16).astype(np.int8)
 
 
+def pool_blocks_for(fmt, block_size: int, total_blocks: int, max_seqs: int) -> dict:
+    """Pool sizes (``TieredKVCache``'s ``pool_blocks``) in which any ``max_seqs`` sequences
+    holding ``total_blocks`` sealed blocks between them fit, in format ``fmt``: a pool a
+    block leaves as it ages (the sink's FP16 blocks, a recent window, a middle tier) gets
+    ``max_seqs`` times the most one sequence ever holds in it, the last tier's pool
+    ``total_blocks`` (each at most ``total_blocks``)."""
+    fmt = kv_format(fmt)
+    block_size = as_int("block_size", block_size, low=1)
+    total_blocks = as_int("total_blocks", total_blocks, low=1)
+    max_seqs = as_int("max_seqs", max_seqs, low=1)
+    kinds = pool_kinds(fmt, block_size)
+    oldest = max([t.min_age for t in fmt.tiers], default=0)
+    horizon = (fmt.sink_blocks + 2) * block_size + oldest  # past it no bounded pool holds more
+    most = np.zeros(len(kinds), np.int64)
+    for length in range(horizon + 1):
+        most = np.maximum(most, np.bincount(block_pools(fmt, length, block_size), minlength=len(kinds)))
+    sizes = [min(total_blocks, max(1, max_seqs * int(m))) for m in most[:-1]] + [total_blocks]
+    return {kind.value: n for kind, n in zip(kinds, sizes)}
+
+
 def pool_kinds(fmt, block_size: int) -> list:
     """The pools a format needs, in order: FP16 (when a block can be FP16: the sink, or
     blocks younger than the first tier), then one per tier."""

@@ -225,3 +225,36 @@ def test_grow_out_of_a_pool_or_past_max_seq_len_changes_nothing():
     assert all(np.array_equal(x, y) for x, y in zip(state[0], after[0]))
     assert np.array_equal(state[1], after[1]) and np.array_equal(state[2], after[2])
     cache.check_invariants()
+
+
+@pytest.mark.parametrize("fmt", ["int4-aged", "int2-aged", AGED3, "int4"], ids=lambda f: getattr(f, "name", f))
+def test_pools_sized_by_pool_blocks_for_hold_any_workload_of_that_many_blocks(fmt, rng, seed):
+    # sequences growing token by token (no forks: shared blocks would need fewer) never run
+    # out of a pool while their sealed blocks together stay within total_blocks
+    from hexcore.host import pool_blocks_for
+
+    print(f"seed {seed}")
+    total, max_seqs = 40, 4
+    pools = pool_blocks_for(fmt, BS, total, max_seqs)
+    assert list(pools) == [k.value for k in _kinds(fmt)] and list(pools.values())[-1] == total
+    cache = TieredKVCache(CONFIG, fmt, pools, max_seqs, max_seq_len=64 * BS)
+    ids = np.array([cache.add_sequence() for _ in range(max_seqs)], np.int32)
+    for _ in range(total * BS):
+        s = ids[rng.integers(max_seqs)]
+        if sum(cache.seq_len(int(i)) // BS for i in ids) + ((cache.seq_len(int(s)) + 1) % BS == 0) > total:
+            break
+        cache.step(np.array([s], np.int32))  # raises HexcoreOOMError if a pool is too small
+    cache.check_invariants()
+
+
+def test_pool_blocks_for_presets_and_bad_values():
+    from hexcore.host import pool_blocks_for
+
+    assert pool_blocks_for("int2-aged", 32, 1024, 16) == {"fp16": 16, "int4": 192, "int2": 1024}
+    assert pool_blocks_for("int4-aged", 32, 1024, 16) == {"fp16": 32, "int4": 1024}
+    assert pool_blocks_for("int4-aged", 32, 20, 16) == {"fp16": 20, "int4": 20}  # never above the total
+    for args, match in (((32, 0, 4), "total_blocks"), ((32, 8, 0), "max_seqs"), ((0, 8, 4), "block_size")):
+        with pytest.raises(HexcoreInvalidArgumentError, match=match):
+            pool_blocks_for("int2-aged", *args)
+    with pytest.raises(HexcoreConfigError, match="format"):
+        pool_blocks_for("int3", 32, 8, 4)
