@@ -129,6 +129,12 @@ class Engine:
         self.store = self.graph = self.speculative = self.faults = None
         self._owner = self.cache
 
+    @property
+    def format(self):
+        """The format by age this Engine holds its blocks in (a ``hexcore.quant.KVFormat``),
+        or None for one kind of block (``config.kv_dtype``)."""
+        return None if self._tiered is None else self.cache.format
+
     def _not_tiered(self, what: str) -> None:
         if self._tiered is not None:
             raise HexcoreConfigError(f"{what}: not with a format by age ({self.cache.format.name})")

@@ -96,17 +96,26 @@ class TieredParts:
                    stream=stream, rows=(n - rest, rest))
 
     def buffers(self, batch: int) -> tuple:
-        """Device ``StepViews`` (q, k, v, out) of a step of ``batch`` sequences: ``[L, B, heads, D]``
-        float16 numba device arrays."""
+        """``StepViews`` (q, k, v, out) of a step of ``batch`` sequences: ``[L, B, heads, D]``
+        float16, torch tensors whenever torch with CUDA is installed (as ``DecodeGraph``'s),
+        numba device arrays otherwise."""
+        return self.arrays(batch)[1]
+
+    def arrays(self, batch: int) -> tuple:
+        """(numba device arrays, the views :meth:`buffers` gives) of a step of ``batch``."""
         from numba import cuda
 
         from .cuda import StepViews
+        from .cuda.device import SIMULATOR
 
         if batch not in self._buffers:
             cfg = self.config
             L, H, D = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
-            self._buffers[batch] = StepViews(*(cuda.device_array((L, batch, h, D), np.float16)
-                                               for h in (self.num_q_heads, H, H, self.num_q_heads)))
+            arrays = StepViews(*(cuda.device_array((L, batch, h, D), np.float16)
+                                 for h in (self.num_q_heads, H, H, self.num_q_heads)))
+            torch = None if SIMULATOR else _torch_with_cuda()
+            views = arrays if torch is None else StepViews(*(torch.as_tensor(a, device="cuda") for a in arrays))
+            self._buffers[batch] = (arrays, views)
         return self._buffers[batch]
 
     def step(self, ids: np.ndarray) -> "TieredEngineStep":
@@ -127,7 +136,7 @@ class TieredEngineStep:
         from numba import cuda
 
         self.parts, self.result, self.batch = parts, result, len(ids)
-        self.buffers = parts.buffers(self.batch)
+        self._arrays, self.buffers = parts.arrays(self.batch)
         cache, bs = parts.cache, parts.config.block_size
         self._slots = [cuda.to_device(np.where(pools == p, ids, -1).astype(np.int32))  # -1: skipped by append
                        if (pools == p).any() else None for p in range(len(parts.stores))]
@@ -145,7 +154,7 @@ class TieredEngineStep:
 
     def output(self) -> np.ndarray:
         """``out`` on the host: float16 ``[L, B, num_q_heads, D]`` (synchronises)."""
-        return self.buffers[3].copy_to_host()
+        return self._arrays[3].copy_to_host()
 
     def run(self, stream=None):
         """Append, seal and attention for every layer; returns ``out``."""
@@ -166,14 +175,17 @@ class TieredEngineStep:
 
     def _attend(self, layer: int, stream):
         from .cuda import append, run_tiered_ops, seal, tiered_decode
+        from .cuda.streams import resolve_stream, torch_current_stream
 
+        if stream is None and self.buffers is not self._arrays:  # torch views: torch's current stream
+            stream = resolve_stream(torch_current_stream())
         parts, ops = self.parts, self.result.ops
         fitted = parts.cache.format.fitted_keys
         if not self._resealed:  # this step's fork copies, then its re-seals (every layer: they read only old blocks)
             parts.copy_forks(stream, self._forks)
             run_tiered_ops(parts.stores, np.ascontiguousarray(ops[ops[:, OP_SRC_KIND] != SEAL]), fitted)
             self._resealed = True
-        q, k, v, out = self.buffers
+        q, k, v, out = self._arrays
         for store, slots in zip(parts.stores, self._slots):
             if slots is not None:
                 append(store, k[layer], v[layer], slots, self._positions, layer=layer, stream=stream)
@@ -184,9 +196,18 @@ class TieredEngineStep:
                  layer=layer, fitted_keys=fitted and kind_bits(parts, kind) == 2, stream=stream)
         tiered_decode(q[layer], parts.stores, *self._decode, layer=layer, out=out[layer], scale=parts.scale,
                       stream=stream, options=parts.options)
-        return out[layer]
+        return self.buffers[3][layer]
 
 
 def kind_bits(parts: TieredParts, kind: int) -> int:
     """Bits of pool ``kind``'s blocks."""
     return parts.stores[kind].config.kv_dtype.bits
+
+
+def _torch_with_cuda():
+    """torch when it is installed with CUDA, else None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None

@@ -70,21 +70,34 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 from .._checks import as_int
-from ..config import KVCacheConfig
+from ..config import KVCacheConfig, KVDtype
 from ..engine import Engine
 from ..errors import HexcoreConfigError, HexcoreInvalidArgumentError
 from ..host.prefix import DEFAULT_PRIORITY, check_namespace, check_priority
+from ..host.tiered import pool_blocks_for
+from ..quant import FORMATS, KVFormat
 from ._hf_crop import crop as crop_rows
 from ._hf_crop import record
 from ._hf_parts import HexcoreLayer, Prefill, ReleaseFinished, model_kv_shape, read_buffer, write_buffer
 from ._hf_prefix import Extend, admit_batch, install_token_hook
 
 ATTN_IMPLEMENTATION = "hexcore"
+PLAIN = tuple(d.value for d in KVDtype)  # kv_dtype names that are not formats by age
 
 _handoff = threading.local()  # update() -> attention function of the same layer: (cache, layer, key)
 
 
 # -- the cache ---------------------------------------------------------------------------
+def format_by_age(kv_dtype):
+    """The KVFormat ``kv_dtype`` names when it is a format by age (a ``KVFormat`` or a name
+    in ``hexcore.quant.FORMATS`` other than a plain dtype's), else None."""
+    if isinstance(kv_dtype, KVFormat):
+        return kv_dtype
+    if isinstance(kv_dtype, str) and kv_dtype.lower() in FORMATS and kv_dtype.lower() not in PLAIN:
+        return FORMATS[kv_dtype.lower()]
+    return None
+
+
 class HexcoreCache(Cache):
     """A transformers ``Cache`` whose keys and values live in a hexcore :class:`~hexcore.Engine`.
 
@@ -92,7 +105,12 @@ class HexcoreCache(Cache):
     ----------
     config : the model's config (``model.config``), or the model itself (needed for
         ``prefix_cache``); its decoder must be full attention.
-    kv_dtype : "fp16", "int4" or "int2": how sealed blocks are stored (tails are FP16).
+    kv_dtype : "fp16", "int4" or "int2": how sealed blocks are stored (tails are FP16); or a
+        format by age (``"int4-aged"``, ``"int2-aged"`` or a ``hexcore.quant.KVFormat``,
+        ``docs/formats.md``): the Engine then holds a pool per kind of block, sized by
+        ``hexcore.host.pool_blocks_for`` for ``max_tokens`` and ``max_seqs``, and runs its
+        steps eagerly; the prefix cache, chunked prefill, continued prompts and ``crop``
+        are refused with HexcoreConfigError.
     max_tokens : tokens the sealed pool holds, all rows together (blocks of ``block_size``).
     max_seqs : rows at once, forks included (beam search needs ``batch * num_beams``, plus
         the forks of one reorder); each costs one FP16 tail per layer.
@@ -129,12 +147,16 @@ class HexcoreCache(Cache):
         shape = model_kv_shape(config)
         block_size = as_int("block_size", block_size, 16, 256)
         max_tokens = as_int("max_tokens", max_tokens, 1)
+        fmt = format_by_age(kv_dtype)
         self.kv_config = KVCacheConfig(num_layers=shape["num_layers"], num_kv_heads=shape["num_kv_heads"],
-                                       head_dim=shape["head_dim"], block_size=block_size, kv_dtype=kv_dtype,
+                                       head_dim=shape["head_dim"], block_size=block_size,
+                                       kv_dtype="fp16" if fmt else kv_dtype,
                                        group_size=min(as_int("group_size", group_size, 1), shape["head_dim"]))
-        self.engine = Engine(self.kv_config, -(-max_tokens // block_size), as_int("max_seqs", max_seqs, 1),
-                             shape["num_q_heads"], max_seq_len=max_seq_len, scale=shape["scale"], options=options,
-                             prefix_cache=prefix_cache)
+        blocks, max_seqs = -(-max_tokens // block_size), as_int("max_seqs", max_seqs, 1)
+        tiered = dict(format=fmt, pool_blocks=pool_blocks_for(fmt, block_size, blocks, max_seqs)) if fmt else {}
+        self.engine = Engine(self.kv_config, 0 if fmt else blocks, max_seqs, shape["num_q_heads"],
+                             max_seq_len=max_seq_len, scale=shape["scale"], options=options, prefix_cache=prefix_cache,
+                             **tiered)
         self.scale, self.capacity = shape["scale"], self.engine.cache.max_seq_len
         window = shape["sliding_window"]
         if window is not None and window < self.capacity:
@@ -318,8 +340,11 @@ class HexcoreCache(Cache):
         sealed block goes back to the block's start and stores the kept tokens again from
         the row's journal (``max_rollback``). A cut the cache cannot make (deeper than the
         journal, or into a row's prompt padding) raises HexcoreInvalidArgumentError naming
-        ``max_length`` before any row changes.
+        ``max_length`` before any row changes; a cache in a format by age raises
+        HexcoreConfigError (its blocks cannot be cut back).
         """
+        if self.engine.format is not None:
+            raise HexcoreConfigError(f"crop: not with a format by age ({self.engine.format.name})")
         crop_rows(self, max_length)
 
     def _remember(self, row: int, start: int, k, v, ids) -> None:

@@ -167,6 +167,38 @@ def test_ragged_batch_fp16_matches_dynamic_cache(seed):
     cache.engine.cache.check_invariants()
 
 
+@pytest.mark.parametrize("fmt,quantized,bound", [("int4-aged", False, 5e-3), ("int2-aged", True, 0.5)])
+def test_a_format_by_age_generates(fmt, quantized, bound, seed):
+    # rows of 40 and 20 tokens, block 16: the first's block 0 is the FP16 sink, its block 1
+    # is sealed INT4 at age 0 under int2-aged (FP16 under int4-aged: younger than 32 tokens).
+    # All FP16: as DynamicCache. One INT4 block moves a random-weight model's logits by
+    # 0.06-0.19 (seeds 7767392829664459335 and the next run's): a loose bound that tells a
+    # read block from none; the Engine's and the kernels' tests check the values exactly
+    model = tiny_model(seed)
+    ids, mask = ragged_prompts(seed, [40, 20])
+    ref = generate(model, transformers.DynamicCache(config=model.config), ids, mask, 4)
+    cache = make_cache(model, kv_dtype=fmt)
+    assert cache.engine.cache.format.name == fmt and len(cache.engine.stores) == 2 + quantized
+    got = generate(model, cache, ids, mask, 4)
+    errors = [relative_error(a, b) for a, b in zip(got.logits, ref.logits)]
+    print(f"{fmt}: logits vs DynamicCache, relative error per step {[f'{e:.1e}' for e in errors]}")
+    if quantized:
+        assert 1e-4 < max(errors[:same_greedy_path(got, ref) + 1]) <= bound  # the INT4 block is read
+    else:
+        assert torch.equal(got.sequences, ref.sequences) and max(errors) <= bound
+    pools = cache.engine.cache.pools
+    assert [p.num_blocks for p in pools][-1] == 1024 // 16  # the last tier's pool holds max_tokens
+    with pytest.raises(HexcoreConfigError, match=f"crop: not with a format by age \\({fmt}\\)"):
+        cache.crop(-1)
+    cache.reset()
+    assert all(p.num_free_blocks == p.num_blocks for p in pools)
+
+
+def test_a_format_by_age_refuses_the_prefix_cache(seed):
+    with pytest.raises(HexcoreConfigError, match="prefix_cache: not with a format by age"):
+        make_cache(tiny_model(seed), kv_dtype="int2-aged", prefix_cache=True)
+
+
 # -- the host side: rows, forks, refusals (no decode kernels) ------------------------------------
 def rows_with_blocks(cache, lengths):
     """Rows whose sequences hold ``lengths`` tokens (block-manager state only)."""
