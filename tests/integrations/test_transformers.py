@@ -194,6 +194,23 @@ def test_a_format_by_age_generates(fmt, quantized, bound, seed):
     assert all(p.num_free_blocks == p.num_blocks for p in pools)
 
 
+def test_beam_search_on_a_format_by_age(seed):
+    # forks of the format's rows (sealed blocks in two pools shared, tails copied) under
+    # beam search; int4-aged holds these short rows in FP16, so DynamicCache is the reference
+    model = tiny_model(seed)
+    ids, mask = ragged_prompts(seed, [20, 13])
+    kwargs = dict(num_beams=2, num_return_sequences=2, output_scores=True, return_dict_in_generate=True,
+                  max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        ref = model.generate(ids, attention_mask=mask, past_key_values=transformers.DynamicCache(config=model.config),
+                             **kwargs)
+        cache = make_cache(model, kv_dtype="int4-aged")
+        got = model.generate(ids, attention_mask=mask, past_key_values=cache, **kwargs)
+    check_beam_search(model, got, ref, mask)
+    assert cache.engine.cache.num_sequences == 4  # 2 prompts x 2 beams
+    cache.engine.cache.check_invariants()
+
+
 def test_a_format_by_age_refuses_the_prefix_cache(seed):
     with pytest.raises(HexcoreConfigError, match="prefix_cache: not with a format by age"):
         make_cache(tiny_model(seed), kv_dtype="int2-aged", prefix_cache=True)
