@@ -187,7 +187,7 @@ def prefill_attention_batch(q, k_new, v_new, store, layer: int, block_tables, pr
         _sdpa_batch_path(store, layer, rows, (q_in, q), k_new, v_new, (out, out_dev), scale, stream, launch_stream)
         return out
     shape = (B, cfg.num_kv_heads, rows.S_max, cfg.head_dim)
-    k_s, v_s = rows.scratch(launch_stream, lambda: tuple(
+    k_s, v_s = rows.scratch(launch_stream, "numba", lambda: tuple(
         cuda.device_array(shape, np.float16, stream=launch_stream.numba) for _ in range(2)))
     _gather_batch(store, layer, rows, k_new, v_new, k_s, v_s, launch_stream)
     group = num_q_heads // cfg.num_kv_heads
@@ -248,10 +248,11 @@ class BatchRows:
             self._mask = extend_mask(*self.lengths(device), self.n_max, self.S_max)
         return self._mask
 
-    def scratch(self, stream, make):
-        """The gather's scratch for calls on ``stream`` (a resolved Stream): ``make()`` the
-        first time and whenever the stream differs from the last call's, else the same."""
-        key = id(stream.numba) if stream.handle is None else int(stream.handle)
+    def scratch(self, stream, kind: str, make):
+        """The gather's scratch of ``kind`` (the backend) for calls on ``stream`` (a resolved
+        Stream): ``make()`` the first time and whenever either differs from the last call's,
+        else the same."""
+        key = (kind, id(stream.numba) if stream.handle is None else int(stream.handle))
         if self._scratch is None or self._scratch[0] != key:
             self._scratch = (key, make())
         return self._scratch[1]
@@ -389,7 +390,7 @@ def _sdpa_batch_path(store, layer, rows, q, k_new, v_new, out, scale, stream, la
             made = [torch.empty(shape, dtype=torch.float16, device=q.device) for _ in range(2)]
             return (*made, *(cuda.as_cuda_array(t) for t in made))
 
-        k_s, v_s, k_view, v_view = rows.scratch(launch_stream, make)
+        k_s, v_s, k_view, v_view = rows.scratch(launch_stream, "sdpa", make)
         _gather_batch(store, layer, rows, k_new, v_new, k_view, v_view, launch_stream)
         out.copy_(_sdpa_masked(q, k_s, v_s, rows.mask(q.device), scale))
 
