@@ -88,7 +88,7 @@ class TieredParts:
         if head:
             append(self.stores[pool], k, v, np.full(head, seq_id, np.int32),
                    np.arange(start % bs, start % bs + head, dtype=np.int32), stream=stream, rows=(0, head))
-        run_tiered_ops(self.stores, ops, self.cache.format.fitted_keys, rows=(k, v, start))
+        run_tiered_ops(self.stores, ops, self.cache.format.fitted_keys, rows=(k, v, start), stream=stream)
         rest = (start + n) % bs if n > head else 0
         if rest:
             pool = int(self.cache.tail_pools(ids)[0])
@@ -183,7 +183,7 @@ class TieredEngineStep:
         fitted = parts.cache.format.fitted_keys
         if not self._resealed:  # this step's fork copies, then its re-seals (every layer: they read only old blocks)
             parts.copy_forks(stream, self._forks)
-            run_tiered_ops(parts.stores, np.ascontiguousarray(ops[ops[:, OP_SRC_KIND] != SEAL]), fitted)
+            run_tiered_ops(parts.stores, np.ascontiguousarray(ops[ops[:, OP_SRC_KIND] != SEAL]), fitted, stream=stream)
             self._resealed = True
         q, k, v, out = self._arrays
         for store, slots in zip(parts.stores, self._slots):

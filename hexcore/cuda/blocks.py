@@ -254,7 +254,7 @@ def reseal_blocks(src: DeviceKVStore, src_ids, dst: DeviceKVStore, dst_ids, fitt
     seal_rows(dst, k_rows, v_rows, 0, dst_ids, fitted_keys=fitted_keys, stream=stream)
 
 
-def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, rows=None) -> None:
+def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, rows=None, stream=None) -> None:
     """Run a ``TieredKVCache`` step's operations (``TieredStep.ops``, int32 ``[n, 6]``) on its
     pools' stores (``stores[k]`` for pool ``k``), in order, a run of alike operations at a
     time: a seal seals tail slot ``seq_id`` of ``stores[kind]`` into ``block``; a re-seal is
@@ -263,7 +263,9 @@ def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, row
     ``rows``: ``(k, v, first)`` for the operations of one sequence's ``TieredKVCache.grow``
     (a prompt): ``k``, ``v`` float16 ``[L, n, H, D]`` hold its tokens ``first ..``; a block
     that starts at or after token ``first`` is sealed from them (``seal_rows``), the one the
-    tail was filling from the tail (complete it with ``append`` first)."""
+    tail was filling from the tail (complete it with ``append`` first). ``stream``: where
+    every launch goes (``streams.resolve_stream``; default: torch's current stream when
+    ``rows`` are torch tensors, else the default stream)."""
     from .write import seal, seal_rows
 
     from ..host.tiered import OP_BLOCK, OP_KIND, OP_LOGICAL, OP_SEQ, OP_SRC_BLOCK, OP_SRC_KIND
@@ -280,6 +282,7 @@ def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, row
                          | (ops[:, OP_SRC_KIND] >= len(stores)))
     if bad.size:
         raise HexcoreInvalidArgumentError(f"ops[{bad[0]}]: a pool outside [0, {len(stores)}): {ops[bad[0]].tolist()}")
+    stream = resolve_stream(stream, *(rows[:2] if rows is not None else ()))
     i = 0
     while i < len(ops):
         src, kind = int(ops[i, OP_SRC_KIND]), int(ops[i, OP_KIND])
@@ -292,14 +295,14 @@ def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, row
         if src < 0 and rows is not None and int(run[0, OP_LOGICAL]) * bs >= rows[2]:
             # a prompt's whole blocks, consecutive in a grow: one seal_rows from their first row
             seal_rows(stores[kind], rows[0], rows[1], int(run[0, OP_LOGICAL]) * bs - rows[2], blocks,
-                      fitted_keys=fit)
+                      fitted_keys=fit, stream=stream)
         elif src < 0 and rows is not None and len(run) > 1:  # the tail's block first, then the prompt's
-            seal(stores[kind], np.ascontiguousarray(run[:1, OP_SEQ]), blocks[:1], fitted_keys=fit)
+            seal(stores[kind], np.ascontiguousarray(run[:1, OP_SEQ]), blocks[:1], fitted_keys=fit, stream=stream)
             seal_rows(stores[kind], rows[0], rows[1], int(run[1, OP_LOGICAL]) * bs - rows[2], blocks[1:],
-                      fitted_keys=fit)
+                      fitted_keys=fit, stream=stream)
         elif src < 0:
-            seal(stores[kind], np.ascontiguousarray(run[:, OP_SEQ]), blocks, fitted_keys=fit)
+            seal(stores[kind], np.ascontiguousarray(run[:, OP_SEQ]), blocks, fitted_keys=fit, stream=stream)
         else:
             reseal_blocks(stores[src], np.ascontiguousarray(run[:, OP_SRC_BLOCK]), stores[kind], blocks,
-                          fitted_keys=fit)
+                          fitted_keys=fit, stream=stream)
         i = j
