@@ -106,14 +106,14 @@ class TieredParts:
         from numba import cuda
 
         from .cuda import StepViews
-        from .cuda.device import SIMULATOR
+        from .cuda.streams import torch_with_cuda
 
         if batch not in self._buffers:
             cfg = self.config
             L, H, D = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
             arrays = StepViews(*(cuda.device_array((L, batch, h, D), np.float16)
                                  for h in (self.num_q_heads, H, H, self.num_q_heads)))
-            torch = None if SIMULATOR else _torch_with_cuda()
+            torch = torch_with_cuda()
             views = arrays if torch is None else StepViews(*(torch.as_tensor(a, device="cuda") for a in arrays))
             self._buffers[batch] = (arrays, views)
         return self._buffers[batch]
@@ -202,12 +202,3 @@ class TieredEngineStep:
 def kind_bits(parts: TieredParts, kind: int) -> int:
     """Bits of pool ``kind``'s blocks."""
     return parts.stores[kind].config.kv_dtype.bits
-
-
-def _torch_with_cuda():
-    """torch when it is installed with CUDA, else None."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None

@@ -100,6 +100,18 @@ def _shown(value) -> str:
     return text if len(text) <= 60 else text[:60] + "..."
 
 
+def torch_with_cuda():
+    """The torch module when torch with CUDA is installed and this is a real GPU (not the
+    simulator), else None: the one test of whether torch can run beside the kernels."""
+    if SIMULATOR:
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
 def torch_current_stream() -> int:
     """torch's current CUDA stream as a raw handle. ``torch.cuda.current_stream()``
     builds a Stream object per call (several us); the C accessor does not."""

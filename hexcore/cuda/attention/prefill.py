@@ -29,10 +29,9 @@ from numba import cuda
 from ..._checks import as_int
 from ...errors import HexcoreInvalidArgumentError
 from ..arrays import check_outside_store, checked, checked_layer, checked_store, device_pointer
-from ..device import SIMULATOR
 from ..launch import Launch
 from ..store import flat_words
-from ..streams import resolve_stream, torch_stream
+from ..streams import resolve_stream, torch_stream, torch_with_cuda
 from .prefill_kernels import (EXTEND_THREADS, GATHER_THREADS, extend_grid, extend_kernel, gather_batch_kernel,
                               gather_grid, gather_kernel)
 
@@ -499,21 +498,11 @@ def _checked_backend(backend) -> str:
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise HexcoreInvalidArgumentError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return "sdpa" if _torch_cuda() else "numba"
-    if backend == "sdpa" and not _torch_cuda():
+        return "sdpa" if torch_with_cuda() else "numba"
+    if backend == "sdpa" and torch_with_cuda() is None:
         raise HexcoreInvalidArgumentError("backend: 'sdpa' needs torch with CUDA on a GPU (not the simulator); "
                                           "use 'numba'")
     return backend
-
-
-def _torch_cuda() -> bool:
-    if SIMULATOR:
-        return False
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
 
 
 def _new_like(q, shape):

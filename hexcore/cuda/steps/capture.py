@@ -13,7 +13,7 @@ import weakref
 
 from ...errors import HexcoreCudaError, HexcoreInvalidArgumentError
 from ..device import SIMULATOR
-from ..streams import stream_handle
+from ..streams import stream_handle, torch_with_cuda
 
 BACKENDS = ("auto", "torch", "driver", "eager")
 _warned: list = []
@@ -93,12 +93,7 @@ def choose_backend(name: str) -> tuple:
             _warned.append(True)
             warnings.warn("DecodeGraph: CUDA graphs need a GPU; on the simulator steps run eagerly", stacklevel=3)
         return "eager", None
-    try:
-        import torch
-
-        torch = torch if torch.cuda.is_available() else None
-    except ImportError:
-        torch = None
+    torch = torch_with_cuda()
     if name == "torch" and torch is None:
         raise HexcoreInvalidArgumentError("backend: 'torch' needs torch with CUDA, which is not installed")
     return ("torch" if torch is not None else "driver") if name == "auto" else name, torch
