@@ -80,11 +80,10 @@ class PreparedLaunch:
         argtypes = tuple(dispatcher.typeof_pyval(a) for a in self._args)
         kernel = dispatcher.compile(argtypes)
         values: list = []
-        self._where = []  # argument i -> (its first marshalled value, how many)
+        self._first = []  # argument i -> the index of its first marshalled value
         for argtype, value in zip(kernel.argument_types, self._args):
-            first = len(values)
+            self._first.append(len(values))
             kernel._prepare_args(argtype, value, 0, [], values)  # numba's own marshalling, done once
-            self._where.append((first, len(values) - first))
         function = kernel._codelibrary.get_cufunc()
         self.name, self._core = function.name, None
         if path == "core":
@@ -111,7 +110,7 @@ class PreparedLaunch:
         self._args = self._args[:index] + (value,) + self._args[index + 1:]
         if SIMULATOR:
             return
-        at, _ = self._where[index]
+        at = self._first[index]  # an int argument is one value
         if self._core is not None:
             values = self._core[2]
             values[at] = type(values[at])(value)  # the ctypes integer numba marshalled
