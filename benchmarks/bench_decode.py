@@ -9,7 +9,7 @@ pool, decoded by ``tiered_decode``'s prepared launches; ``int4+merge`` (any dtyp
 is that path with one pool: the partials kernel (no fused merge, no spills) and a separate
 merge launch, against the fused merge of the plain row.
 
-``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, joint softmax); ``--name`` names the JSON
+``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, softmax per 16 tokens); ``--name`` names the JSON
 (decode_<name>.json under $OUT). The hexcore rows use only the API older versions share
 (DecodePlan without options when none are given), so the same script measures a
 previous commit's package first on PYTHONPATH.
@@ -211,7 +211,7 @@ def option_variants():
 
     return {"": DecodeOptions(), " prefetch=quantized": DecodeOptions(l2_prefetch="quantized"),
             " prefetch=all": DecodeOptions(l2_prefetch="all"), " no register cap": DecodeOptions(max_registers=255),
-            " joint softmax": DecodeOptions(joint_softmax=True)}
+            " per-16 softmax": DecodeOptions(joint_softmax=False)}
 
 
 def main(argv) -> None:

@@ -73,7 +73,7 @@ def code_reg_function(bits: int):
     return code_reg
 
 
-def warp_functions(shape: DecodeShape, joint_softmax: bool = False) -> WarpFunctions:
+def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFunctions:
     """The k-step functions of ``shape`` (see the module docstring); ``joint_softmax``: one
     softmax update per 32-token chunk of a sealed INT block instead of one per k-step."""
     s = shape

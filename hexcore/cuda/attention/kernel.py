@@ -60,7 +60,7 @@ else:
 
 @functools.cache
 def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
-                  joint_softmax: bool = False, partials: bool = False):
+                  joint_softmax: bool = True, partials: bool = False):
     """The decode kernel of ``shape``, compiled on first launch (cached); the other
     arguments are DecodeOptions fields of the same names (``max_registers`` None: 128). One CTA per work item: the grid
     ``(splits, num_kv_heads * head_groups, batch)`` names the item's split, KV head and head
@@ -82,7 +82,7 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
 
 
 @functools.cache
-def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_softmax: bool = False,
+def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_softmax: bool = True,
                          partials: bool = False):
     """``decode_item(<the decode kernel's arguments>, split, h, hg, b)``: one work item, done by
     the whole CTA (every thread calls it, and every thread returns from it together): the

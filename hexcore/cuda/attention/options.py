@@ -37,7 +37,8 @@ class DecodeOptions:
       (INT4/INT2 blocks are copied one chunk ahead into shared memory anyway): "quantized",
       "all" (FP16 blocks too) or "none".
     - ``joint_softmax``: one softmax update per 32 tokens of a sealed INT block instead of
-      one per 16 (fewer shuffles, more registers).
+      one per 16 (fewer shuffles and a shorter loop; on by default since the tenth session,
+      4-7% faster on every INT4/INT2 shape measured, FP16 unchanged: ``benchmarks/RESULTS.md``).
     - ``launch_path``: "raw" (one ``cuLaunchKernel``) or "core" (``cuda.core.launch``)
       for prepared launches.
     """
@@ -47,7 +48,7 @@ class DecodeOptions:
     split_overhead: float = 1.0
     max_registers: int | None = None
     l2_prefetch: str = "none"
-    joint_softmax: bool = False
+    joint_softmax: bool = True
     launch_path: str = "raw"
 
     def __post_init__(self):

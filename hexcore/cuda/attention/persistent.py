@@ -92,7 +92,7 @@ class PersistentStats(NamedTuple):
 
 @functools.cache
 def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
-                      joint_softmax: bool = False, count_items: bool = False):
+                      joint_softmax: bool = True, count_items: bool = False):
     """The slice kernel of ``shape``: the decode kernel's arguments, then ``state`` int64
     ``[STATE_WORDS]``, ``log`` int64 ``[MAX_LOGGED * LOG_WORDS]``, ``item_counts`` int32 (``[items]``
     with ``count_items``), ``budget_ns``, ``num_items``. Launched with a 1-D grid.
