@@ -115,6 +115,12 @@ def admit_batch(cache, input_ids, attention_mask=None) -> list:
 
 
 # -- new tokens over what rows hold ---------------------------------------------------------
+def _real(x, index, tokens: int):
+    """``x`` ``[heads, tokens, D]`` at the real positions ``index`` (sorted, distinct): ``x``
+    itself when every position is real, else a gathered copy."""
+    return x if index.numel() == tokens else x.index_select(1, index)
+
+
 class Extend:
     """``tokens`` new positions per row on rows that hold some already (a prompt's later
     chunk, the uncached rest of an admitted prompt, a continuation).
@@ -154,9 +160,9 @@ class Extend:
             self.stage = (q, k, v, engine_view(k), engine_view(v))
         q, k, v, k_view, v_view = self.stage
         for j, (row, _, index) in enumerate(self.live):  # each row's real tokens, padded to the longest
-            self.k[row][layer] = key[row].index_select(1, index).transpose(0, 1)
-            self.v[row][layer] = value[row].index_select(1, index).transpose(0, 1)
-            q[j, :lengths[j]] = query[row].index_select(1, index).transpose(0, 1)
+            self.k[row][layer] = _real(key[row], index, self.tokens).transpose(0, 1)
+            self.v[row][layer] = _real(value[row], index, self.tokens).transpose(0, 1)
+            q[j, :lengths[j]] = _real(query[row], index, self.tokens).transpose(0, 1)
             k[j, :lengths[j]], v[j, :lengths[j]] = self.k[row][layer], self.v[row][layer]
         seqs = [seq for _, seq, _ in self.live]
         if self.rows is None:  # the rows' tables and lengths, on the device once for every layer
@@ -165,7 +171,10 @@ class Extend:
                                              rows=self.rows)
         got = read_buffer(got, query)
         for j, (row, _, index) in enumerate(self.live):
-            out[row].index_copy_(0, index, got[j, :lengths[j]].to(out.dtype))
+            if lengths[j] == self.tokens:  # every position real (no padding): in order
+                out[row].copy_(got[j])
+            else:
+                out[row].index_copy_(0, index, got[j, :lengths[j]].to(out.dtype))
         return out
 
     def _start(self, key, mask) -> None:

@@ -163,8 +163,8 @@ def prefill_attention_batch(q, k_new, v_new, store, layer: int, block_tables, pr
     k_new = checked(k_new, "k_new", np.float16, (None, None, cfg.num_kv_heads, cfg.head_dim))
     B, n_max = k_new.shape[0], k_new.shape[1]
     v_new = checked(v_new, "v_new", np.float16, (B, n_max, cfg.num_kv_heads, cfg.head_dim))
-    q_in = q
-    q = checked(q, "q", np.float16, (B, n_max, None, cfg.head_dim))
+    q_in, torch_only = q, backend == "sdpa"  # (a CUDA tensor SDPA reads needs no numba view)
+    q = checked(q, "q", np.float16, (B, n_max, None, cfg.head_dim), view=not torch_only)
     num_q_heads = q.shape[2]
     if num_q_heads == 0 or num_q_heads % cfg.num_kv_heads:
         raise HexcoreInvalidArgumentError(
@@ -177,7 +177,7 @@ def prefill_attention_batch(q, k_new, v_new, store, layer: int, block_tables, pr
     out_shape = (B, n_max, num_q_heads, cfg.head_dim)
     if out is None:
         out = _new_like(q_in, out_shape)
-    out_dev = checked(out, "out", np.float16, out_shape)
+    out_dev = checked(out, "out", np.float16, out_shape, view=not torch_only)
     check_outside_store(store, out=out_dev)
     launch_stream = resolve_stream(stream, q_in, k_new, v_new, out)
     if rows.S_max == 0 or n_max == 0:
@@ -260,6 +260,8 @@ class BatchRows:
         """The gather's prepared launch over ``buffers`` (its device arrays ``k_new``, ``v_new``,
         ``k_out``, ``v_out``): ``make().prepare()`` the first time and whenever a buffer's
         address or shape differs from the last call's, else the same (set its layer)."""
+        if self._gather is not None and all(a is b for a, b in zip(self._gather[2], buffers)):
+            return self._gather[1]  # the very arrays of the last call (a numba array's address is fixed)
         key = tuple((device_pointer(x) or id(x), x.shape) for x in buffers)  # (simulator: no address)
         if self._gather is None or self._gather[0] != key:
             self._gather = (key, make().prepare(), buffers)  # the buffers held: their ids stay theirs
