@@ -16,6 +16,7 @@ import sys
 from .config import PRESETS, KVCacheConfig, KVDtype
 from ._checks import as_int
 from .errors import HexcoreError, HexcoreInvalidArgumentError
+from .quant import FORMATS
 
 GIB = 1 << 30
 MAX_BUDGET_GIB = 2**32  # 4 EiB: budgets stay exact ints far below hexcore's 2**62 limit
@@ -163,8 +164,8 @@ def format_rows(preset: str, budget_bytes: int, block_size: int, context: int) -
     shape = dict(head_dim=cfg.head_dim, block_size=block_size, group_size=cfg.group_size, context=context,
                  num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads)
     fp16 = quant.FORMATS["fp16"].bytes_per_token(**shape)
-    lines = ["", f"formats by age, one sequence of {context:,} tokens (planned: the store, seal and decode "
-                 "do not take them yet; docs/formats.md)",
+    lines = ["", f"formats by age, one sequence of {context:,} tokens (Engine(format=...), HexcoreCache(kv_dtype=...), "
+                 "hexcore demo --format; docs/formats.md)",
              f"{'format':<10} {'bytes/token':>12} {'vs fp16':>8} {'seqs @ ' + format(context, ','):>14}"]
     for name, fmt in quant.FORMATS.items():
         if name in {d.value for d in KVDtype}:
@@ -206,10 +207,11 @@ def _serve_report(args) -> str:
     simulated = use_simulator_if_no_gpu()
     from .demo import default_requests, demo_shape, format_summary, run_demo, write_json
 
-    shape = demo_shape(simulated, args.preset, args.kv_dtype, args.block_size)
+    shape = demo_shape(simulated, args.preset, args.kv_dtype, args.block_size, format=args.format)
     requests = args.requests or default_requests(simulated)
-    print(f"serving {requests} requests ({shape.config.kv_dtype.value}, {shape.where}; pool of "
-          f"{shape.num_blocks} blocks, {shape.max_seqs} sequence slots)", flush=True)
+    pool = f"last pool of {shape.num_blocks} blocks" if args.format else f"pool of {shape.num_blocks} blocks"
+    print(f"serving {requests} requests ({args.format or shape.config.kv_dtype.value}, {shape.where}; {pool}, "
+          f"{shape.max_seqs} sequence slots)", flush=True)
     summary = run_demo(shape, requests, seed=args.seed, max_steps=args.steps, progress=not args.no_progress)
     if args.json:
         write_json(summary, args.json)
@@ -242,6 +244,9 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="capacity table, layout check, and a serving loop")
     _add_capacity_args(demo)
     demo.add_argument("--kv-dtype", default="int4", choices=[d.value for d in KVDtype])
+    demo.add_argument("--format", default=None, choices=[f for f in FORMATS if f not in {d.value for d in KVDtype}],
+                      help="serve from a format by age instead of one kv-dtype (no speculative allocation, block "
+                           "events or fault drill)")
     demo.add_argument("--requests", type=_int_in(1, MAX_REQUESTS), default=None,
                       help="requests to serve (default: 256 on a GPU, 8 on the simulator)")
     demo.add_argument("--seed", type=_int_in(0, 2**63 - 1), default=0, help="seed of the workload and the data")

@@ -5,6 +5,8 @@ heads, head_dim 128) over ``DEMO_LAYERS`` layers; on numba's CUDA simulator, whi
 one Python thread per CUDA thread, tiny shapes and a handful of requests, so the run
 finishes in about a minute on a small CPU. The serving loop is :class:`hexcore.serve.Server`
 (its Engine runs the speculative allocator; :mod:`hexcore.serve_faults` its fault drill).
+With ``format`` (a format by age, e.g. ``"int2-aged"``) the cache holds blocks by age
+instead, without speculative allocation, block events or the fault drill.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 
 import numpy as np
 
-from .config import PRESETS, KVCacheConfig, KVDtype
+from .config import PRESETS, KVCacheConfig
 from .serve import Server, ServeReport
 from .serve_workload import synthetic_workload
 
@@ -42,18 +44,20 @@ class DemoShape:
     check_seqs: int
     batch_buckets: tuple = (1, 2, 4, 8, 16, 32, 64)
     sample_every: int = 16  # sampled verification: each block once in this many steps
+    format: str | None = None  # a format by age (hexcore.quant.FORMATS), or None: config.kv_dtype
 
 
 def demo_shape(simulated: bool, preset: str = "llama-3-8b", kv_dtype: str = "int4", block_size: int = 32,
-               layers: int = DEMO_LAYERS) -> DemoShape:
-    """The run's sizes: the preset's attention shapes on a GPU; tiny ones on the simulator."""
+               layers: int = DEMO_LAYERS, format: str | None = None) -> DemoShape:
+    """The run's sizes: the preset's attention shapes on a GPU; tiny ones on the simulator.
+    ``format``: a format by age to hold the blocks in (``kv_dtype`` is then unused)."""
     if simulated:
         cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype=kv_dtype,
                             group_size=32)
         return DemoShape("CUDA simulator, tiny shapes (1 layer, 2 query heads / 1 KV head, head_dim 64)", cfg,
                          2, num_blocks=4, max_seqs=4, prompt_mean=20, prompt_max=30, output_mean=5, output_max=8,
                          arrivals_per_step=1.0, check_every=2, check_seqs=1, batch_buckets=(1, 2, 4),
-                         sample_every=2)
+                         sample_every=2, format=format)
     model = PRESETS[preset]
     cfg = KVCacheConfig(num_layers=layers, num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
                         block_size=block_size, kv_dtype=kv_dtype)
@@ -63,7 +67,7 @@ def demo_shape(simulated: bool, preset: str = "llama-3-8b", kv_dtype: str = "int
     return DemoShape(f"GPU, {preset} attention shapes ({model.num_q_heads} query heads / {model.num_kv_heads} "
                      f"KV heads, head_dim {model.head_dim}), {layers} layers", cfg, model.num_q_heads, num_blocks,
                      max_seqs=64, prompt_mean=prompt_mean, prompt_max=4000, output_mean=output_mean,
-                     output_max=512, arrivals_per_step=2.0, check_every=16, check_seqs=2)
+                     output_max=512, arrivals_per_step=2.0, check_every=16, check_seqs=2, format=format)
 
 
 def default_requests(simulated: bool) -> int:
@@ -106,16 +110,17 @@ def run_demo(shape: DemoShape, num_requests: int, seed: int = 0, max_steps: int 
                                   shape.output_max, shape.arrivals_per_step)
     bar = _Progress(int(workload.output_lens.sum()), progress)
     try:
-        fault = _fault_tolerance_available()
+        fault = shape.format is None and _fault_tolerance_available()
         server = Server(shape.config, shape.num_q_heads, shape.num_blocks, shape.max_seqs, workload, seed=seed,
                         check_every=shape.check_every, check_seqs=shape.check_seqs,
                         batch_buckets=shape.batch_buckets, on_step=bar, fault_tolerance=fault,
-                        sample_every=shape.sample_every, inject_at=3)
+                        sample_every=shape.sample_every, inject_at=3, format=shape.format)
         report = server.run(max_steps)
     finally:
         bar.close()
     if not fault:
-        return summarize(shape, report, {"available": False, "note": "hexcore.fault is not in this build"})
+        note = "not with a format by age" if shape.format else "hexcore.fault is not in this build"
+        return summarize(shape, report, {"available": False, "note": note})
     return summarize(shape, report, {"available": True, "injected": report.corruptions_injected,
                                      "detected": report.corruptions_detected,
                                      "migrated": report.sequences_migrated, "blocks_verified": report.blocks_verified,
@@ -133,11 +138,11 @@ def _fault_tolerance_available() -> bool:
 def summarize(shape: DemoShape, report: ServeReport, fault: dict) -> dict:
     """The run's figures, JSON-ready."""
     cfg = shape.config
-    fp16 = dataclasses.replace(cfg, kv_dtype=KVDtype.FP16)
     steps = np.array(report.step_seconds) * 1e3
     step_time = float(np.sum(report.step_seconds))
     return {
-        "where": shape.where, "kv_dtype": cfg.kv_dtype.value, "layers": cfg.num_layers,
+        "where": shape.where, "kv_dtype": shape.format or cfg.kv_dtype.value, "format": shape.format,
+        "layers": cfg.num_layers,
         "num_blocks": shape.num_blocks, "max_seqs": shape.max_seqs, "block_size": cfg.block_size,
         "requests": report.requests, "requests_finished": report.requests_finished,
         "preemptions": report.preemptions, "recomputed_tokens": report.recomputed_tokens,
@@ -149,10 +154,9 @@ def summarize(shape: DemoShape, report: ServeReport, fault: dict) -> dict:
         "step_ms_p50": float(np.percentile(steps, 50)) if len(steps) else math.nan,
         "step_ms_p99": float(np.percentile(steps, 99)) if len(steps) else math.nan,
         "peak_active_blocks": report.peak_active_blocks, "peak_tokens": report.peak_tokens,
-        "peak_kv_bytes": report.peak_active_blocks * cfg.block_bytes,
-        "peak_kv_bytes_fp16": report.peak_active_blocks * fp16.block_bytes,
-        "seals": report.seals, "speculative_hits": report.seal_hits,
-        "speculative_hit_rate": report.seal_hits / report.seals if report.seals else math.nan,
+        "peak_kv_bytes": report.peak_kv_bytes, "peak_kv_bytes_fp16": report.peak_kv_bytes_fp16,
+        "seals": report.seals, "reseals": report.reseals, "speculative_hits": report.seal_hits,
+        "speculative_hit_rate": report.seal_hits / report.seals if report.seals and not shape.format else math.nan,
         "mispredicted": report.mispredicted,
         "events_applied": report.events_applied, "mirror_mismatches": report.mirror_mismatches,
         "fault_tolerance": fault,
@@ -176,13 +180,15 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
         ("tokens/s", f"{_rate(s['decode_tokens_per_s'])} in decode steps, {_rate(s['wall_tokens_per_s'])} over "
                      f"the whole run ({s['wall_seconds']:.1f} s)"),
         ("step latency p50 / p99", f"{s['step_ms_p50']:.2f} / {s['step_ms_p99']:.2f} ms"),
-        ("peak blocks", f"{s['peak_active_blocks']:,} of {s['num_blocks']:,} ({s['peak_tokens']:,} tokens live)"),
+        ("peak blocks", f"{s['peak_active_blocks']:,} of {s['num_blocks']:,} ({s['peak_tokens']:,} tokens live)"
+         if not s.get("format") else f"{s['peak_tokens']:,} tokens live, the last pool {s['num_blocks']:,} blocks"),
         (f"KV memory at peak ({s['kv_dtype']})", f"{_size(s['peak_kv_bytes'])} in sealed blocks; FP16 would "
                                                  f"need {_size(s['peak_kv_bytes_fp16'])} ({ratio:.2f}x)"),
         ("speculative allocation", f"{s['speculative_hit_rate']:.1%} of {s['seals']:,} seals hit a reserved "
-                                   f"block, {s['mispredicted']} mispredicted"),
+                                   f"block, {s['mispredicted']} mispredicted" if not s.get("format") else
+         f"n/a (a format by age: {s['seals']:,} seals, {s['reseals']:,} re-seals as blocks aged)"),
         ("block events", f"{s['events_applied']:,} applied by the mirror, {s['mirror_mismatches']} table "
-                         f"mismatches"),
+                         f"mismatches" if not s.get("format") else "n/a (a format by age)"),
         ("corruptions detected", corruptions),
         ("attention error vs FP16", f"mean {s['attention_error_mean']:.2e}, max {s['attention_error_max']:.2e} "
                                     f"(rel. L2, {s['checked_outputs']} outputs vs float64 over exact FP16 K/V)"),

@@ -24,6 +24,13 @@ What is real is the cache, driven the way a serving engine drives it:
   ``check_seqs`` sequences is compared with float64 attention over their exact FP16 K/V;
 - **faults** (``fault_tolerance=True``): sampled verification, one injected corruption,
   its detection and repair (:class:`hexcore.serve_faults.FaultDrill`).
+
+With ``format`` (a format by age, e.g. ``"int2-aged"``, ``docs/formats.md``) the Engine holds
+blocks in a pool per kind, sized by ``hexcore.host.pool_blocks_for`` so that ``max_seqs``
+sequences always fit the bounded pools and ``num_blocks`` is the last pool's: admission
+counts the last pool's free blocks; a step seals and re-seals as blocks age; there is no
+speculative allocation, event ring or fault drill (the Engine refuses them with a format),
+and the step runs eagerly (no CUDA graph yet).
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ class ServeReport:
     requests: int = 0
     requests_finished: int = 0
     steps: int = 0
+    reseals: int = 0
     decode_tokens: int = 0
     prefill_tokens: int = 0
     recomputed_tokens: int = 0
@@ -67,6 +75,8 @@ class ServeReport:
     peak_batch: int = 0
     peak_active_blocks: int = 0
     peak_tokens: int = 0
+    peak_kv_bytes: int = 0
+    peak_kv_bytes_fp16: int = 0
     step_seconds: list = dataclasses.field(default_factory=list)
     prefill_seconds: float = 0.0
     wall_seconds: float = 0.0
@@ -91,6 +101,25 @@ class ServeReport:
         return float(np.mean(self.errors)) if self.errors else math.nan
 
 
+def _engine(cfg: KVCacheConfig, num_blocks: int, max_seqs: int, num_q_heads: int, batch_buckets, format,
+            fault_tolerance: bool):
+    """The run's Engine: speculative allocation over one pool, or a format by age's pools."""
+    from .engine import Engine
+
+    if format is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the simulator runs graphs eagerly, and says so
+            return Engine(cfg, num_blocks, max_seqs, num_q_heads, batch_buckets=batch_buckets, speculative=True)
+    from .host import pool_blocks_for
+
+    if fault_tolerance:
+        from .errors import HexcoreConfigError
+
+        raise HexcoreConfigError(f"fault_tolerance: not with a format by age (format={format!r:.40})")
+    return Engine(cfg, num_blocks, max_seqs, num_q_heads, format=format,
+                  pool_blocks=pool_blocks_for(format, cfg.block_size, num_blocks, max_seqs))
+
+
 def _synchronize() -> None:
     from numba import cuda
 
@@ -104,8 +133,8 @@ class Server:
     def __init__(self, cfg: KVCacheConfig, num_q_heads: int, num_blocks: int, max_seqs: int,
                  workload: Workload, seed: int = 0, max_prefill_tokens: int = 4096, check_every: int = 8,
                  check_seqs: int = 2, batch_buckets=(1, 2, 4, 8, 16, 32, 64), on_step=None,
-                 fault_tolerance: bool = False, sample_every: int = 4, inject_at: int | None = None):
-        from .engine import Engine
+                 fault_tolerance: bool = False, sample_every: int = 4, inject_at: int | None = None,
+                 format=None):
         from .errors import HexcoreInvalidArgumentError
 
         longest = int((workload.prompt_lens + workload.output_lens).max())
@@ -113,13 +142,12 @@ class Server:
             raise HexcoreInvalidArgumentError(f"num_blocks: a request of {longest} tokens needs "
                                               f"{longest // cfg.block_size + 1} blocks, got {num_blocks}")
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the simulator runs graphs eagerly, and says so
-            self.engine = Engine(cfg, num_blocks, max_seqs, num_q_heads, batch_buckets=batch_buckets,
-                                 speculative=True)
+        self.engine = _engine(cfg, num_blocks, max_seqs, num_q_heads, batch_buckets, format, fault_tolerance)
         self.cfg, self.num_q_heads, self.workload = cfg, num_q_heads, workload
-        self.cache = self.engine.cache
-        self.resume_events()
+        self.cache, self.tiered = self.engine.cache, self.engine.format is not None
+        self.ring = self.mirror = None  # the block event ring and its mirror (none with a format)
+        if not self.tiered:
+            self.resume_events()
         self.tokens = TokenTable(cfg, seed)
         self.rng = np.random.default_rng([seed, 2])
         self.max_prefill_tokens, self.check_every, self.check_seqs = max_prefill_tokens, check_every, check_seqs
@@ -139,8 +167,12 @@ class Server:
     # -- the block event mirror -------------------------------------------------------------
     def pause_events(self) -> None:
         """Apply the events published so far, then detach the ring (for in-place table edits)."""
-        self.report.events_applied += self.mirror.poll()
+        self._poll_events()
         self.cache.attach_event_ring(None)
+
+    def _poll_events(self) -> None:
+        if self.mirror is not None:
+            self.report.events_applied += self.mirror.poll()
 
     def resume_events(self) -> None:
         """A fresh event ring, and a mirror that starts from the cache's tables as they are."""
@@ -164,12 +196,12 @@ class Server:
             n = req.prompt_len + req.generated  # a preempted request recomputes what it had
             if n > budget and budget < self.max_prefill_tokens:
                 break  # this step's prefill budget is spent
-            if self.cache.num_free_blocks < n // bs + 1:
-                if not self.running and self.cache.num_free_blocks + self.cache.num_reserved_blocks < n // bs + 1:
+            if self._free_blocks() < n // bs + 1:
+                if not self.running and self._free_blocks() + self._reserved_blocks() < n // bs + 1:
                     from .errors import HexcoreOOMError
 
                     raise HexcoreOOMError(f"request {req.req_id} needs {n // bs + 1} blocks and nothing runs: "
-                                          f"{self.cache.num_free_blocks} free")
+                                          f"{self._free_blocks()} free")
                 break  # admission by free blocks: its prompt, and a block for its next seal
             self.waiting.popleft()
             t0 = time.perf_counter()
@@ -184,6 +216,23 @@ class Server:
             self.report.recomputed_tokens += req.generated
             budget -= n
             self.running.append(req)
+
+    def _free_blocks(self) -> int:
+        """Blocks free for a request's sealed blocks: the cache's free stack, or with a format
+        the last pool's (the pools before it always hold ``max_seqs`` sequences)."""
+        return self.cache.pools[-1].num_free_blocks if self.tiered else self.cache.num_free_blocks
+
+    def _reserved_blocks(self) -> int:
+        return 0 if self.tiered else self.cache.num_reserved_blocks
+
+    def _kv_bytes(self) -> tuple[int, int]:
+        """(bytes of the sealed blocks in use, what FP16 blocks would take), all layers."""
+        fp16 = dataclasses.replace(self.cfg, kv_dtype="fp16").block_bytes
+        if not self.tiered:
+            return self.cache.num_active_blocks * self.cfg.block_bytes, self.cache.num_active_blocks * fp16
+        used = [(pool.num_active_blocks, dataclasses.replace(self.cfg, kv_dtype=kind).block_bytes)
+                for pool, kind in zip(self.cache.pools, self.cache.kinds)]
+        return sum(n * size for n, size in used), sum(n for n, _ in used) * fp16
 
     def _step_preempting(self):
         """``Engine.step`` over the running requests, preempting the latest admitted while the
@@ -219,12 +268,21 @@ class Server:
             self.faults.record_step(step.result)
         _synchronize()
         self.report.step_seconds.append(host_seconds + time.perf_counter() - t1 + verify_seconds)
-        result = step.result
-        self.report.seals += result.num_sealed
-        self.report.seal_hits += result.num_hits
-        self.report.events_applied += self.mirror.poll()
+        self._count_seals(step.result)
+        self._poll_events()
         if step_no % self.check_every == 0:
             self._check(step, q, positions)
+
+    def _count_seals(self, result) -> None:
+        if self.tiered:  # a TieredStep: its operations, seals (source kind SEAL) and re-seals
+            from .host.tiered import OP_SRC_KIND, SEAL
+
+            sealed = int((result.ops[:, OP_SRC_KIND] == SEAL).sum())
+            self.report.seals += sealed
+            self.report.reseals += len(result.ops) - sealed
+        else:
+            self.report.seals += result.num_sealed
+            self.report.seal_hits += result.num_hits
 
     def preempt(self, victim: Request) -> None:
         """Free ``victim``'s sequence and queue it first, to be recomputed when admitted again."""
@@ -247,7 +305,7 @@ class Server:
                 expect = exact_attention(q[layer, j], keys[layer], values[layer], scale)
                 self.report.errors.append(float(np.linalg.norm(out[layer, j] - expect) / np.linalg.norm(expect)))
                 self.report.checked_outputs += 1
-        for req in self.running:
+        for req in self.running if self.mirror is not None else ():
             if not np.array_equal(self.mirror.block_table(req.seq), self.cache.block_table(req.seq)):
                 self.report.mirror_mismatches += 1
 
@@ -281,13 +339,18 @@ class Server:
                 report.steps += 1
                 report.decode_tokens += step.batch
                 report.peak_batch = max(report.peak_batch, step.batch)
-                report.peak_active_blocks = max(report.peak_active_blocks, self.cache.num_active_blocks)
+                if not self.tiered:
+                    report.peak_active_blocks = max(report.peak_active_blocks, self.cache.num_active_blocks)
+                kv_bytes, fp16_bytes = self._kv_bytes()
+                if kv_bytes > report.peak_kv_bytes:
+                    report.peak_kv_bytes, report.peak_kv_bytes_fp16 = kv_bytes, fp16_bytes
                 report.peak_tokens = max(report.peak_tokens, sum(self.cache.seq_len(r.seq) for r in self.running))
                 self._retire()
             step_no += 1
             self.on_step(report, self)
-        report.events_applied += self.mirror.poll()
-        report.mispredicted = self.engine.speculative.mispredicted()
+        self._poll_events()
+        if self.engine.speculative is not None:
+            report.mispredicted = self.engine.speculative.mispredicted()
         if self.faults is not None:
             self.faults.finish(report)
         report.wall_seconds = time.perf_counter() - start
@@ -297,6 +360,9 @@ class Server:
     def check_invariants(self) -> None:
         """The cache's invariants; every reservation a hit, mispredicted or pending; every
         seal that hit a reserved block was a step's (a prefill never finds one)."""
+        if self.tiered:
+            self.cache.check_invariants()
+            return
         spec = self.engine.speculative
         spec.check_invariants()
         assert spec.confirmed_hits() == self.report.seal_hits, (spec.stats(), self.report.seal_hits)

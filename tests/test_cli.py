@@ -23,12 +23,24 @@ def test_demo_prints_table_layout_and_a_served_summary(capsys, tmp_path):
     assert summary["peak_kv_bytes_fp16"] >= summary["peak_kv_bytes"] and summary["mirror_mismatches"] == 0
 
 
+def test_demo_serves_from_a_format_by_age(capsys, tmp_path):
+    path = tmp_path / "demo.json"
+    argv = ["demo", "--requests", "2", "--steps", "3", "--format", "int2-aged", "--seed", "1", "--no-progress",
+            "--json", str(path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "serving 2 requests (int2-aged" in out and "last pool of" in out and "re-seals as blocks aged" in out
+    summary = json.loads(path.read_text())
+    assert summary["format"] == summary["kv_dtype"] == "int2-aged" and 1 <= summary["steps"] <= 3
+    assert summary["fault_tolerance"] == {"available": False, "note": "not with a format by age"}
+
+
 def test_plan_prices_the_formats_by_age_at_the_context(capsys):
     from hexcore.cli import GIB
 
     assert main(["plan", "--preset", "llama-3-8b", "--memory", "80GiB", "--context", "4096"]) == 0
     out = capsys.readouterr().out
-    assert "formats by age, one sequence of 4,096 tokens (planned" in out
+    assert "formats by age, one sequence of 4,096 tokens (Engine(format=...)" in out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
     # llama-3-8b at 4096 tokens, tail included (benchmarks/quality-notes.md): FP16 132096 B/token
     for name, per_token in (("int4-aged", 41376), ("int2-aged", 25936)):

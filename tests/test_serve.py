@@ -79,3 +79,35 @@ def test_summary_json_writes_nan_as_null(tmp_path):
     path = tmp_path / "s.json"
     write_json({"a": float("nan"), "b": 1.5}, str(path))
     assert path.read_text().replace(" ", "").replace("\n", "") == '{"a":null,"b":1.5}'
+
+
+@pytest.mark.parametrize("fmt", ["int4-aged", "int2-aged"])
+def test_serving_from_a_format_by_age(fmt):
+    """Requests of 20-66 tokens over a format by age (block 16): the sink stays FP16, later
+    blocks are sealed (int2-aged: INT4 at once; int4-aged: FP16, and re-sealed INT4 at 32
+    tokens of age, which the first request's block 1 reaches in a step, at 64 tokens); every
+    output is checked against float64 attention over the exact FP16 K/V, at the format's
+    error."""
+    work = Workload(np.array([0, 0, 0, 1]), np.array([60, 40, 30, 20]), np.array([6, 5, 4, 3]))
+    server = Server(tiny(), 2, num_blocks=12, max_seqs=4, workload=work, check_every=1, check_seqs=4, format=fmt)
+    assert server.engine.format.name == fmt and server.mirror is None
+    report = server.run()
+    assert report.requests_finished == 4 and report.preemptions == 0 and report.steps >= 6
+    assert report.seals > 0 and report.checked_outputs == report.decode_tokens
+    if fmt == "int4-aged":
+        assert report.reseals > 0  # blocks that reached 32 tokens of age became INT4
+    assert 1e-4 < report.max_error <= 0.3, report.errors  # quantized blocks were read; NaN fails
+    assert report.peak_kv_bytes < report.peak_kv_bytes_fp16
+    server.check_invariants()
+    assert server.cache.num_sequences == 0
+    assert all(pool.num_free_blocks == pool.num_blocks for pool in server.cache.pools)
+    text = format_summary(summarize(demo_shape(True, format=fmt), report, {"available": False, "note": "test"}))
+    assert f"({fmt})" in text and "re-seals as blocks aged" in text and "n/a (a format by age)" in text
+
+
+def test_a_format_by_age_refuses_the_fault_drill():
+    from hexcore import HexcoreConfigError
+
+    work = Workload(np.array([0]), np.array([20]), np.array([2]))
+    with pytest.raises(HexcoreConfigError, match="fault_tolerance: not with a format by age"):
+        Server(tiny(), 2, num_blocks=4, max_seqs=2, workload=work, fault_tolerance=True, format="int4-aged")
