@@ -2,7 +2,7 @@
 yield, what a competing stream sees, and %globaltimer's granularity. One JSON line per row.
 
     python -m benchmarks.bench_persistent [--shapes all|quick] [--dtypes fp16,int4,int2] [--skip-latency]
-                                          [--registers default,168,128]
+                                          [--registers default,168,128] [--items call,inline]
 
 Rows:
 - ``timer``: the smallest nonzero step of ``%globaltimer`` seen by one thread over many reads.
@@ -11,7 +11,8 @@ Rows:
   ratio <= 1.05; also the eager ``run`` (which reads the cursor back) per call.
 - ``yield_1ms``: the same with a 1 ms budget (first on a ~15 ms decode, ``LONG``, then on
   each decode shape; per persistent-kernel register cap of ``--registers``, "default" being
-  the kernel's own): slices, GPU time, cost per yield
+  the kernel's own, and per way of running an item of ``--items``, ``DecodeOptions.persistent_item``):
+  slices, GPU time, cost per yield
   ``(t - t_no_yield) / yields``, and the relaunch gap (GPU time minus the sum of slice
   spans by %globaltimer, per yield).
 - ``latency``: a one-CTA kernel on a second stream, launched every ~0.2 ms while a ~50 ms
@@ -83,7 +84,7 @@ def case(dtype, batch, hq, hkv, ctx, num_blocks=None):
 LONG = (128, 32, 8, 131072)
 
 
-def cost_rows(dtype, shape, num_blocks=None, registers=None) -> list[dict]:
+def cost_rows(dtype, shape, num_blocks=None, registers=None, item="call") -> list[dict]:
     from benchmarks.gpu_common import host_seconds_per_call, time_gpu
     from hexcore.cuda import DecodePlan
     from hexcore.cuda.attention.options import DecodeOptions
@@ -91,8 +92,9 @@ def cost_rows(dtype, shape, num_blocks=None, registers=None) -> list[dict]:
 
     batch, hq, hkv, ctx = shape
     store, q, tables, lens, slots = case(dtype, *shape, num_blocks=num_blocks)
-    base = dict(dtype=dtype, B=batch, Hq=hq, Hkv=hkv, ctx=ctx, registers=registers or "default")
-    options = DecodeOptions(max_registers=registers)  # the persistent kernel's cap only (the plan keeps its own)
+    base = dict(dtype=dtype, B=batch, Hq=hq, Hkv=hkv, ctx=ctx, registers=registers or "default", item=item)
+    # the persistent kernel's cap and item only (the plan keeps its own)
+    options = DecodeOptions(max_registers=registers, persistent_item=item)
     plan = DecodePlan(q, store, tables, lens, slots, max_seq_len=ctx)
     t_plan = time_gpu(lambda: plan.run(0))
     whole = PersistentDecode(q, store, tables, lens, slots, MAX_BUDGET_US, max_seq_len=ctx, options=options)
@@ -177,11 +179,13 @@ def main(argv) -> None:
         for row in latency_rows():
             emit(row)
     caps = [None if c == "default" else int(c) for c in arg("--registers", "default").split(",")]
+    items = arg("--items", "call").split(",")
     for shape in shapes:
         for dtype in dtypes:
             for cap in caps:
-                for row in cost_rows(dtype, shape, registers=cap):
-                    emit(row)
+                for item in items:
+                    for row in cost_rows(dtype, shape, registers=cap, item=item):
+                        emit(row)
 
 
 if __name__ == "__main__":

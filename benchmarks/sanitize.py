@@ -10,6 +10,7 @@ kernels (the seal with fitted keys, re-seals between pools, the partials decode 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -93,17 +94,17 @@ def run_new_kernels(store, tables, rng) -> None:
     checksum_blocks(store, np.array([5, 6], np.int32))
     assert not check_guards(store).any()
     q = rng.standard_normal((2, 8, 128)).astype(np.float16)
-    out, stats = persistent_decode(q, store, 0, tables, np.array([35, 32], np.int32), np.array([0, 1], np.int32),
-                                   budget_us=1000.0, options=SPLIT)
-    cuda.synchronize()
-    assert not np.isnan(out.copy_to_host()).any() and stats.launches >= 1
+    for item in ("call", "inline"):  # the item out of line, and inlined (DecodeOptions.persistent_item)
+        options = dataclasses.replace(SPLIT, persistent_item=item)
+        out, stats = persistent_decode(q, store, 0, tables, np.array([35, 32], np.int32),
+                                       np.array([0, 1], np.int32), budget_us=1000.0, options=options)
+        cuda.synchronize()
+        assert not np.isnan(out.copy_to_host()).any() and stats.launches >= 1
 
 
 def run_tiered(rng) -> None:
     """A pool per kind (FP16, INT4, INT2): rows sealed into each (INT2 with fitted keys),
     re-seals FP16 -> INT4 and INT4 -> INT2 (fitted), then tiered_decode over the three."""
-    import dataclasses
-
     base = KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=128, block_size=16)
     stores = []
     for kind in ("fp16", "int4", "int2"):

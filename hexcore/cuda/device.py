@@ -140,6 +140,16 @@ if not SIMULATOR:
         return sig, codegen
 
     @intrinsic
+    def _volatile_tid(typingctx):
+        sig = types.int32()
+
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.IntType(32), [])
+            return builder.call(ir.InlineAsm(fnty, "mov.u32 $0, %tid.x;", "=r", side_effect=True), [])
+
+        return sig, codegen
+
+    @intrinsic
     def _ex2(typingctx, x):
         sig = types.float32(types.float32)
 
@@ -266,6 +276,14 @@ if not SIMULATOR:
     def exp2(x):
         return _ex2(types.float32(x))
 
+    @device_function
+    def thread_index_volatile():
+        """``threadIdx.x`` by a volatile PTX move: each call is a new read, which the
+        optimiser can neither hoist out of a loop nor merge with another, so the values a
+        loop body derives from it (shared-memory addresses of the thread) are recomputed in
+        the body instead of living in registers across every iteration."""
+        return _volatile_tid()
+
 else:
     _warps: dict = {}
     _warps_lock = threading.Lock()
@@ -351,6 +369,10 @@ else:
     @cuda.jit(device=True)
     def shfl_idx(value, src):
         return _exchange(value, src)
+
+    @cuda.jit(device=True)
+    def thread_index_volatile():
+        return cuda.threadIdx.x
 
     @cuda.jit(device=True)
     def shfl_idx_int(value, src):

@@ -36,7 +36,8 @@ import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from ..device import (SHARED_ALIGN16, SIMULATOR, cp_async_commit, cp_async_wait_all, cp_async_wait_one,
-                      device_function, exp2, load_cg_f32, load_cg_f32x4, prefetch_l2, shfl_idx_int, shfl_xor, syncwarp)
+                      device_function, exp2, load_cg_f32, load_cg_f32x4, prefetch_l2, shfl_idx_int, shfl_xor, syncwarp,
+                      thread_index_volatile)
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 from .fragments import NEG_INF, warp_functions
 from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape
@@ -83,7 +84,7 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
 
 @functools.cache
 def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_softmax: bool = True,
-                         partials: bool = False):
+                         partials: bool = False, volatile_tid: bool = False):
     """``decode_item(<the decode kernel's arguments>, split, h, hg, b)``: one work item, done by
     the whole CTA (every thread calls it, and every thread returns from it together): the
     split ``split`` of sequence ``b`` for KV head ``h`` and its query heads of head group
@@ -94,7 +95,11 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     writes its partial to the workspace and nothing else, not ``out``, no merge, and an
     item past its sequence's splits writes an empty one (``m`` -inf, ``l`` 0, ``o`` 0): the
     launch of one pool of a format by age, whose partials ``tiered.py`` merges with the
-    other pools' (its ``part_o``/``part_ml`` start at the pool's first split slot)."""
+    other pools' (its ``part_o``/``part_ml`` start at the pool's first split slot).
+
+    ``volatile_tid``: the item reads its thread index with ``thread_index_volatile``, for a
+    caller that runs items in a loop with the item inlined (``persistent.py``): what the
+    item derives from the index is then recomputed per item, not held across the loop."""
     load_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish = warp_functions(shape, joint_softmax)
     H, D, BS, G = shape.H, shape.D, shape.BS, shape.G
     HG, NG, MT = shape.head_groups, shape.num_groups, shape.m_tiles
@@ -158,7 +163,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
         # pool: every store array as uint32 words; k_codes..v_tails: their word offsets.
         # q: [B, Hq, D] f16 as words; out: [B, Hq, D] f16 flat; part_o: [B*Hq, max_splits, D]
         # f32 flat; part_ml: [B*Hq, max_splits, 2] f32 flat; counters: [B * H * HG] int32
-        tid = cuda.threadIdx.x
+        tid = thread_index_volatile() if volatile_tid else cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
         # device index arrays are not checked by the launcher: a length is clamped to what
         # the table describes and what the grid and workspace were sized for

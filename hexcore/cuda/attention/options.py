@@ -13,6 +13,7 @@ from ...errors import HexcoreConfigError
 from ..launch import PATHS
 
 PREFETCH = ("quantized", "all", "none")
+ITEM_CALLS = ("call", "inline")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +42,10 @@ class DecodeOptions:
       4-7% faster on every INT4/INT2 shape measured, FP16 unchanged: ``benchmarks/RESULTS.md``).
     - ``launch_path``: "raw" (one ``cuLaunchKernel``) or "core" (``cuda.core.launch``)
       for prepared launches.
+    - ``persistent_item``: how the persistent kernel runs its items (``persistent.py``):
+      "call" (out of line; measured on the H200: 168 registers, 1.04-1.44x the grid
+      kernel's time) or "inline" (inlined, the thread index read volatile: compiled on the
+      CPU to 128 registers and 60-144 bytes of spill stores at a cap of 128, not yet timed).
     """
 
     ctas_per_sm: int | None = None
@@ -50,6 +55,7 @@ class DecodeOptions:
     l2_prefetch: str = "none"
     joint_softmax: bool = True
     launch_path: str = "raw"
+    persistent_item: str = "call"
 
     def __post_init__(self):
         if isinstance(self.split_overhead, bool) or not isinstance(self.split_overhead, (int, float)) \
@@ -66,6 +72,8 @@ class DecodeOptions:
             raise HexcoreConfigError(f"l2_prefetch: expected one of {PREFETCH}, got {self.l2_prefetch!r}")
         if not isinstance(self.joint_softmax, bool):
             raise HexcoreConfigError(f"joint_softmax: expected a bool, got {self.joint_softmax!r}")
+        if self.persistent_item not in ITEM_CALLS:
+            raise HexcoreConfigError(f"persistent_item: expected one of {ITEM_CALLS}, got {self.persistent_item!r}")
         if self.launch_path not in PATHS:
             raise HexcoreConfigError(f"launch_path: expected one of {PATHS}, got {self.launch_path!r}")
 

@@ -92,20 +92,28 @@ class PersistentStats(NamedTuple):
 
 @functools.cache
 def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
-                      joint_softmax: bool = True, count_items: bool = False):
+                      joint_softmax: bool = True, count_items: bool = False, item_call: str = "call"):
     """The slice kernel of ``shape``: the decode kernel's arguments, then ``state`` int64
     ``[STATE_WORDS]``, ``log`` int64 ``[MAX_LOGGED * LOG_WORDS]``, ``item_counts`` int32 (``[items]``
     with ``count_items``), ``budget_ns``, ``num_items``. Launched with a 1-D grid.
 
-    The item is a device function the loop calls and NVVM may not inline (``call_noinline``):
+    ``item_call`` (``DecodeOptions.persistent_item``) "call": the item is a device function
+    the loop calls and NVVM may not inline (``call_noinline``):
     inlined, the optimiser hoisted the item's loop-invariant values (shared-memory addresses
     of the thread, 64-bit each) out of the item loop, and they stayed live across every item
     (ptxas, sm_90, INT4 D128 G4: 254 registers; called, 168, as for one item without a loop).
     ptxas reads the kernel's arguments inside the callee from the parameter bank. The item
     is a fresh compilation of ``decode_item_function``, not the cached one the grid kernel
     inlines: the ``noinline`` mark is on the compiled definition, which a grid kernel
-    compiled later in the same process would otherwise link and call out of line."""
-    decode_item = decode_item_function.__wrapped__(shape, l2_prefetch, joint_softmax)
+    compiled later in the same process would otherwise link and call out of line.
+
+    "inline": the item inlined into the loop, reading its thread index with a volatile move
+    (``decode_item_function(volatile_tid=True)``), so that nothing it derives from the index
+    is hoisted out of the loop (ptxas, sm_90, D128 G4: 186-206 registers with no cap; at a
+    cap of 128, the grid kernel's, 60-144 bytes of spill stores against the called item's
+    ~900)."""
+    inline = item_call == "inline"
+    decode_item = decode_item_function.__wrapped__(shape, l2_prefetch, joint_softmax, volatile_tid=inline)
     HG, YS = shape.head_groups, shape.H * shape.head_groups
     options = {} if max_registers is None or SIMULATOR else {"max_registers": max_registers}
 
@@ -145,9 +153,14 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
                 break
             if count_items and tid == 0:
                 cuda.atomic.add(item_counts, item, 1)
-            call_noinline(run_item, (pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables,
-                                     seq_lens, tail_slots, out, part_o, part_ml, counters, layer, num_blocks,
-                                     max_seqs, split_blocks, max_splits, scale, item))
+            if inline:
+                run_item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens,
+                         tail_slots, out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks,
+                         max_splits, scale, item)
+            else:
+                call_noinline(run_item, (pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables,
+                                         seq_lens, tail_slots, out, part_o, part_ml, counters, layer, num_blocks,
+                                         max_seqs, split_blocks, max_splits, scale, item))
             cuda.syncthreads()  # every thread is done with the item's shared memory (and s)
         if tid == 0:
             end_slice(state, log, global_timer_ns(), s[4], s[3], s[5])
@@ -314,7 +327,8 @@ class PersistentDecode:
         shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
                             self.out.shape[1] // cfg.num_kv_heads, cfg.group_size)
         o = self.options
-        kernel = persistent_kernel(shape, o.max_registers, o.l2_prefetch, o.joint_softmax, self._count)
+        kernel = persistent_kernel(shape, o.max_registers, o.l2_prefetch, o.joint_softmax, self._count,
+                                   o.persistent_item)
         split_blocks = launch.args[18]
         max_virtual = split_blocks * splits
         probe = (*launch.args, self._state, self._log, self._counts, np.int64(1), np.int64(1))

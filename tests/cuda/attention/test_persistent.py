@@ -6,6 +6,7 @@ counter. The `gpu` tests run the same on a real GPU, and check on an H200 that e
 launch of a >= 20 ms decode with a 200 us budget ends within the budget plus one item.
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -46,13 +47,15 @@ SIM_CASES = [  # (kv_dtype, head_dim, block_size, group, seq_lens, group_size): 
 ]
 
 
+@pytest.mark.parametrize("item", ["call", "inline"])
 @pytest.mark.parametrize("dtype,head_dim,block_size,group,seq_lens,group_size", SIM_CASES)
-def test_persistent_equals_paged_decode(dtype, head_dim, block_size, group, seq_lens, group_size, rng):
-    """Same splits, same per-item code: the outputs are bit-identical to paged_decode's,
-    whatever the slices, and within tolerance of the reference."""
+def test_persistent_equals_paged_decode(dtype, head_dim, block_size, group, seq_lens, group_size, item, rng):
+    """Same splits, same per-item code (called or inlined): the outputs are bit-identical to
+    paged_decode's, whatever the slices, and within tolerance of the reference."""
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=head_dim, block_size=block_size, kv_dtype=dtype,
                         group_size=group_size)
-    got, stats, paged, expect = _run_both(cfg, group, seq_lens, rng, budget_us=BUDGET_US)
+    options = dataclasses.replace(SPLIT, persistent_item=item)
+    got, stats, paged, expect = _run_both(cfg, group, seq_lens, rng, options=options, budget_us=BUDGET_US)
     assert not np.isnan(got).any(), "an output element was not written"
     assert np.array_equal(got, paged)
     assert ref.relative_l2(got, expect) <= TOLERANCE
@@ -148,22 +151,25 @@ GPU_MATRIX = [(dtype, group) for dtype in ("fp16", "int4", "int2") for group in 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("item", ["call", "inline"])
 @pytest.mark.parametrize("dtype,group", GPU_MATRIX)
-def test_persistent_matches_reference_gpu(dtype, group, rng):
-    """Every dtype and GQA ratio (12: two head groups), a 200 us budget: counts all one,
-    within tolerance of the reference; bit-identical to paged_decode with a budget that
-    leaves the splits alone."""
+def test_persistent_matches_reference_gpu(dtype, group, item, rng):
+    """Every dtype and GQA ratio (12: two head groups), the item called or inlined, a 200 us
+    budget: counts all one, within tolerance of the reference; bit-identical to paged_decode
+    with a budget that leaves the splits alone."""
+    options = DecodeOptions(persistent_item=item)
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=4, head_dim=128, block_size=32, kv_dtype=dtype, group_size=64)
     lens = [int(rng.integers(1, 8192)), 0, 300, 32 * 7, 8192, 1]
     store, tables, tails, keys, values = random_cache(cfg, lens, rng)
     q = rng.standard_normal((len(lens), 4 * group, 128)).astype(np.float16)
     expect = ref.decode_attention(q, keys, values, 1 / math.sqrt(128))
     out, stats = persistent_decode(q, store, 0, tables, np.array(lens, np.int32), tails, budget_us=200,
-                                   count_items=True)
+                                   count_items=True, options=options)
     assert np.array_equal(stats.item_counts, np.ones(stats.items, np.int32))
     assert ref.relative_l2(out.copy_to_host(), expect) <= TOLERANCE
     paged = paged_decode(q, store, 0, tables, np.array(lens, np.int32), tails).copy_to_host()
-    out, stats = persistent_decode(q, store, 0, tables, np.array(lens, np.int32), tails, budget_us=1e6)
+    out, stats = persistent_decode(q, store, 0, tables, np.array(lens, np.int32), tails, budget_us=1e6,
+                                   options=options)
     assert np.array_equal(out.copy_to_host(), paged) and stats.launches == 1
 
 
