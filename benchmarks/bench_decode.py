@@ -7,7 +7,10 @@ torch SDPA on contiguous FP16 KV and paged FlexAttention as peers in the same ru
 A dtype ending in ``-aged`` is a format by age (``docs/formats.md``): its blocks in a store per
 pool, decoded by ``tiered_decode``'s prepared launches; ``int4+merge`` (any dtype + ``+merge``)
 is that path with one pool: the partials kernel (no fused merge, no spills) and a separate
-merge launch, against the fused merge of the plain row.
+merge launch, against the fused merge of the plain row. ``-nomerge`` (e.g. ``int4-nomerge``)
+times the plain row's launch with the partials kernel in place of the decode kernel (same
+grid and arguments, every split's partial written, nothing merged): the fused merge's share
+of the plain row is ``1 - nomerge / plain`` (issue 12 asks it under 3% at B=1).
 
 ``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, softmax per 16 tokens); ``--name`` names the JSON
 (decode_<name>.json under $OUT). The hexcore rows use only the API older versions share
@@ -45,6 +48,8 @@ def decode_case(dtype: str, batch: int, num_q_heads: int, num_kv_heads: int, ctx
     from benchmarks.gpu_common import fill_store
     from hexcore.cuda import DecodePlan, DeviceKVStore
 
+    merge = not dtype.endswith("-nomerge")
+    dtype = dtype.removesuffix("-nomerge")
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=num_kv_heads, head_dim=D, block_size=BS, kv_dtype=dtype)
     per_seq = -(-ctx // BS)
     store = DeviceKVStore(cfg, num_blocks=batch * per_seq, max_seqs=batch)
@@ -57,7 +62,26 @@ def decode_case(dtype: str, batch: int, num_q_heads: int, num_kv_heads: int, ctx
     kwargs = {} if options is None else {"options": options}
     plan = DecodePlan(q, store, tables, lens, slots, max_seq_len=ctx, **kwargs)
     plan.run(0)
+    if not merge:
+        launch = without_merge(plan, cfg, num_q_heads, options)
+        return launch.run, kv_bytes(cfg, batch, ctx), store, kernel_info(plan)
     return (lambda: plan.run(0)), kv_bytes(cfg, batch, ctx), store, kernel_info(plan)
+
+
+def without_merge(plan, cfg: KVCacheConfig, num_q_heads: int, options=None):
+    """The plan's layer-0 launch with the partials kernel (``decode_kernel(partials=True)``)
+    in place of its decode kernel: the same grid and arguments, no fused merge."""
+    from hexcore.cuda.attention.kernel import decode_kernel
+    from hexcore.cuda.attention.options import DEFAULT_OPTIONS
+    from hexcore.cuda.attention.shape import DecodeShape
+    from hexcore.cuda.launch import PreparedLaunch
+
+    o = options or DEFAULT_OPTIONS
+    shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
+                        num_q_heads // cfg.num_kv_heads, cfg.group_size)
+    kernel = decode_kernel(shape, o.max_registers, o.l2_prefetch, o.joint_softmax, partials=True)
+    launch = plan.launch(0)
+    return PreparedLaunch(kernel, launch._griddim, launch._blockdim, launch._args)
 
 
 def tiered_case(name: str, batch: int, num_q_heads: int, num_kv_heads: int, ctx: int, options=None):
