@@ -12,7 +12,8 @@ times the plain row's launch with the partials kernel in place of the decode ker
 grid and arguments, every split's partial written, nothing merged): the fused merge's share
 of the plain row is ``1 - nomerge / plain`` (issue 12 asks it under 3% at B=1).
 
-``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, softmax per 16 tokens); ``--name`` names the JSON
+``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, softmax per 16 tokens, a
+format's FP16 pool inside the merge launch); ``--name`` names the JSON
 (decode_<name>.json under $OUT). The hexcore rows use only the API older versions share
 (DecodePlan without options when none are given), so the same script measures a
 previous commit's package first on PYTHONPATH.
@@ -235,7 +236,8 @@ def option_variants():
 
     return {"": DecodeOptions(), " prefetch=quantized": DecodeOptions(l2_prefetch="quantized"),
             " prefetch=all": DecodeOptions(l2_prefetch="all"), " no register cap": DecodeOptions(max_registers=255),
-            " per-16 softmax": DecodeOptions(joint_softmax=False)}
+            " per-16 softmax": DecodeOptions(joint_softmax=False),
+            " fp16 in merge": DecodeOptions(tiered_fp16="merge")}  # formats by age only
 
 
 def main(argv) -> None:

@@ -104,7 +104,8 @@ def run_new_kernels(store, tables, rng) -> None:
 
 def run_tiered(rng) -> None:
     """A pool per kind (FP16, INT4, INT2): rows sealed into each (INT2 with fitted keys),
-    re-seals FP16 -> INT4 and INT4 -> INT2 (fitted), then tiered_decode over the three."""
+    re-seals FP16 -> INT4 and INT4 -> INT2 (fitted), then tiered_decode over the three (the
+    FP16 pool decoded by its own launch and inside the merge launch)."""
     base = KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=128, block_size=16)
     stores = []
     for kind in ("fp16", "int4", "int2"):
@@ -123,10 +124,11 @@ def run_tiered(rng) -> None:
               np.array([[2, 0], [1, 0]], np.int32)]
     counts = [np.array([2, 1], np.int32), np.array([2, 1], np.int32), np.array([1, 2], np.int32)]
     q = rng.standard_normal((2, 8, 128)).astype(np.float16)
-    out = tiered_decode(q, stores, tables, counts, np.array([5, 0], np.int32), np.array([1, 0], np.int32),
-                        np.array([0, 1], np.int32), layer=1)
-    cuda.synchronize()
-    assert not np.isnan(out.copy_to_host()).any()
+    for where in ("launch", "merge"):  # the FP16 pool in its own launch, and in the merge's
+        out = tiered_decode(q, stores, tables, counts, np.array([5, 0], np.int32), np.array([1, 0], np.int32),
+                            np.array([0, 1], np.int32), layer=1, options=DecodeOptions(tiered_fp16=where))
+        cuda.synchronize()
+        assert not np.isnan(out.copy_to_host()).any()
     assert not any(check_guards(store).any() for store in stores)
 
 

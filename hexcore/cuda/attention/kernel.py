@@ -98,8 +98,9 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     other pools' (its ``part_o``/``part_ml`` start at the pool's first split slot).
 
     ``volatile_tid``: the item reads its thread index with ``thread_index_volatile``, for a
-    caller that runs items in a loop with the item inlined (``persistent.py``): what the
-    item derives from the index is then recomputed per item, not held across the loop."""
+    caller that runs items in a loop with the item inlined (``persistent.py``, the FP16
+    pool in ``tiered.py``'s merge): what the item derives from the index is then recomputed
+    per item, not held across the loop."""
     load_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish = warp_functions(shape, joint_softmax)
     H, D, BS, G = shape.H, shape.D, shape.BS, shape.G
     HG, NG, MT = shape.head_groups, shape.num_groups, shape.m_tiles

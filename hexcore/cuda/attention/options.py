@@ -14,6 +14,7 @@ from ..launch import PATHS
 
 PREFETCH = ("quantized", "all", "none")
 ITEM_CALLS = ("call", "inline")
+TIERED_FP16 = ("launch", "merge")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,10 @@ class DecodeOptions:
       "call" (out of line; measured on the H200: 168 registers, 1.04-1.44x the grid
       kernel's time) or "inline" (inlined, the thread index read volatile: compiled on the
       CPU to 128 registers and 60-144 bytes of spill stores at a cap of 128, not yet timed).
+    - ``tiered_fp16``: where a format by age decodes its FP16 pool (the sink, young blocks,
+      tails; ``tiered.py``): "launch" (its own partials launch before the merge) or "merge"
+      (inside the merge launch, each CTA its own (sequence, head) first: one launch fewer;
+      compiled on the CPU to 128 registers and 12 bytes of spills, not yet timed).
     """
 
     ctas_per_sm: int | None = None
@@ -56,6 +61,7 @@ class DecodeOptions:
     joint_softmax: bool = True
     launch_path: str = "raw"
     persistent_item: str = "call"
+    tiered_fp16: str = "launch"
 
     def __post_init__(self):
         if isinstance(self.split_overhead, bool) or not isinstance(self.split_overhead, (int, float)) \
@@ -74,6 +80,8 @@ class DecodeOptions:
             raise HexcoreConfigError(f"joint_softmax: expected a bool, got {self.joint_softmax!r}")
         if self.persistent_item not in ITEM_CALLS:
             raise HexcoreConfigError(f"persistent_item: expected one of {ITEM_CALLS}, got {self.persistent_item!r}")
+        if self.tiered_fp16 not in TIERED_FP16:
+            raise HexcoreConfigError(f"tiered_fp16: expected one of {TIERED_FP16}, got {self.tiered_fp16!r}")
         if self.launch_path not in PATHS:
             raise HexcoreConfigError(f"launch_path: expected one of {PATHS}, got {self.launch_path!r}")
 

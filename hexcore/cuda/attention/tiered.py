@@ -7,7 +7,10 @@ the workspace's split slots ``[base_p, base_p + splits_p)`` of every query head'
 item past its sequence's splits an empty partial. One merge launch then combines every
 slot of a row (``kernel.merge_function``) into ``out``: the same arithmetic as one decode
 over all the blocks (attention does not depend on the order of its keys). The open tail is
-read from the store of the pool it will be sealed into (``tail_pool``).
+read from the store of the pool it will be sealed into (``tail_pool``). With
+``DecodeOptions(tiered_fp16="merge")`` an FP16 first pool (the sink, young blocks, tails:
+little work per sequence) has no launch of its own: each merge CTA first computes its
+(sequence, KV head, head group)'s FP16 partials, then merges (``fused_merge_kernel``).
 
     out = tiered_decode(q, stores, tables, counts, tail_lens, tail_pool, tail_slots, layer)
 
@@ -26,7 +29,8 @@ from ...errors import HexcoreInvalidArgumentError
 from ..arrays import checked_store
 from ..launch import Launch
 from ..streams import resolve_stream
-from .kernel import decode_kernel, merge_function
+from ..device import SIMULATOR
+from .kernel import GRID_REGISTERS, decode_item_function, decode_kernel, merge_function
 from .launcher import Workspace, decode_launch
 from .options import DEFAULT_OPTIONS, DecodeOptions
 from .shape import HEADS_PER_CTA, THREADS, DecodeShape
@@ -85,12 +89,16 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
     part_o, part_ml, _ = _workspace.get(batch * num_q_heads, total, head_dim, items)
     cfg = stores[0].config
     group = num_q_heads // cfg.num_kv_heads
-    runs = [_partials(launch, DecodeShape(store.config.kv_dtype.bits, cfg.num_kv_heads, head_dim, bs, group,
-                                          cfg.group_size), options, part_o[bases[p] * head_dim:],
-                      part_ml[bases[p] * 2:], total)
-            for p, (launch, store) in enumerate(zip(launches, stores))]
+    shapes = [DecodeShape(store.config.kv_dtype.bits, cfg.num_kv_heads, head_dim, bs, group, cfg.group_size)
+              for store in stores]
+    runs = [_partials(launch, shape, options, part_o[bases[p] * head_dim:], part_ml[bases[p] * 2:], total)
+            for p, (launch, shape) in enumerate(zip(launches, shapes))]
     seq_lens = cuda.to_device((sum(c.astype(np.int64) for c in counts) * bs + tail_lens).astype(np.int32))
-    merge = Launch(merge_kernel(cfg.num_kv_heads, group, head_dim), (launches[0].grid[1], batch), THREADS,
+    grid = (launches[0].grid[1], batch)
+    if options.tiered_fp16 == "merge" and shapes[0].bits == 16:  # pool 0's items in the merge launch
+        kernel = fused_merge_kernel(shapes[0], options.max_registers, options.l2_prefetch, options.joint_softmax)
+        return runs[1:] + [Launch(kernel, grid, THREADS, (*runs[0].args, seq_lens, launches[0].grid[0]))], out
+    merge = Launch(merge_kernel(cfg.num_kv_heads, group, head_dim), grid, THREADS,
                    (part_o, part_ml, out.reshape(out.size), seq_lens, total))
     return runs + [merge], out
 
@@ -115,6 +123,48 @@ def merge_kernel(H: int, G: int, D: int):
     @cuda.jit
     def kernel(part_o, part_ml, out, seq_lens, total):
         h, hg, b = cuda.blockIdx.x // HG, cuda.blockIdx.x % HG, cuda.blockIdx.y
+        row0 = (b * H + h) * G + hg * HEADS_PER_CTA
+        heads = min(HEADS_PER_CTA, G - hg * HEADS_PER_CTA)
+        if seq_lens[b] <= 0:
+            for i in range(cuda.threadIdx.x, heads * D, THREADS):
+                out[(row0 + i // D) * D + i % D] = 0
+            return
+        merge_splits(part_o, part_ml, out, row0, heads, total, total)
+
+    return kernel
+
+
+@functools.cache
+def fused_merge_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
+                       joint_softmax: bool = True):
+    """``kernel[(H * head_groups, B), THREADS](<pool 0's partials arguments>, seq_lens,
+    pool_splits)``: :func:`merge_kernel` with pool 0 (an FP16 pool of ``shape``) done first
+    in the same CTA. Pool 0's arguments are its partials launch's (``_partials``: its slots
+    first in every row, ``max_splits`` every pool's ``total``); each CTA runs its (sequence,
+    KV head, head group)'s items of splits ``0 .. pool_splits - 1`` (``decode_item_function``
+    with ``partials``), then merges the ``total`` slots into ``out`` (the other pools'
+    partials were written by the launches before it), zeros where ``seq_lens[b]`` is 0.
+    The items read their thread index volatile (``decode_item_function(volatile_tid=True)``):
+    without it, what they derive from it was hoisted out of the split loop (sm_90, D128:
+    132 bytes of spills at the cap of 128, against 12 with it)."""
+    item = decode_item_function(shape, l2_prefetch, joint_softmax, partials=True, volatile_tid=True)
+    merge_splits = merge_function(shape.D)
+    H, G, D, HG = shape.H, shape.G, shape.D, shape.head_groups
+    cap = GRID_REGISTERS if max_registers is None else max_registers
+    options = {} if SIMULATOR else {"max_registers": cap}
+
+    @cuda.jit(**options)
+    def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, pool_lens, tail_slots, out,
+               part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, total, scale, seq_lens,
+               pool_splits):
+        h, hg, b = cuda.blockIdx.x // HG, cuda.blockIdx.x % HG, cuda.blockIdx.y
+        for split in range(pool_splits):
+            item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, pool_lens, tail_slots,
+                 out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, total, scale, split, h,
+                 hg, b)
+            cuda.syncthreads()  # the item's shared memory free for the next
+        cuda.threadfence()  # the partials written above reach L2, where the merge reads them (ld.cg)
+        cuda.syncthreads()
         row0 = (b * H + h) * G + hg * HEADS_PER_CTA
         heads = min(HEADS_PER_CTA, G - hg * HEADS_PER_CTA)
         if seq_lens[b] <= 0:

@@ -101,7 +101,8 @@ def test_split_count_fills_whole_waves(monkeypatch):
 
 def test_options_are_validated():
     for bad in (dict(ctas_per_sm=0), dict(min_split_blocks=True), dict(max_registers=-1), dict(l2_prefetch="x"),
-                dict(launch_path="fast"), dict(split_overhead=float("nan")), dict(persistent_item="jump")):
+                dict(launch_path="fast"), dict(split_overhead=float("nan")), dict(persistent_item="jump"),
+                dict(tiered_fp16="first")):
         with pytest.raises(HexcoreConfigError):
             DecodeOptions(**bad)
 

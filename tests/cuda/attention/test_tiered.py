@@ -6,9 +6,10 @@ import dataclasses
 
 import numpy as np
 import pytest
+from numba import cuda
 
 from hexcore import HexcoreInvalidArgumentError, KVCacheConfig
-from hexcore.cuda import DeviceKVStore, append, copy_tails, run_tiered_ops, tiered_decode
+from hexcore.cuda import DecodeOptions, DeviceKVStore, append, copy_tails, run_tiered_ops, tiered_decode
 from hexcore.host import TieredKVCache
 from hexcore.quant import AgeTier, KVFormat
 from tests import reference as ref
@@ -83,7 +84,8 @@ def expected_block(fmt, k, v, j, BS, GROUP):
 
 def check_format(fmt, seed, lengths, fork_at, config=CONFIG):
     """run_format, then every block of every sequence byte for byte against the reference
-    chain, and tiered_decode against float64 attention over tiered_kv."""
+    chain, and tiered_decode against float64 attention over tiered_kv, the FP16 pool decoded
+    by its own launch and inside the merge launch (bit-identical: the same items)."""
     print(f"seed {seed}")
     cache, stores, seqs, rows = run_format(fmt, seed, lengths, fork_at, config)
     fmt, BS, D, GROUP = cache.format, config.block_size, config.head_dim, config.group_size
@@ -105,11 +107,14 @@ def check_format(fmt, seed, lengths, fork_at, config=CONFIG):
     q = rng.standard_normal((len(ids), 4 * config.num_kv_heads, D)).astype(np.float16)
     tables = cache.block_tables(ids)
     lens = np.array([cache.seq_len(int(s)) for s in ids])
-    out = tiered_decode(q, stores, [t for t, _ in tables], [c for _, c in tables], (lens % BS).astype(np.int32),
-                        cache.tail_pools(ids), ids, layer=config.num_layers - 1).copy_to_host()
+    args = ([t for t, _ in tables], [c for _, c in tables], (lens % BS).astype(np.int32), cache.tail_pools(ids), ids)
+    outs = [tiered_decode(q, stores, *args, layer=config.num_layers - 1, options=DecodeOptions(tiered_fp16=where),
+                          out=cuda.to_device(np.full(q.shape, np.nan, np.float16))).copy_to_host()
+            for where in ("launch", "merge")]
     keys, values = zip(*(ref.tiered_kv(*rows[int(s)], fmt, BS, GROUP) for s in ids))
     want = ref.decode_attention(q, list(keys), list(values), D ** -0.5)
-    assert ref.relative_l2(out, want) < 2e-3
+    assert ref.relative_l2(outs[0], want) < 2e-3
+    assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
 
 
 @pytest.mark.parametrize("name", list(FORMATS))
