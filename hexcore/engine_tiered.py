@@ -7,7 +7,8 @@ a step written once:
   (``TieredKVCache.tail_pools``, one masked append per pool);
 - the step's re-seals run before its seals (all layers at the first layer's call: they
   read only old, complete blocks), each layer's seals after that layer's append;
-- attention is ``tiered_decode`` over every pool and the tail.
+- attention is ``tiered_decode`` over every pool and the tail (a ``TieredDecodePlan`` per
+  step: its index arrays checked and copied once for every layer).
 
 Eager launches (no CUDA graph yet) and host index arrays: correct, not yet the serving
 path's speed. Not with the prefix cache, speculative allocation, fault tolerance,
@@ -141,9 +142,12 @@ class TieredEngineStep:
         self._slots = [cuda.to_device(np.where(pools == p, ids, -1).astype(np.int32))  # -1: skipped by append
                        if (pools == p).any() else None for p in range(len(parts.stores))]
         self._positions = cuda.to_device(positions)
-        tables = cache.block_tables(ids)
-        self._decode = ([t for t, _ in tables], [c for _, c in tables], (result.seq_lens % bs).astype(np.int32),
-                        cache.tail_pools(ids), ids)
+        from .cuda.attention.tiered import TieredDecodePlan
+
+        tables = cache.block_tables(ids)  # the step's tables: the same for every layer
+        self._decode = TieredDecodePlan(parts.stores, [t for t, _ in tables], [c for _, c in tables],
+                                        (result.seq_lens % bs).astype(np.int32), cache.tail_pools(ids), ids,
+                                        scale=parts.scale, options=parts.options)
         self._forks, self._resealed, self._loaded = forks, False, None
 
     def write(self, q, k, v) -> None:
@@ -174,7 +178,7 @@ class TieredEngineStep:
         return self._attend(layer, stream)
 
     def _attend(self, layer: int, stream):
-        from .cuda import append, run_tiered_ops, seal, tiered_decode
+        from .cuda import append, run_tiered_ops, seal
         from .cuda.streams import resolve_stream, torch_current_stream
 
         if stream is None and self.buffers is not self._arrays:  # torch views: torch's current stream
@@ -194,8 +198,7 @@ class TieredEngineStep:
             mine = seals[seals[:, OP_KIND] == kind]
             seal(parts.stores[kind], np.ascontiguousarray(mine[:, OP_SEQ]), np.ascontiguousarray(mine[:, OP_BLOCK]),
                  layer=layer, fitted_keys=fitted and kind_bits(parts, kind) == 2, stream=stream)
-        tiered_decode(q[layer], parts.stores, *self._decode, layer=layer, out=out[layer], scale=parts.scale,
-                      stream=stream, options=parts.options)
+        self._decode.run(layer, q[layer], out[layer], stream)
         return self.buffers[3][layer]
 
 

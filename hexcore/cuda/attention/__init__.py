@@ -4,7 +4,7 @@ and the tensor-core kernel (``kernel.py``, per-warp work in ``fragments.py``, si
 ``prefill_attention``, ``prefill_attention_batch`` and its ``BatchRows``, ``gather_prefix``);
 the persistent checkpoint-and-yield decode (``persistent.py``: ``persistent_decode``,
 ``PersistentDecode``); decode over the pools of a format by age (``tiered.py``:
-``tiered_decode``)."""
+``tiered_decode``, ``TieredDecodePlan``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from .launcher import DecodePlan, Workspace, paged_decode
 from .options import DecodeOptions
 from .persistent import BudgetError, PersistentDecode, PersistentStats, persistent_decode
 from .prefill import BatchRows, gather_prefix, prefill_attention, prefill_attention_batch
-from .tiered import tiered_decode
+from .tiered import TieredDecodePlan, tiered_decode
 
 __all__ = ["BatchRows", "BudgetError", "DecodeOptions", "DecodePlan", "PersistentDecode", "PersistentStats",
-           "Workspace", "gather_prefix", "paged_decode", "persistent_decode", "prefill_attention",
+           "TieredDecodePlan", "Workspace", "gather_prefix", "paged_decode", "persistent_decode", "prefill_attention",
            "prefill_attention_batch", "tiered_decode"]

@@ -14,8 +14,9 @@ little work per sequence) has no launch of its own: each merge CTA first compute
 
     out = tiered_decode(q, stores, tables, counts, tail_lens, tail_pool, tail_slots, layer)
 
-``tiered_decode_launches`` makes the launches without running them. Host index arrays only
-(this first version reads them to size each pool's launch).
+``tiered_decode_launches`` makes the launches without running them; ``TieredDecodePlan``
+makes them once for every layer of a step (the index arrays checked and copied once). Host
+index arrays only (this first version reads them to size each pool's launch).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import numpy as np
 from numba import cuda
 
 from ...errors import HexcoreInvalidArgumentError
-from ..arrays import checked_store
+from ..arrays import check_outside_store, checked, checked_layer, checked_store
 from ..launch import Launch
+from ..store import flat_words
 from ..streams import resolve_stream
 from ..device import SIMULATOR
 from .kernel import GRID_REGISTERS, decode_item_function, decode_kernel, merge_function
@@ -64,6 +66,59 @@ def tiered_decode(q, stores: list, tables: list, counts: list, tail_lens, tail_p
     for launch in launches:
         launch.run(stream)
     return out
+
+
+class TieredDecodePlan:
+    """:func:`tiered_decode` for every layer of one step: the first ``run`` checks the index
+    arrays, copies them to the device and makes the launches; every later ``run`` only puts
+    its ``q``, ``out`` and ``layer`` into those launches (no checks of the index arrays, no
+    copies: a few microseconds of host time against a few hundred).
+
+    ``stores``, ``tables``, ``counts``, ``tail_lens``, ``tail_pool``, ``tail_slots``,
+    ``scale``, ``options``: as :func:`tiered_decode` takes them, fixed for the plan's life
+    (the arrays are read at the first run). ``run(layer, q, out, stream=None)``: ``q`` and
+    ``out`` float16 ``[B, num_q_heads, head_dim]`` device arrays (the same shape every run,
+    checked); returns ``out``.
+    """
+
+    def __init__(self, stores: list, tables: list, counts: list, tail_lens, tail_pool, tail_slots,
+                 scale: float | None = None, options: DecodeOptions | None = None):
+        self._index = (stores, tables, counts, tail_lens, tail_pool, tail_slots)
+        self._scale, self._options = scale, options
+        self._launches = self._shape = None
+
+    def run(self, layer: int, q, out, stream=None):
+        stores = self._index[0]
+        if self._launches is None:
+            self._launches, out = tiered_decode_launches(q, *self._index, layer=layer, out=out, scale=self._scale,
+                                                         options=self._options)
+            self._shape = tuple(q.shape)
+            launches = self._launches
+        else:
+            layer, _ = checked_layer(layer, stores[0].config.num_layers)
+            q = checked(q, "q", np.float16, self._shape)
+            out = checked(out, "out", np.float16, self._shape, output=True)
+            for store in stores:
+                check_outside_store(store, out=out)
+            launches = [_for_layer(launch, flat_words(q), out.reshape(out.size), layer) for launch in self._launches]
+        stream = resolve_stream(stream, q, out)
+        for launch in launches:
+            launch.run(stream)
+        return out
+
+
+def _for_layer(launch: Launch, q_words, out_flat, layer: int) -> Launch:
+    """``launch`` (a pool's partials launch, the fused merge, or the merge) with another
+    layer's ``q``, ``out`` and layer number (the positions of the decode kernel's arguments)."""
+    args = list(launch.args)
+    if len(args) == MERGE_ARGS:
+        args[2] = out_flat
+    else:
+        args[7], args[11], args[15] = q_words, out_flat, layer
+    return Launch(launch.kernel, launch.grid, launch.block, tuple(args))
+
+
+MERGE_ARGS = 5  # merge_kernel's (part_o, part_ml, out, seq_lens, total)
 
 
 def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_lens, tail_pool, tail_slots,

@@ -9,7 +9,8 @@ import pytest
 from numba import cuda
 
 from hexcore import HexcoreInvalidArgumentError, KVCacheConfig
-from hexcore.cuda import DecodeOptions, DeviceKVStore, append, copy_tails, run_tiered_ops, tiered_decode
+from hexcore.cuda import (DecodeOptions, DeviceKVStore, TieredDecodePlan, append, copy_tails, run_tiered_ops,
+                          tiered_decode)
 from hexcore.host import TieredKVCache
 from hexcore.quant import AgeTier, KVFormat
 from tests import reference as ref
@@ -127,6 +128,29 @@ def test_every_block_holds_the_reference_chain_and_decode_matches(name, seed):
 def test_every_block_holds_the_reference_chain_and_decode_matches_gpu(name, seed):
     config = KVCacheConfig(num_layers=2, num_kv_heads=8, head_dim=128, block_size=32, group_size=64)
     check_format(name, seed, lengths=[450, 300, 33], fork_at=200, config=config)
+
+
+@pytest.mark.parametrize("where", ["launch", "merge"])
+def test_a_plan_equals_tiered_decode_on_every_layer(where, seed):
+    """TieredDecodePlan (index arrays checked and copied once, launches reused with each
+    layer's q, out and layer number) against a tiered_decode per layer, bit for bit, both
+    layers of a two-layer cache; a q of another shape is refused."""
+    config = KVCacheConfig(num_layers=2, num_kv_heads=H, head_dim=D, block_size=BS, group_size=GROUP)
+    cache, stores, seqs, rows = run_format("int4-aged", seed, lengths=[70, 37], config=config)
+    ids = np.array(seqs, np.int32)
+    tables = cache.block_tables(ids)
+    lens = np.array([cache.seq_len(int(s)) for s in ids])
+    args = ([t for t, _ in tables], [c for _, c in tables], (lens % BS).astype(np.int32), cache.tail_pools(ids), ids)
+    options = DecodeOptions(tiered_fp16=where)
+    q = np.random.default_rng(seed).standard_normal((2, 2, 2, D)).astype(np.float16)  # [layer, B, Hq, D]
+    plan = TieredDecodePlan(stores, *args, options=options)
+    for layer in (1, 0):
+        out = cuda.to_device(np.full(q.shape[1:], np.nan, np.float16))
+        got = plan.run(layer, cuda.to_device(q[layer]), out).copy_to_host()
+        want = tiered_decode(q[layer], stores, *args, layer=layer, options=options).copy_to_host()
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), layer
+    with pytest.raises(HexcoreInvalidArgumentError, match="q: expected shape"):
+        plan.run(0, cuda.to_device(q[0, :1]), out)
 
 
 def test_a_sequence_with_no_token_gives_zeros_and_bad_pools_are_refused(seed):
