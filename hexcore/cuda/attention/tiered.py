@@ -72,7 +72,7 @@ class TieredDecodePlan:
     """:func:`tiered_decode` for every layer of one step: the first ``run`` checks the index
     arrays, copies them to the device and makes the launches; every later ``run`` only puts
     its ``q``, ``out`` and ``layer`` into those launches (no checks of the index arrays, no
-    copies: a few microseconds of host time against a few hundred).
+    copies; the host time saved is not yet measured).
 
     ``stores``, ``tables``, ``counts``, ``tail_lens``, ``tail_pool``, ``tail_slots``,
     ``scale``, ``options``: as :func:`tiered_decode` takes them, fixed for the plan's life
