@@ -81,18 +81,19 @@ def test_summary_json_writes_nan_as_null(tmp_path):
     assert path.read_text().replace(" ", "").replace("\n", "") == '{"a":null,"b":1.5}'
 
 
-@pytest.mark.parametrize("fmt", ["int4-aged", "int2-aged"])
-def test_serving_from_a_format_by_age(fmt):
+@pytest.mark.parametrize("fmt,prompts,outputs", [("int4-aged", [60, 33, 20], [6, 3, 2]),
+                                                  ("int2-aged", [46, 33, 20], [3, 3, 2])])
+def test_serving_from_a_format_by_age(fmt, prompts, outputs):
     """Requests of 20-66 tokens over a format by age (block 16): the sink stays FP16, later
     blocks are sealed (int2-aged: INT4 at once; int4-aged: FP16, and re-sealed INT4 at 32
     tokens of age, which the first request's block 1 reaches in a step, at 64 tokens); every
     output is checked against float64 attention over the exact FP16 K/V, at the format's
     error."""
-    work = Workload(np.array([0, 0, 1]), np.array([60, 33, 20]), np.array([6, 3, 2]))
+    work = Workload(np.array([0, 0, 1]), np.array(prompts), np.array(outputs))
     server = Server(tiny(), 2, num_blocks=12, max_seqs=4, workload=work, check_every=1, check_seqs=4, format=fmt)
     assert server.engine.format.name == fmt and server.mirror is None
     report = server.run()
-    assert report.requests_finished == 3 and report.preemptions == 0 and report.steps == 6
+    assert report.requests_finished == 3 and report.preemptions == 0 and report.steps == max(outputs)
     assert report.seals > 0 and report.checked_outputs == report.decode_tokens
     if fmt == "int4-aged":
         assert report.reseals > 0  # blocks that reached 32 tokens of age became INT4
