@@ -136,14 +136,14 @@ class TieredEngineStep:
                  forks: list):
         from numba import cuda
 
+        from .cuda import TieredDecodePlan
+
         self.parts, self.result, self.batch = parts, result, len(ids)
         self._arrays, self.buffers = parts.arrays(self.batch)
         cache, bs = parts.cache, parts.config.block_size
         self._slots = [cuda.to_device(np.where(pools == p, ids, -1).astype(np.int32))  # -1: skipped by append
                        if (pools == p).any() else None for p in range(len(parts.stores))]
         self._positions = cuda.to_device(positions)
-        from .cuda.attention.tiered import TieredDecodePlan
-
         tables = cache.block_tables(ids)  # the step's tables: the same for every layer
         self._decode = TieredDecodePlan(parts.stores, [t for t, _ in tables], [c for _, c in tables],
                                         (result.seq_lens % bs).astype(np.int32), cache.tail_pools(ids), ids,

@@ -146,6 +146,9 @@ class Server:
         self.cfg, self.num_q_heads, self.workload = cfg, num_q_heads, workload
         self.cache, self.tiered = self.engine.cache, self.engine.format is not None
         self.ring = self.mirror = None  # the block event ring and its mirror (none with a format)
+        kinds = self.cache.kinds if self.tiered else [cfg.kv_dtype]  # bytes of a block of each pool, all layers
+        self._block_bytes = [dataclasses.replace(cfg, kv_dtype=kind).block_bytes for kind in kinds]
+        self._fp16_block_bytes = dataclasses.replace(cfg, kv_dtype="fp16").block_bytes
         if not self.tiered:
             self.resume_events()
         self.tokens = TokenTable(cfg, seed)
@@ -227,12 +230,9 @@ class Server:
 
     def _kv_bytes(self) -> tuple[int, int]:
         """(bytes of the sealed blocks in use, what FP16 blocks would take), all layers."""
-        fp16 = dataclasses.replace(self.cfg, kv_dtype="fp16").block_bytes
-        if not self.tiered:
-            return self.cache.num_active_blocks * self.cfg.block_bytes, self.cache.num_active_blocks * fp16
-        used = [(pool.num_active_blocks, dataclasses.replace(self.cfg, kv_dtype=kind).block_bytes)
-                for pool, kind in zip(self.cache.pools, self.cache.kinds)]
-        return sum(n * size for n, size in used), sum(n for n, _ in used) * fp16
+        pools = self.cache.pools if self.tiered else [self.cache]
+        used = [pool.num_active_blocks for pool in pools]
+        return sum(n * size for n, size in zip(used, self._block_bytes)), sum(used) * self._fp16_block_bytes
 
     def _step_preempting(self):
         """``Engine.step`` over the running requests, preempting the latest admitted while the

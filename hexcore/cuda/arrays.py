@@ -139,13 +139,20 @@ def checked(x, name: str, dtype, shape: tuple, align: int = 16, output: bool | N
         if iface is not None:
             return _checked_export(x, iface, name, dtype, shape, align, output)
     arr = as_device_array(x, name, output)
-    _check_dtype_shape(name, arr.dtype, arr.shape, dtype, shape)
-    if arr.size and not _c_contiguous(arr.shape, arr.strides, np.dtype(arr.dtype).itemsize):
-        raise HexcoreInvalidArgumentError(f"{name}: expected C-contiguous strides, got {arr.strides} for shape {arr.shape}")
-    ptr = device_pointer(arr)
+    _check_layout(name, arr.dtype, arr.shape, arr.strides, device_pointer(arr), dtype, shape, align)
+    return arr
+
+
+def _check_layout(name, have_dtype, have_shape, strides, ptr, dtype, shape, align) -> None:
+    """dtype and shape, C-contiguous ``strides`` (None: C order), ``ptr`` a multiple of
+    ``align`` (None: no address, the simulator)."""
+    _check_dtype_shape(name, have_dtype, have_shape, dtype, shape)
+    if strides is not None and int(np.prod(have_shape)) and \
+            not _c_contiguous(have_shape, strides, np.dtype(have_dtype).itemsize):
+        raise HexcoreInvalidArgumentError(f"{name}: expected C-contiguous strides, got {strides} for shape "
+                                          f"{tuple(have_shape)}")
     if ptr is not None and align > 1 and ptr % align:
         raise HexcoreInvalidArgumentError(f"{name}: expected a {align}-byte aligned address, got {ptr:#x}")
-    return arr
 
 
 def _interface(x, name: str):
@@ -165,12 +172,7 @@ def _checked_export(x, iface, name, dtype, shape, align, output):
         ptr = int(iface["data"][0])
     except Exception as exc:
         raise HexcoreInvalidArgumentError(f"{name}: cannot use {type(x).__name__} as a CUDA array ({exc})") from None
-    _check_dtype_shape(name, have, have_shape, dtype, shape)
-    strides = iface.get("strides")
-    if strides is not None and int(np.prod(have_shape)) and not _c_contiguous(have_shape, strides, have.itemsize):
-        raise HexcoreInvalidArgumentError(f"{name}: expected C-contiguous strides, got {strides} for shape {have_shape}")
-    if align > 1 and ptr % align:
-        raise HexcoreInvalidArgumentError(f"{name}: expected a {align}-byte aligned address, got {ptr:#x}")
+    _check_layout(name, have, have_shape, iface.get("strides"), ptr, dtype, shape, align)
     return x
 
 

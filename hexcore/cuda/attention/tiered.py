@@ -172,12 +172,26 @@ def merge_kernel(H: int, G: int, D: int):
     """``kernel[(H * head_groups, B), THREADS](part_o, part_ml, out, seq_lens, total)``: each
     CTA merges the ``total`` split slots of its (sequence, KV head, head group)'s query heads
     into ``out`` (flat float16), zeros for a sequence of length 0."""
-    merge_splits = merge_function(D)
+    merge_row = merge_row_function(H, G, D)
     HG = -(-G // HEADS_PER_CTA)
 
     @cuda.jit
     def kernel(part_o, part_ml, out, seq_lens, total):
         h, hg, b = cuda.blockIdx.x // HG, cuda.blockIdx.x % HG, cuda.blockIdx.y
+        merge_row(part_o, part_ml, out, seq_lens, total, h, hg, b)
+
+    return kernel
+
+
+@functools.cache
+def merge_row_function(H: int, G: int, D: int):
+    """``merge_row(part_o, part_ml, out, seq_lens, total, h, hg, b)``, the whole CTA: the
+    ``total`` split slots of (sequence ``b``, KV head ``h``, head group ``hg``)'s query heads
+    merged into ``out`` (flat float16), zeros for a sequence of length 0."""
+    merge_splits = merge_function(D)
+
+    @cuda.jit(device=True)
+    def merge_row(part_o, part_ml, out, seq_lens, total, h, hg, b):
         row0 = (b * H + h) * G + hg * HEADS_PER_CTA
         heads = min(HEADS_PER_CTA, G - hg * HEADS_PER_CTA)
         if seq_lens[b] <= 0:
@@ -186,7 +200,7 @@ def merge_kernel(H: int, G: int, D: int):
             return
         merge_splits(part_o, part_ml, out, row0, heads, total, total)
 
-    return kernel
+    return merge_row
 
 
 @functools.cache
@@ -203,8 +217,8 @@ def fused_merge_kernel(shape: DecodeShape, max_registers: int | None = None, l2_
     without it, what they derive from it was hoisted out of the split loop (sm_90, D128:
     132 bytes of spills at the cap of 128, against 12 with it)."""
     item = decode_item_function(shape, l2_prefetch, joint_softmax, partials=True, volatile_tid=True)
-    merge_splits = merge_function(shape.D)
-    H, G, D, HG = shape.H, shape.G, shape.D, shape.head_groups
+    merge_row = merge_row_function(shape.H, shape.G, shape.D)
+    HG = shape.head_groups
     cap = GRID_REGISTERS if max_registers is None else max_registers
     options = {} if SIMULATOR else {"max_registers": cap}
 
@@ -220,13 +234,7 @@ def fused_merge_kernel(shape: DecodeShape, max_registers: int | None = None, l2_
             cuda.syncthreads()  # the item's shared memory free for the next
         cuda.threadfence()  # the partials written above reach L2, where the merge reads them (ld.cg)
         cuda.syncthreads()
-        row0 = (b * H + h) * G + hg * HEADS_PER_CTA
-        heads = min(HEADS_PER_CTA, G - hg * HEADS_PER_CTA)
-        if seq_lens[b] <= 0:
-            for i in range(cuda.threadIdx.x, heads * D, THREADS):
-                out[(row0 + i // D) * D + i % D] = 0
-            return
-        merge_splits(part_o, part_ml, out, row0, heads, total, total)
+        merge_row(part_o, part_ml, out, seq_lens, total, h, hg, b)
 
     return kernel
 
