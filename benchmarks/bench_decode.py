@@ -16,7 +16,9 @@ of the plain row is ``1 - nomerge / plain`` (issue 12 asks it under 3% at B=1).
 format's FP16 pool inside the merge launch); ``--name`` names the JSON
 (decode_<name>.json under $OUT). The hexcore rows use only the API older versions share
 (DecodePlan without options when none are given), so the same script measures a
-previous commit's package first on PYTHONPATH.
+previous commit's package: run it from a folder holding only that commit's ``hexcore/``
+with this checkout on PYTHONPATH (``python -m`` puts the working folder first on
+``sys.path``, ahead of PYTHONPATH, so from this checkout's root it imports this package).
 """
 
 from __future__ import annotations

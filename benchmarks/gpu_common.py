@@ -100,11 +100,10 @@ def save(name: str, rows: list[dict]) -> None:
     out = os.environ.get("OUT") or os.path.join(os.getcwd(), "gpu-results")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"{name}.json"), "w") as f:
+        name = getattr(cuda.get_current_device(), "name", "CUDA simulator")
         json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                   "device": cuda.get_current_device().name.decode() if hasattr(
-                       cuda.get_current_device().name, "decode") else str(cuda.get_current_device().name),
-                   "rows": rows}, f, indent=1)
-    keys = list(rows[0]) if rows else []
+                   "device": name.decode() if isinstance(name, bytes) else str(name), "rows": rows}, f, indent=1)
+    keys = list(dict.fromkeys(k for r in rows for k in r))  # rows may differ (a tiered row has no registers)
     print("\n" + " | ".join(keys))
     for r in rows:
-        print(" | ".join(f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]) for k in keys))
+        print(" | ".join(f"{r[k]:.4g}" if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys))
