@@ -328,7 +328,14 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
 def merge_function(D: int):
     """``merge_splits(part_o, part_ml, out, row0, heads, n_splits, max_splits)``: ``out[row0 + j]
     = sum_s 2**(m_s - M) o_s / sum_s 2**(m_s - M) l_s`` for ``j < heads``, every thread of the
-    CTA taking part; partials are read from L2 (``load_cg_f32``): other CTAs wrote them."""
+    CTA taking part; partials are read from L2 (``load_cg_f32``): other CTAs wrote them.
+
+    The merge is the tail of a decode's critical path (at B=1 the last CTA of each item runs it
+    alone), so it is written to wait for L2 as few times as it can: the statistics in one pass
+    (each of a head's 16 threads folds four splits' ``(m, l)`` at a time into an online pair,
+    the pairs combined by shuffles, the weights of the first ``MERGE_CHUNK`` splits computed
+    from values staged in shared memory, not read again), then the partials sixteen 16-byte
+    loads in flight per thread."""
     ITEMS = -(-HEADS_PER_CTA * D // (4 * THREADS))  # runs of 4 (head, channel) outputs per thread
     ACC = 4 * ITEMS
 
@@ -345,58 +352,110 @@ def merge_function(D: int):
                 (wa * a2 + wb * b2) + (wc * c2 + wd * d2), (wa * a3 + wb * b3) + (wc * c3 + wd * d3))
 
     @cuda.jit(device=True)
+    def weighted_sum(part_o, at, s_w, jj, n):
+        # sum over the splits 0..n-1 of s_w[jj, split] times part_o[at + split * D:][:4], in
+        # registers (the caller's per-run accumulators would live in local memory here)
+        a0, a1, a2, a3 = float32(0), float32(0), float32(0), float32(0)
+        s = 0
+        while s + 16 <= n:  # sixteen 16-byte loads of partials in flight (L2 latency bound)
+            x0, x1, x2, x3 = weighted_run(part_o, at, s_w, jj, s)
+            y0, y1, y2, y3 = weighted_run(part_o, at, s_w, jj, s + 4)
+            z0, z1, z2, z3 = weighted_run(part_o, at, s_w, jj, s + 8)
+            w0, w1, w2, w3 = weighted_run(part_o, at, s_w, jj, s + 12)
+            a0 += (x0 + y0) + (z0 + w0)
+            a1 += (x1 + y1) + (z1 + w1)
+            a2 += (x2 + y2) + (z2 + w2)
+            a3 += (x3 + y3) + (z3 + w3)
+            s += 16
+        while s + 4 <= n:
+            x0, x1, x2, x3 = weighted_run(part_o, at, s_w, jj, s)
+            a0, a1, a2, a3 = a0 + x0, a1 + x1, a2 + x2, a3 + x3
+            s += 4
+        while s < n:
+            x0, x1, x2, x3 = load_cg_f32x4(part_o, at + s * D)
+            w = s_w[jj, s]
+            a0, a1, a2, a3 = a0 + w * x0, a1 + w * x1, a2 + w * x2, a3 + w * x3
+            s += 1
+        return a0, a1, a2, a3
+
+    @cuda.jit(device=True)
+    def fold(m, total, m1, l1):
+        # the online pair (m, total) with one more (m1, l1); empty pairs (-inf, 0) change nothing
+        mx = max(m, m1)
+        if mx == NEG_INF:
+            return m, total
+        return mx, total * exp2(m - mx) + l1 * exp2(m1 - mx)
+
+    @cuda.jit(device=True)
+    def split_stat(part_ml, at, s, n_splits, s_w, j):
+        # split s's (m, l), or an empty pair past the last split; m staged for the weights
+        if s >= n_splits:
+            return NEG_INF, float32(0)
+        m1, l1 = load_cg_f32(part_ml, at), load_cg_f32(part_ml, at + 1)
+        if s < MERGE_CHUNK:
+            s_w[j, s] = m1
+        return m1, l1
+
+    @cuda.jit(device=True)
+    def head_stats(part_ml, row, n_splits, max_splits, s_w, j, k):
+        # (M, 1/L) of one head, for its 16 threads (lanes k = 0..15 of a half warp): lane k
+        # takes splits k, k+16, ...; four at a time, their loads in flight together
+        m, total = NEG_INF, float32(0)
+        for s in range(k, n_splits, 64):
+            at = (row * max_splits + s) * 2
+            m0, l0 = split_stat(part_ml, at, s, n_splits, s_w, j)
+            m1, l1 = split_stat(part_ml, at + 32, s + 16, n_splits, s_w, j)
+            m2, l2 = split_stat(part_ml, at + 64, s + 32, n_splits, s_w, j)
+            m3, l3 = split_stat(part_ml, at + 96, s + 48, n_splits, s_w, j)
+            m, total = fold(m, total, m0, l0)
+            m, total = fold(m, total, m1, l1)
+            m, total = fold(m, total, m2, l2)
+            m, total = fold(m, total, m3, l3)
+        return m, total
+
+    @cuda.jit(device=True)
     def merge_splits(part_o, part_ml, out, row0, heads, n_splits, max_splits):
         tid = cuda.threadIdx.x
         s_stat = cuda.shared.array((HEADS_PER_CTA, 2), float32)  # M, 1/L per head
         s_w = cuda.shared.array((HEADS_PER_CTA, MERGE_CHUNK), float32)
         j, k = tid // 16, tid % 16  # 16 threads (half a warp) per head
-        m = NEG_INF
+        cuda.syncthreads()  # s_w and s_stat free (a persistent CTA merges once per item)
+        m, total = NEG_INF, float32(0)
         if j < heads:
-            for s in range(k, n_splits, 16):
-                m = max(m, load_cg_f32(part_ml, ((row0 + j) * max_splits + s) * 2))
-        for mask in (8, 4, 2, 1):
-            m = max(m, shfl_xor(m, mask))
-        total = float32(0)
+            m, total = head_stats(part_ml, row0 + j, n_splits, max_splits, s_w, j, k)
+        # every lane of the head ends with the head's (M, L) (written out: a loop over a
+        # tuple here stayed a loop over a local-memory array)
+        m, total = fold(m, total, shfl_xor(m, 8), shfl_xor(total, 8))
+        m, total = fold(m, total, shfl_xor(m, 4), shfl_xor(total, 4))
+        m, total = fold(m, total, shfl_xor(m, 2), shfl_xor(total, 2))
+        m, total = fold(m, total, shfl_xor(m, 1), shfl_xor(total, 1))
         if j < heads:
-            for s in range(k, n_splits, 16):
-                at = ((row0 + j) * max_splits + s) * 2
-                total += exp2(load_cg_f32(part_ml, at) - m) * load_cg_f32(part_ml, at + 1)
-        for mask in (8, 4, 2, 1):
-            total += shfl_xor(total, mask)
-        if k == 0 and j < heads:
-            s_stat[j, 0] = m
-            s_stat[j, 1] = float32(1) / total
+            inverse = float32(1) / total
+            if k == 0:
+                s_stat[j, 0] = m
+                s_stat[j, 1] = inverse
+            for s in range(k, min(n_splits, MERGE_CHUNK), 16):  # the lane's own staged m_s
+                s_w[j, s] = exp2(s_w[j, s] - m) * inverse
         acc = cuda.local.array(ACC, float32)
         for r in range(ACC):
             acc[r] = 0
         for base in range(0, n_splits, MERGE_CHUNK):
             n = min(MERGE_CHUNK, n_splits - base)
-            cuda.syncthreads()  # s_stat written; the last round's weights read
-            for i in range(tid, heads * n, THREADS):
-                jj, s = i // n, i % n
-                at = ((row0 + jj) * max_splits + base + s) * 2
-                s_w[jj, s] = exp2(load_cg_f32(part_ml, at) - s_stat[jj, 0]) * s_stat[jj, 1]
+            if base > 0:  # the first round's weights came from the statistics pass
+                cuda.syncthreads()  # s_stat written; the last round's weights read
+                for i in range(tid, heads * n, THREADS):
+                    jj, s = i // n, i % n
+                    at = ((row0 + jj) * max_splits + base + s) * 2
+                    s_w[jj, s] = exp2(load_cg_f32(part_ml, at) - s_stat[jj, 0]) * s_stat[jj, 1]
             cuda.syncthreads()  # this round's weights ready
             for r in range(ITEMS):
                 jj, d = (tid + r * THREADS) // (D // 4), 4 * ((tid + r * THREADS) % (D // 4))
                 if jj < heads:
-                    at = ((row0 + jj) * max_splits + base) * D + d
-                    s = 0
-                    while s + 8 <= n:  # eight 16-byte loads of partials in flight (L2 latency bound)
-                        x0, x1, x2, x3 = weighted_run(part_o, at, s_w, jj, s)
-                        y0, y1, y2, y3 = weighted_run(part_o, at, s_w, jj, s + 4)
-                        acc[4 * r] += x0 + y0
-                        acc[4 * r + 1] += x1 + y1
-                        acc[4 * r + 2] += x2 + y2
-                        acc[4 * r + 3] += x3 + y3
-                        s += 8
-                    while s < n:
-                        x0, x1, x2, x3 = load_cg_f32x4(part_o, at + s * D)
-                        acc[4 * r] += s_w[jj, s] * x0
-                        acc[4 * r + 1] += s_w[jj, s] * x1
-                        acc[4 * r + 2] += s_w[jj, s] * x2
-                        acc[4 * r + 3] += s_w[jj, s] * x3
-                        s += 1
+                    x0, x1, x2, x3 = weighted_sum(part_o, ((row0 + jj) * max_splits + base) * D + d, s_w, jj, n)
+                    acc[4 * r] += x0
+                    acc[4 * r + 1] += x1
+                    acc[4 * r + 2] += x2
+                    acc[4 * r + 3] += x3
         for r in range(ITEMS):
             jj, d = (tid + r * THREADS) // (D // 4), 4 * ((tid + r * THREADS) % (D // 4))
             if jj < heads:

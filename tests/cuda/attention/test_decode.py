@@ -61,6 +61,56 @@ def test_split_sequences_merge_in_the_last_cta(dtype, rng):
         check_decode(cfg, 3, [70, 0, 5, 33], rng, SPLIT)
 
 
+def merge_case(rng, heads, n_splits, head_dim):
+    """Random partials of ``n_splits`` splits (every third empty: m -inf, l 0, o 0) for
+    ``heads`` rows, their stride ``n_splits + 3``; returns (part_o, part_ml, expected out)."""
+    stride = n_splits + 3
+    part_o = np.full((heads, stride, head_dim), np.nan, np.float32)  # slots past n_splits: never read
+    part_ml = np.full((heads, stride, 2), np.nan, np.float32)
+    m = rng.uniform(-6, 6, (heads, n_splits)).astype(np.float32)
+    l = rng.uniform(0.5, 40, (heads, n_splits)).astype(np.float32)
+    o = rng.standard_normal((heads, n_splits, head_dim)).astype(np.float32) * l[..., None]
+    empty = np.arange(n_splits) % 3 == 2
+    m[:, empty], l[:, empty], o[:, empty] = -np.inf, 0, 0
+    part_o[:, :n_splits], part_ml[:, :n_splits, 0], part_ml[:, :n_splits, 1] = o, m, l
+    w = np.exp2(m.astype(np.float64) - m.max(axis=1, keepdims=True))
+    expect = (w[..., None] * o).sum(axis=1) / (w * l).sum(axis=1)[:, None]
+    return part_o.ravel(), part_ml.ravel(), expect
+
+
+def check_merge(rng, heads, n_splits, head_dim):
+    """``merge_function``'s merge of one CTA's rows against float64, output poisoned first."""
+    from hexcore.cuda.attention.kernel import merge_function
+    from hexcore.cuda.attention.shape import THREADS
+
+    merge = merge_function(head_dim)
+
+    @cuda.jit
+    def kernel(part_o, part_ml, out, heads, n_splits, max_splits):
+        merge(part_o, part_ml, out, 0, heads, n_splits, max_splits)
+
+    part_o, part_ml, expect = merge_case(rng, heads, n_splits, head_dim)
+    out = cuda.to_device(np.full(heads * head_dim, np.nan, np.float16))
+    kernel[1, THREADS](cuda.to_device(part_o), cuda.to_device(part_ml), out, heads, n_splits, n_splits + 3)
+    got = out.copy_to_host().reshape(heads, head_dim)
+    assert not np.isnan(got).any(), "an output element was not written"
+    err = ref.relative_l2(got, expect)
+    assert err <= TOLERANCE, f"relative L2 error {err:.2e}"
+
+
+@pytest.mark.parametrize("heads,n_splits", [(4, 150), (8, 64), (1, 7), (3, 21)])
+def test_merge_of_many_splits_matches_float64(heads, n_splits, rng):
+    """The split merge alone: more splits than one staging round (64), the sixteen-, four- and
+    one-split loops, empty splits, a row stride past the split count."""
+    check_merge(rng, heads, n_splits, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,n_splits", [(4, 150), (8, 64), (4, 66), (1, 263)])
+def test_merge_of_many_splits_gpu(heads, n_splits, rng):
+    check_merge(rng, heads, n_splits, 128)
+
+
 # every dtype with each head_dim, block size and GQA ratio at least twice (a covering set:
 # the full product compiles 54 kernels, minutes of GPU-machine time for nothing new)
 GPU_LAYOUTS = [(64, 16, 1), (64, 32, 4), (64, 64, 8), (128, 16, 4), (128, 32, 8), (128, 64, 1)]
