@@ -84,7 +84,7 @@ def case(dtype, batch, hq, hkv, ctx, num_blocks=None):
 LONG = (128, 32, 8, 131072)
 
 
-def cost_rows(dtype, shape, num_blocks=None, registers=None, item="call") -> list[dict]:
+def cost_rows(dtype, shape, num_blocks=None, registers=None, item="inline") -> list[dict]:
     from benchmarks.gpu_common import host_seconds_per_call, time_gpu
     from hexcore.cuda import DecodePlan
     from hexcore.cuda.attention.options import DecodeOptions
@@ -179,7 +179,7 @@ def main(argv) -> None:
         for row in latency_rows():
             emit(row)
     caps = [None if c == "default" else int(c) for c in arg("--registers", "default").split(",")]
-    items = arg("--items", "call").split(",")
+    items = arg("--items", "inline").split(",")
     for shape in shapes:
         for dtype in dtypes:
             for cap in caps:

@@ -33,8 +33,9 @@ class DecodeOptions:
     - ``max_registers``: a register cap; None takes each kernel's default: 128 for the grid
       decode kernel (four CTAs of 128 threads resident per SM; the 16-40 bytes it spills at
       head_dim 128 cost less than the warps it adds, measured on the H200:
-      ``benchmarks/RESULTS.md``, "third session"), the compiler's choice for the persistent
-      kernel (at 128 it would spill about 900 bytes per thread). 255 means no cap.
+      ``benchmarks/RESULTS.md``, "third session"), 128 for the persistent kernel with its item
+      inlined, the compiler's choice with the item called (at 128 that one spills about 900
+      bytes per thread). 255 means no cap.
     - ``l2_prefetch``: which sealed blocks a warp asks L2 for one block ahead of its copies
       (INT4/INT2 blocks are copied one chunk ahead into shared memory anyway): "quantized",
       "all" (FP16 blocks too) or "none".
@@ -44,13 +45,16 @@ class DecodeOptions:
     - ``launch_path``: "raw" (one ``cuLaunchKernel``) or "core" (``cuda.core.launch``)
       for prepared launches.
     - ``persistent_item``: how the persistent kernel runs its items (``persistent.py``):
-      "call" (out of line; measured on the H200: 168 registers, 1.04-1.44x the grid
-      kernel's time) or "inline" (inlined, the thread index read volatile: compiled on the
-      CPU to 128 registers and 60-144 bytes of spill stores at a cap of 128, not yet timed).
+      "inline" (the default: inlined, its thread index read volatile, capped at 128
+      registers with 60-144 bytes of spill stores) or "call" (out of line, 168 registers, 3
+      CTAs per SM). Measured on the H200 against the grid kernel's time, no yield: inline
+      1.04-1.13x at B=64 and 1.19-1.28x at B=1 32k, call 1.05-1.37x and 1.33-1.46x
+      (``benchmarks/RESULTS.md``, "eleventh session").
     - ``tiered_fp16``: where a format by age decodes its FP16 pool (the sink, young blocks,
-      tails; ``tiered.py``): "launch" (its own partials launch before the merge) or "merge"
-      (inside the merge launch, each CTA its own (sequence, head) first: one launch fewer;
-      compiled on the CPU to 128 registers and 12 bytes of spills, not yet timed).
+      tails; ``tiered.py``): "merge" (the default: inside the merge launch, each CTA its own
+      (sequence, head) first, one launch fewer; 2-7% faster on grouped-query shapes, 0.5-1%
+      slower with one query head per KV head, measured on the H200) or "launch" (its own
+      partials launch before the merge).
     """
 
     ctas_per_sm: int | None = None
@@ -60,8 +64,8 @@ class DecodeOptions:
     l2_prefetch: str = "none"
     joint_softmax: bool = True
     launch_path: str = "raw"
-    persistent_item: str = "call"
-    tiered_fp16: str = "launch"
+    persistent_item: str = "inline"
+    tiered_fp16: str = "merge"
 
     def __post_init__(self):
         if isinstance(self.split_overhead, bool) or not isinstance(self.split_overhead, (int, float)) \
