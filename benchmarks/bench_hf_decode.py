@@ -1,8 +1,8 @@
 """Decode tokens/s of a Llama-3-8B-shaped model with random weights through transformers:
-hexcore FP16/INT4/INT2 against DynamicCache + SDPA.
+hexcore FP16/INT4/INT2 against DynamicCache + SDPA and transformers' own paged cache.
 
     python -m benchmarks.bench_hf_decode [--layers 32] [--batch 1 8 64] [--context 1024 4096 16384]
-        [--steps 32] [--caches dynamic fp16 int4 int2] [--budget-gib 64] [--out FILE]
+        [--steps 32] [--caches dynamic paged fp16 int4 int2] [--budget-gib 64] [--out FILE]
     NUMBA_ENABLE_CUDASIM=1 python -m benchmarks.bench_hf_decode --tiny --device cpu --batch 1 2 --context 64 --steps 3
 
 The model (hidden 4096, 32 heads, 8 KV heads, head_dim 128, intermediate 14336, vocab
@@ -17,7 +17,10 @@ timed ones between device synchronisations, then 4 more under torch's profiler. 
 wall ms per step, GPU ms per step (the kernels' own time over the profiled steps, hexcore's
 numba kernels included: where it is far below the wall time the step is bound by the host's
 Python and launches, not by attention), tokens/s (``B * steps / wall seconds``) and the KV
-bytes allocated; a case whose KV (estimated before
+bytes allocated. ``paged`` is transformers' continuous batching (``generate_batch``, attention
+"paged|sdpa") over ``B`` random prompts of ``context`` tokens: it cannot be handed a filled
+cache, so its decode steps are timed by the tokens' timestamps (``paged_seconds``; no GPU time
+column; its own scheduler decides how many rows decode together). A case whose KV (estimated before
 allocating) does not fit the free GPU memory, or that runs out of memory, is printed as
 "does not fit". Then, for ``--budget-gib``, the largest batch per context whose KV fits
 that budget, computed from the layout (nothing allocated). ``--tiny`` (2 layers, hidden
@@ -34,7 +37,8 @@ import json
 import pathlib
 import time
 
-CACHES = ("dynamic", "fp16", "int4", "int2")
+CACHES = ("dynamic", "paged", "fp16", "int4", "int2")
+FP16_CACHES = ("dynamic", "paged")  # transformers' caches: FP16 K/V, no hexcore layout
 BLOCK = 32  # hexcore's block size
 WARMUP = 2  # untimed decode steps per case
 PROFILED = 4  # steps after the timed ones, under the profiler (GPU time)
@@ -73,10 +77,10 @@ def build_model(config, device: str):
 
 # -- KV bytes ------------------------------------------------------------------------------
 def kv_layout(config, name: str):
-    """The KVCacheConfig of a HexcoreCache of ``name`` for ``config`` (None for DynamicCache)."""
+    """The KVCacheConfig of a HexcoreCache of ``name`` for ``config`` (None for transformers' caches)."""
     from hexcore import KVCacheConfig
 
-    if name == "dynamic":
+    if name in FP16_CACHES:
         return None
     return KVCacheConfig(num_layers=config.num_hidden_layers, num_kv_heads=config.num_key_value_heads,
                          head_dim=config.head_dim, block_size=BLOCK, kv_dtype=name,
@@ -84,7 +88,7 @@ def kv_layout(config, name: str):
 
 
 def kv_bytes(config, name: str, batch: int, tokens: int) -> int:
-    """KV bytes of ``batch`` rows of ``tokens`` tokens: FP16 K and V for DynamicCache; the
+    """KV bytes of ``batch`` rows of ``tokens`` tokens: FP16 K and V for transformers' caches; the
     pool this benchmark gives a HexcoreCache (``tokens + BLOCK`` per row) and its tails."""
     layout = kv_layout(config, name)
     if layout is None:
@@ -94,8 +98,11 @@ def kv_bytes(config, name: str, batch: int, tokens: int) -> int:
 
 def scratch_bytes(config, name: str, batch: int, tokens: int) -> int:
     """Transient bytes of a case besides its KV: the random source K/V, and for DynamicCache
-    a layer's K/V copied by ``torch.cat`` each step and repeated for the query heads."""
+    a layer's K/V copied by ``torch.cat`` each step and repeated for the query heads; for the
+    paged cache, a layer's K/V of the whole batch (its prefill)."""
     per_row_layer = 2 * tokens * config.num_key_value_heads * config.head_dim * 2
+    if name == "paged":
+        return batch * per_row_layer
     if name != "dynamic":
         return config.num_hidden_layers * per_row_layer
     groups = config.num_attention_heads // config.num_key_value_heads
@@ -206,6 +213,50 @@ def decode_seconds(model, cache, batch: int, context: int, steps: int) -> tuple[
     return wall, kernels * 1e-6 / PROFILED
 
 
+def paged_seconds(model, batch: int, context: int, steps: int) -> float:
+    """Wall seconds per decode step of transformers' paged cache (``generate_batch``, attention
+    "paged|sdpa") over ``batch`` random prompts of ``context`` tokens, after one untimed call.
+
+    With per-token timestamps (``generate_batch(record_timestamps=True)``, transformers 5.24):
+    from the moment every row has its ``WARMUP``-th token to the moment every row has its
+    last, over ``steps``. Without them: ``(T(WARMUP + steps) - T(WARMUP)) / steps``, T the wall
+    time of a call making that many tokens per row (both prefill; noisy where the call's fixed
+    cost is large)."""
+    import torch
+    from transformers import GenerationConfig
+
+    generator = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, model.config.vocab_size, (batch, context), generator=generator).tolist()
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+    stamps = "record_timestamps" in inspect.signature(model.generate_batch).parameters
+
+    def run(new_tokens: int) -> tuple:
+        config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
+        sync()
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate_batch(inputs=prompts, generation_config=config,
+                                       **({"record_timestamps": True} if stamps else {}))
+        sync()
+        seconds = time.perf_counter() - start
+        made = sum(len(o.generated_tokens) for o in out.values())
+        if made != batch * new_tokens:
+            raise RuntimeError(f"paged: {made} tokens generated, expected {batch} x {new_tokens}")
+        return seconds, list(out.values())
+
+    model.set_attn_implementation("paged|sdpa")
+    try:
+        run(WARMUP)
+        if stamps:
+            _, outs = run(WARMUP + steps)
+            if all(o.timestamps and len(o.timestamps) == WARMUP + steps for o in outs):
+                first = max(o.timestamps[WARMUP - 1] for o in outs)
+                return (max(o.timestamps[-1] for o in outs) - first) / steps
+        return (run(WARMUP + steps)[0] - run(WARMUP)[0]) / steps
+    finally:
+        model.set_attn_implementation("hexcore")
+
+
 def out_of_memory(error: BaseException) -> bool:
     """torch's or numba's CUDA out-of-memory error (or the host's MemoryError); not hexcore's
     own errors (a pool short of blocks would be this benchmark's sizing bug)."""
@@ -243,6 +294,10 @@ def run_case(model, name: str, batch: int, context: int, steps: int, device: str
         return row
     cache = None
     try:
+        if name == "paged":
+            seconds = paged_seconds(model, batch, context, steps)
+            row.update(ms_per_step=round(1e3 * seconds, 3), tokens_per_s=round(batch / seconds, 1))
+            return row
         if name == "dynamic":
             cache = dynamic_cache(model, batch, context)
         else:
