@@ -133,41 +133,52 @@ def chat_ids(tokenizer, model, turns: list, system_repeats: int = 8) -> "torch.T
     return tokenizer(text, return_tensors="pt").input_ids.to(model.device)
 
 
-def prefix_case(tokenizer, model, name: str, new_tokens: int, repeats: int, system_repeats: int = 8) -> dict:
-    """Turn 2's time to first token with its prefix cached (turn 1 ran) and not (a fresh cache)."""
-    import torch
-
+def prefix_cache(model, name: str, longest: int):
+    """A fresh HexcoreCache of ``name`` with the prefix cache on, one row of up to ``longest``."""
     from hexcore.integrations.transformers import HexcoreCache
 
+    return HexcoreCache(model, kv_dtype=name, max_tokens=2 * max(longest, 4096), max_seqs=1,
+                        max_seq_len=max(longest, 4096), prefix_cache=True)
+
+
+def first_token(model, cache, ids, pad_token_id) -> tuple:
+    """(wall seconds, tokens found cached) of ``admit(ids)`` and a generate() of one token."""
+    import torch
+
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    cached = cache.admit(ids)[0]
+    with torch.no_grad():
+        model.generate(ids, past_key_values=cache, max_new_tokens=1, do_sample=False, pad_token_id=pad_token_id)
+    sync()
+    return time.perf_counter() - start, cached
+
+
+def after_turn_one(model, name: str, first, follow, new_tokens: int, pad_token_id) -> tuple:
+    """(a cache that ran turn 1 ``first`` ``[1, n]`` and its ``new_tokens``-token answer,
+    turn 2's ids: turn 1, the answer and ``follow`` ``[1, m]``, the row's longest length)."""
+    import torch
+
+    longest = 1024 * -(-(first.shape[1] + new_tokens + follow.shape[1] + 64) // 1024)  # whole KiB of tokens
+    cache = prefix_cache(model, name, longest)
+    cache.admit(first)
+    with torch.no_grad():
+        answer = model.generate(first, past_key_values=cache, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                do_sample=False, pad_token_id=pad_token_id)
+    return cache, torch.cat([answer, follow], dim=1), longest
+
+
+def prefix_case(tokenizer, model, name: str, new_tokens: int, repeats: int, system_repeats: int = 8) -> dict:
+    """Turn 2's time to first token with its prefix cached (turn 1 ran) and not (a fresh cache)."""
     first = chat_ids(tokenizer, model, [PROMPTS[0]], system_repeats)
-    longest = 1024 * -(-(first.shape[1] + new_tokens + 64) // 1024)  # turn 2, in whole KiB of tokens
-
-    def fresh():
-        return HexcoreCache(model, kv_dtype=name, max_tokens=2 * max(longest, 4096), max_seqs=1,
-                            max_seq_len=max(longest, 4096), prefix_cache=True)
-
-    def first_token(cache, ids) -> tuple:
-        sync()
-        start = time.perf_counter()
-        cached = cache.admit(ids)[0]
-        with torch.no_grad():
-            model.generate(ids, past_key_values=cache, max_new_tokens=1, do_sample=False,
-                           pad_token_id=tokenizer.pad_token_id)
-        sync()
-        return time.perf_counter() - start, cached
-
+    follow = tokenizer(" " + PROMPTS[1], return_tensors="pt").input_ids.to(model.device)
+    pad = tokenizer.pad_token_id
     hit, miss, cached, ids = [], [], 0, None
     for attempt in range(repeats + 1):  # the first is the warm-up
-        cache = fresh()
-        cache.admit(first)
-        with torch.no_grad():
-            answer = model.generate(first, past_key_values=cache, max_new_tokens=new_tokens,
-                                    min_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-        follow = tokenizer(" " + PROMPTS[1], return_tensors="pt").input_ids.to(model.device)
-        ids = torch.cat([answer, follow], dim=1)
-        seconds, cached = first_token(cache, ids)
-        cold, _ = first_token(fresh(), ids)
+        cache, ids, longest = after_turn_one(model, name, first, follow, new_tokens, pad)
+        seconds, cached = first_token(model, cache, ids, pad)
+        cold, _ = first_token(model, prefix_cache(model, name, longest), ids, pad)
         if attempt:
             hit.append(seconds)
             miss.append(cold)

@@ -1,0 +1,114 @@
+"""Where a prefix-cache hit spends its time: a chat's second turn on a cache that ran the first
+(a hit) and on a fresh cache (a miss), each under cProfile and torch's profiler.
+
+    python -m benchmarks.profile_prefix MODEL_DIR [--cache fp16] [--system-repeats 8] [--new-tokens 32] [--top 25]
+    NUMBA_ENABLE_CUDASIM=1 python -m benchmarks.profile_prefix --tiny --device cpu --prompt-tokens 40
+
+The turns are ``bench_hf --prefix``'s (``after_turn_one``, ``first_token``), run once untimed
+first (kernel compilation). Printed per case: the wall time; torch's profiler's CPU time
+(its ops, hexcore's numba launches not included) and GPU time (every kernel, hexcore's
+included), so whether the turn is bound by the host or the device; then cProfile's
+functions by cumulative time, hexcore's own first. ``--tiny`` runs a small random-weight
+Llama on random token ids instead of a model folder (with ``--device cpu``, on the CUDA
+simulator: it checks this script, the figures mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+from benchmarks.bench_hf import PROMPTS, after_turn_one, chat_ids, first_token, load, prefix_cache
+
+
+def profiled(run) -> dict:
+    """``run()`` under cProfile and torch's profiler: wall, CPU and GPU ms, and the stats."""
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profile = cProfile.Profile()
+    with torch.profiler.profile(activities=activities) as prof:
+        start = time.perf_counter()
+        profile.enable()
+        run()
+        profile.disable()
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    cpu = sum(e.self_cpu_time_total for e in events)
+    gpu = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in events)
+    return dict(wall_ms=1e3 * wall, torch_cpu_ms=cpu / 1e3, gpu_ms=gpu / 1e3, stats=pstats.Stats(profile))
+
+
+def report(name: str, result: dict, top: int) -> str:
+    """The case's totals and its ``top`` functions by cumulative time (hexcore's, then all)."""
+    lines = [f"== {name}: wall {result['wall_ms']:.2f} ms (under both profilers), torch ops' CPU "
+             f"{result['torch_cpu_ms']:.2f} ms, GPU {result['gpu_ms']:.2f} ms"]
+    for title, pattern in (("hexcore", "hexcore"), ("everything", "")):
+        text = io.StringIO()
+        stats = result["stats"]
+        stats.stream = text
+        stats.sort_stats("cumulative").print_stats(pattern, top) if pattern else \
+            stats.sort_stats("cumulative").print_stats(top)
+        body = text.getvalue()
+        lines.append(f"-- {title}, by cumulative time --")
+        lines.append(body[body.find("ncalls"):].rstrip() if "ncalls" in body else body.rstrip())
+    return "\n".join(lines)
+
+
+def tiny_turns(model, prompt_tokens: int):
+    """Random ids for ``--tiny``: turn 1 ``[1, prompt_tokens]`` and turn 2's new question ``[1, 8]``."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    first = torch.randint(1, model.config.vocab_size, (1, prompt_tokens), generator=generator)
+    return first.to(model.device), torch.randint(1, model.config.vocab_size, (1, 8), generator=generator).to(
+        model.device)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir", nargs="?", help="a folder with a GGUF file or a transformers checkpoint")
+    parser.add_argument("--cache", default="fp16", help="the HexcoreCache kv_dtype")
+    parser.add_argument("--system-repeats", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=32, help="turn 1's answer")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--tiny", action="store_true", help="a small random Llama (checks this script)")
+    parser.add_argument("--prompt-tokens", type=int, default=40, help="--tiny: turn 1's length")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        from benchmarks.bench_hf_decode import build_model, llama_config
+
+        model, pad = build_model(llama_config(None, True, 4096), args.device), 0
+        first, follow = tiny_turns(model, args.prompt_tokens)
+    elif args.model_dir:
+        tokenizer, model = load(args.model_dir, args.device)
+        pad = tokenizer.pad_token_id
+        first = chat_ids(tokenizer, model, [PROMPTS[0]], args.system_repeats)
+        follow = tokenizer(" " + PROMPTS[1], return_tensors="pt").input_ids.to(model.device)
+    else:
+        parser.error("a model folder or --tiny")
+    results = {}
+    for attempt in range(2):  # the first compiles every kernel
+        cache, ids, longest = after_turn_one(model, args.cache, first, follow, args.new_tokens, pad)
+        fresh = prefix_cache(model, args.cache, longest)
+        if attempt == 0:
+            first_token(model, cache, ids, pad)
+            first_token(model, fresh, ids, pad)
+            continue
+        cached = []
+        results["hit"] = profiled(lambda: cached.append(first_token(model, cache, ids, pad)[1]))
+        results["miss"] = profiled(lambda: first_token(model, fresh, ids, pad))
+        print(f"turn 2: {ids.shape[1]} tokens, {cached[0]} cached ({args.cache})")
+    for name, result in results.items():
+        print(report(name, result, args.top))
+    return results
+
+
+if __name__ == "__main__":
+    main()
