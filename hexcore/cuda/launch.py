@@ -79,6 +79,7 @@ class PreparedLaunch:
             return
         argtypes = tuple(dispatcher.typeof_pyval(a) for a in self._args)
         kernel = dispatcher.compile(argtypes)
+        self._kernel, self._argtypes = kernel, argtypes
         values: list = []
         self._first = []  # argument i -> the index of its first marshalled value
         for argtype, value in zip(kernel.argument_types, self._args):
@@ -117,6 +118,35 @@ class PreparedLaunch:
         else:
             self._keep[0][at].value = value
 
+    def set_array(self, index: int, array) -> None:
+        """Argument ``index``, an array the launch was prepared with, becomes ``array`` for the
+        runs that follow: a device array of the same numba type (dtype, dimensions, layout)
+        at another address, such as another layer's view of one buffer. Its shape may
+        differ (it is part of the marshalled values); the launch keeps ``array`` alive. Runs
+        already enqueued keep the array they had."""
+        old = self._args[index] if 0 <= index < len(self._args) else None
+        if not (_is_device_array(old) and _is_device_array(array)):
+            raise HexcoreInvalidArgumentError(f"index: argument {index} is not a device array argument of this "
+                                              f"launch, or the new value is not a device array")
+        if SIMULATOR:
+            if np.dtype(array.dtype) != np.dtype(old.dtype) or array.ndim != old.ndim:
+                raise HexcoreInvalidArgumentError(f"array: expected {old.dtype} with {old.ndim} dimensions like "
+                                                  f"argument {index}, got {array.dtype} with {array.ndim}")
+        else:
+            argtype = self._dispatcher.typeof_pyval(array)
+            if argtype != self._argtypes[index]:
+                raise HexcoreInvalidArgumentError(f"array: expected {self._argtypes[index]} like argument {index}, "
+                                                  f"got {argtype}")
+            values: list = []
+            self._kernel._prepare_args(argtype, array, 0, [], values)  # the same marshalling as at prepare
+            at = self._first[index]
+            for j, value in enumerate(values):
+                if self._core is not None:
+                    self._core[2][at + j] = value
+                else:
+                    self._keep[0][at + j].value = _as_ctypes(value, at + j).value
+        self._args = self._args[:index] + (array,) + self._args[index + 1:]
+
     def run(self, stream=0) -> None:
         """Enqueue the kernel on ``stream``: a numba stream, a raw ``CUstream`` handle (int)
         or object, or 0 for the default stream."""
@@ -149,6 +179,11 @@ class PreparedLaunch:
         if err:
             raise HexcoreCudaError(f"cuLaunchKernel({self.name}, grid {self.grid}, block {self.block}) failed: "
                                    f"{getattr(err, 'name', err)} ({int(err)})")
+
+
+def _is_device_array(value) -> bool:
+    """A numba device array (or the simulator's), or an object with the CUDA array interface."""
+    return hasattr(value, "__cuda_array_interface__") or hasattr(value, "copy_to_host")
 
 
 def kernel_params(values) -> tuple[tuple, int]:

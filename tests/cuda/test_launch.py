@@ -130,6 +130,39 @@ def test_set_scalar_changes_an_int_argument_for_later_runs(rng):
             prepared.set_scalar(index, 1)
 
 
+def check_set_array(rng, path=None):
+    """set_array: another address and shape of the same type (another strided view, another
+    output) for later runs; a wrong type or a non-array argument refused."""
+    args = _mixed_args(rng)
+    expect, got = cuda.device_array(300), cuda.to_device(np.full(300, np.nan))
+    launch = Launch(_mixed, 3, 128, (got, *args))
+    prepared = launch.prepare(path) if path else PreparedLaunch(_mixed, 3, 128, launch.args)
+    other = cuda.to_device(rng.standard_normal((7, 18)))[:, ::3]  # another strided 2-D view, another shape
+    out2 = cuda.to_device(np.full(300, np.nan))
+    prepared.set_array(1, other)
+    prepared.set_array(0, out2)
+    prepared.run()
+    cuda.synchronize()
+    _mixed[3, 128](expect, other, *args[1:])
+    np.testing.assert_array_equal(out2.copy_to_host(), expect.copy_to_host())
+    assert np.isnan(got.copy_to_host()).all()  # the old output is no longer written
+    for index, value, message in ((1, cuda.to_device(np.zeros((4, 4), np.float32)), "array: expected"),
+                                  (1, cuda.to_device(np.zeros(8)), "array: expected"),
+                                  (3, other, "not a device array argument"), (9, other, "not a device array")):
+        with pytest.raises(HexcoreInvalidArgumentError, match=message):
+            prepared.set_array(index, value)
+
+
+def test_set_array_changes_an_array_argument_for_later_runs(rng):
+    check_set_array(rng)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["raw", "core"])
+def test_set_array_gpu(path, rng):
+    check_set_array(rng, path)
+
+
 @pytest.mark.gpu
 def test_launch_failure_names_the_cuda_error_gpu(rng):
     prepared = PreparedLaunch(_mixed, 1, 2048, (cuda.device_array(4), *_mixed_args(rng)))  # > 1024 threads
