@@ -6,12 +6,14 @@ a step written once:
 - a step's new token goes into the tail of the store its block will be sealed in
   (``TieredKVCache.tail_pools``, one masked append per pool);
 - the step's re-seals run before its seals (all layers at the first layer's call: they
-  read only old, complete blocks), each layer's seals after that layer's append;
+  read only old, complete blocks), a layer's seals after that layer's append; ``run()``
+  appends and seals every layer at once (a launch per pool), ``attend(layer)`` one layer;
 - attention is ``tiered_decode`` over every pool and the tail (a ``TieredDecodePlan`` per
-  step: its index arrays checked and copied once for every layer).
+  step over the step's buffers: its index arrays checked and copied once, its launches
+  marshalled once, each layer only its ``q``, ``out`` and layer number put in).
 
-Eager launches (no CUDA graph yet) and host index arrays: correct, not yet the serving
-path's speed. Not with the prefix cache, speculative allocation, fault tolerance,
+No CUDA graph yet, and host index arrays each step: correct, not yet the serving path's
+speed. Not with the prefix cache, speculative allocation, fault tolerance,
 truncation or the prefill attention helpers (typed errors from ``Engine``).
 """
 
@@ -147,7 +149,8 @@ class TieredEngineStep:
         tables = cache.block_tables(ids)  # the step's tables: the same for every layer
         self._decode = TieredDecodePlan(parts.stores, [t for t, _ in tables], [c for _, c in tables],
                                         (result.seq_lens % bs).astype(np.int32), cache.tail_pools(ids), ids,
-                                        scale=parts.scale, options=parts.options)
+                                        scale=parts.scale, options=parts.options,
+                                        buffers=(self._arrays[0], self._arrays[3]))
         self._forks, self._resealed, self._loaded = forks, False, None
 
     def write(self, q, k, v) -> None:
@@ -161,11 +164,14 @@ class TieredEngineStep:
         return self._arrays[3].copy_to_host()
 
     def run(self, stream=None):
-        """Append, seal and attention for every layer; returns ``out``."""
+        """Append, seal and attention for every layer; returns ``out``. The appends and seals
+        take every layer in one launch per pool; attention is a launch per pool per layer."""
         if self._loaded is not None:
             raise HexcoreInvalidArgumentError("run: this step was already loaded by attend()")
+        stream = self._start(stream)
+        self._write(None, stream)
         for layer in range(self.parts.config.num_layers):
-            self._attend(layer, stream)
+            self._decode.run(layer, stream=stream)
         self._loaded = True
         return self.buffers[3]
 
@@ -173,33 +179,47 @@ class TieredEngineStep:
         """Append, seal and attention for one layer (``q/k/v[layer]`` filled); returns ``out[layer]``."""
         if self._loaded is True:
             raise HexcoreInvalidArgumentError("attend: this step already ran whole")
-        self._loaded = False
         layer = as_int("layer", layer, low=0, high=self.parts.config.num_layers - 1)
-        return self._attend(layer, stream)
+        stream = self._start(stream)
+        self._loaded = False
+        self._write(layer, stream)
+        self._decode.run(layer, stream=stream)
+        return self.buffers[3][layer]
 
-    def _attend(self, layer: int, stream):
-        from .cuda import append, run_tiered_ops, seal
+    def _start(self, stream):
+        """The stream the step runs on; the first time, this step's fork copies and re-seals
+        (they read only old blocks, so they come before any layer's writes)."""
+        from .cuda import run_tiered_ops
         from .cuda.streams import resolve_stream, torch_current_stream
 
         if stream is None and self.buffers is not self._arrays:  # torch views: torch's current stream
             stream = resolve_stream(torch_current_stream())
-        parts, ops = self.parts, self.result.ops
-        fitted = parts.cache.format.fitted_keys
-        if not self._resealed:  # this step's fork copies, then its re-seals (every layer: they read only old blocks)
+        if not self._resealed:
+            parts, ops = self.parts, self.result.ops
             parts.copy_forks(stream, self._forks)
-            run_tiered_ops(parts.stores, np.ascontiguousarray(ops[ops[:, OP_SRC_KIND] != SEAL]), fitted, stream=stream)
+            run_tiered_ops(parts.stores, np.ascontiguousarray(ops[ops[:, OP_SRC_KIND] != SEAL]),
+                           parts.cache.format.fitted_keys, stream=stream)
             self._resealed = True
-        q, k, v, out = self._arrays
+        return stream
+
+    def _write(self, layer: int | None, stream) -> None:
+        """The new tokens' K/V into their pools' tails, then the step's seals, a launch per
+        pool: of ``layer``, or of every layer when it is None."""
+        from .cuda import append, seal
+
+        parts, ops = self.parts, self.result.ops
+        k, v = self._arrays[1], self._arrays[2]
+        if layer is not None:
+            k, v = k[layer], v[layer]
         for store, slots in zip(parts.stores, self._slots):
             if slots is not None:
-                append(store, k[layer], v[layer], slots, self._positions, layer=layer, stream=stream)
+                append(store, k, v, slots, self._positions, layer=layer, stream=stream)
         seals = ops[ops[:, OP_SRC_KIND] == SEAL]
-        for kind in np.unique(seals[:, OP_KIND]).tolist():  # this layer of the step's seals, a launch per pool
+        fitted = parts.cache.format.fitted_keys
+        for kind in np.unique(seals[:, OP_KIND]).tolist():
             mine = seals[seals[:, OP_KIND] == kind]
             seal(parts.stores[kind], np.ascontiguousarray(mine[:, OP_SEQ]), np.ascontiguousarray(mine[:, OP_BLOCK]),
                  layer=layer, fitted_keys=fitted and kind_bits(parts, kind) == 2, stream=stream)
-        self._decode.run(layer, q[layer], out[layer], stream)
-        return self.buffers[3][layer]
 
 
 def kind_bits(parts: TieredParts, kind: int) -> int:

@@ -70,52 +70,77 @@ def tiered_decode(q, stores: list, tables: list, counts: list, tail_lens, tail_p
 
 class TieredDecodePlan:
     """:func:`tiered_decode` for every layer of one step: the first ``run`` checks the index
-    arrays, copies them to the device and makes the launches; every later ``run`` only puts
-    its ``q``, ``out`` and ``layer`` into those launches (no checks of the index arrays, no
-    copies; the host time saved is not yet measured).
+    arrays, copies them to the device and makes the launches, marshalled once
+    (``PreparedLaunch``); every later ``run`` only puts its ``q``, ``out`` and ``layer`` into
+    them (``set_array``, ``set_scalar``) and enqueues them: no checks of the index arrays,
+    no copies, no per-launch marshalling of the other arguments.
 
     ``stores``, ``tables``, ``counts``, ``tail_lens``, ``tail_pool``, ``tail_slots``,
     ``scale``, ``options``: as :func:`tiered_decode` takes them, fixed for the plan's life
     (the arrays are read at the first run). ``run(layer, q, out, stream=None)``: ``q`` and
     ``out`` float16 ``[B, num_q_heads, head_dim]`` device arrays (the same shape every run,
-    checked); returns ``out``.
+    checked); returns ``out``. With ``buffers=(q_all, out_all)``, float16 ``[L, B,
+    num_q_heads, head_dim]`` device arrays checked once here, ``run(layer)`` reads
+    ``q_all[layer]`` and writes ``out_all[layer]`` with no check per layer (the Engine's step).
     """
 
     def __init__(self, stores: list, tables: list, counts: list, tail_lens, tail_pool, tail_slots,
-                 scale: float | None = None, options: DecodeOptions | None = None):
+                 scale: float | None = None, options: DecodeOptions | None = None, buffers: tuple | None = None):
         self._index = (stores, tables, counts, tail_lens, tail_pool, tail_slots)
         self._scale, self._options = scale, options
         self._launches = self._shape = None
+        self._buffers = None if buffers is None else _checked_buffers(stores, buffers)
 
-    def run(self, layer: int, q, out, stream=None):
+    def run(self, layer: int, q=None, out=None, stream=None):
         stores = self._index[0]
-        if self._launches is None:
-            self._launches, out = tiered_decode_launches(q, *self._index, layer=layer, out=out, scale=self._scale,
-                                                         options=self._options)
-            self._shape = tuple(q.shape)
-            launches = self._launches
-        else:
-            layer, _ = checked_layer(layer, stores[0].config.num_layers)
+        layer, _ = checked_layer(layer, stores[0].config.num_layers)
+        if q is None:
+            if self._buffers is None:
+                raise HexcoreInvalidArgumentError("q: needed by a plan made without buffers, got None")
+            q, out = self._buffers[0][layer], self._buffers[1][layer]
+        elif self._launches is not None:
             q = checked(q, "q", np.float16, self._shape)
             out = checked(out, "out", np.float16, self._shape, output=True)
             for store in stores:
                 check_outside_store(store, out=out)
-            launches = [_for_layer(launch, flat_words(q), out.reshape(out.size), layer) for launch in self._launches]
+        if self._launches is None:
+            launches, out = tiered_decode_launches(q, *self._index, layer=layer, out=out, scale=self._scale,
+                                                   options=self._options)
+            self._launches = [(launch.prepare(), len(launch.args) == MERGE_ARGS)
+                              for launch in launches if not launch.empty]
+            self._shape = tuple(q.shape)
+        else:
+            q_words, out_flat = flat_words(q), out.reshape(out.size)
+            for launch, is_merge in self._launches:
+                _for_layer(launch, is_merge, q_words, out_flat, layer)
         stream = resolve_stream(stream, q, out)
-        for launch in launches:
+        for launch, _ in self._launches:
             launch.run(stream)
         return out
 
 
-def _for_layer(launch: Launch, q_words, out_flat, layer: int) -> Launch:
-    """``launch`` (a pool's partials launch, the fused merge, or the merge) with another
-    layer's ``q``, ``out`` and layer number (the positions of the decode kernel's arguments)."""
-    args = list(launch.args)
-    if len(args) == MERGE_ARGS:
-        args[2] = out_flat
+def _checked_buffers(stores: list, buffers) -> tuple:
+    """``(q_all, out_all)``: float16 ``[L, B, Hq, D]`` device arrays of one shape, ``L`` the stores'."""
+    if not isinstance(buffers, tuple) or len(buffers) != 2:
+        raise HexcoreInvalidArgumentError(f"buffers: expected (q, out), got {type(buffers).__name__}")
+    cfg = stores[0].config
+    q = checked(buffers[0], "buffers[0]", np.float16, (cfg.num_layers, None, None, cfg.head_dim))
+    out = checked(buffers[1], "buffers[1]", np.float16, tuple(q.shape), output=True)
+    for store in stores:
+        check_outside_store(store, out=out)
+    return q, out
+
+
+def _for_layer(launch, is_merge: bool, q_words, out_flat, layer: int) -> None:
+    """Put another layer's ``q``, ``out`` and layer number into a prepared ``launch`` (a
+    pool's partials launch, the fused merge, or the merge: the positions of the decode
+    kernel's arguments, or the merge kernel's ``out``)."""
+    if is_merge:
+        launch.set_array(2, out_flat)
     else:
-        args[7], args[11], args[15] = q_words, out_flat, layer
-    return Launch(launch.kernel, launch.grid, launch.block, tuple(args))
+        launch.set_array(7, q_words)
+        launch.set_array(11, out_flat)
+        launch.set_scalar(15, layer)
 
 
 MERGE_ARGS = 5  # merge_kernel's (part_o, part_ml, out, seq_lens, total)

@@ -143,14 +143,26 @@ def test_a_plan_equals_tiered_decode_on_every_layer(where, seed):
     args = ([t for t, _ in tables], [c for _, c in tables], (lens % BS).astype(np.int32), cache.tail_pools(ids), ids)
     options = DecodeOptions(tiered_fp16=where)
     q = np.random.default_rng(seed).standard_normal((2, 2, 2, D)).astype(np.float16)  # [layer, B, Hq, D]
-    plan = TieredDecodePlan(stores, *args, options=options)
+    plan, want = TieredDecodePlan(stores, *args, options=options), {}
     for layer in (1, 0):
         out = cuda.to_device(np.full(q.shape[1:], np.nan, np.float16))
         got = plan.run(layer, cuda.to_device(q[layer]), out).copy_to_host()
-        want = tiered_decode(q[layer], stores, *args, layer=layer, options=options).copy_to_host()
-        assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), layer
+        want[layer] = tiered_decode(q[layer], stores, *args, layer=layer, options=options).copy_to_host()
+        assert np.array_equal(got.view(np.uint16), want[layer].view(np.uint16)), layer
     with pytest.raises(HexcoreInvalidArgumentError, match="q: expected shape"):
         plan.run(0, cuda.to_device(q[0, :1]), out)
+    with pytest.raises(HexcoreInvalidArgumentError, match="q: needed by a plan made without buffers"):
+        plan.run(0)
+    # the Engine's form: the step's [L, B, Hq, D] buffers checked once, run(layer) reads and writes them
+    q_all, out_all = cuda.to_device(q), cuda.to_device(np.full(q.shape, np.nan, np.float16))
+    plan = TieredDecodePlan(stores, *args, options=options, buffers=(q_all, out_all))
+    for layer in (1, 0):
+        plan.run(layer)
+        assert np.array_equal(out_all.copy_to_host()[layer].view(np.uint16), want[layer].view(np.uint16)), layer
+    for bad, message in (((q_all,), "buffers: expected"), ((q_all[0], out_all), r"buffers\[0\]: expected shape"),
+                         ((q_all, out_all[:, :1]), r"buffers\[1\]: expected shape")):
+        with pytest.raises(HexcoreInvalidArgumentError, match=message):
+            TieredDecodePlan(stores, *args, buffers=bad)
 
 
 def test_a_sequence_with_no_token_gives_zeros_and_bad_pools_are_refused(seed):

@@ -1,0 +1,117 @@
+"""Host time of an Engine decode step without a GPU: hexcore's own Python per step, with the
+kernel launches stubbed out on numba's CUDA simulator (no kernel body runs).
+
+    NUMBA_ENABLE_CUDASIM=1 python -m benchmarks.host_step [--dtype int2-aged] [--layers 4] [--batch 63]
+        [--context 600] [--steps 20] [--profile 25]
+
+``--dtype`` is a kv_dtype (``fp16``, ``int4``, ``int2``: the Engine's graph step) or a format
+by age (``int4-aged``, ``int2-aged``: the tiered step). llama-3-8b attention shapes (8 KV
+heads, 32 query heads, head_dim 128, block 32), ``--batch`` sequences of about
+``--context`` tokens (staggered so their tails differ); each step is ``engine.step`` and
+``run()``. Printed: host ms per step, and with ``--profile N`` cProfile's N hexcore
+functions by cumulative time.
+
+What it measures: the block manager's step and every check, table, plan and launch
+description hexcore makes for a step. What it leaves out: numba-cuda's own cost per launch
+on a GPU (typing and marshalling, 25-55 us for an eager launch, a few us for a prepared
+one), device copies and waits. So it compares host paths (a format's step against a plain
+one, a change against the code before it) on any machine; the GPU's figure is the demo's
+step latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import os
+import pstats
+import time
+
+import numpy as np
+
+
+@contextlib.contextmanager
+def stubbed_launches():
+    """Kernel launches on the CUDA simulator return at once (device functions called from
+    a running kernel still run); restored on exit."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        raise RuntimeError("host_step needs the CUDA simulator: NUMBA_ENABLE_CUDASIM=1")
+    from numba.cuda.simulator import kernel as simulator
+
+    launch = simulator.FakeCUDAKernel.__call__
+
+    def stub(self, *args):
+        if self._device or simulator._kernel_context:
+            return launch(self, *args)
+        return None
+
+    simulator.FakeCUDAKernel.__call__ = stub
+    try:
+        yield
+    finally:
+        simulator.FakeCUDAKernel.__call__ = launch
+
+
+def make_engine(dtype: str, layers: int, batch: int, context: int):
+    """(engine, sequence ids): ``batch`` sequences of ``context - i`` tokens (zeros)."""
+    from hexcore import Engine, KVCacheConfig
+    from hexcore.host import pool_blocks_for
+
+    aged = dtype.endswith("-aged")
+    cfg = KVCacheConfig(num_layers=layers, num_kv_heads=8, head_dim=128, block_size=32,
+                        kv_dtype="int4" if aged else dtype)
+    blocks = batch * (context + 400) // cfg.block_size
+    if aged:
+        engine = Engine(cfg, blocks, batch, 32, format=dtype, pool_blocks=pool_blocks_for(dtype, 32, blocks, batch))
+    else:
+        engine = Engine(cfg, blocks, batch, 32)
+    k = np.zeros((layers, context, 8, 128), np.float16)
+    seqs = []
+    for i in range(batch):
+        seqs.append(engine.add())
+        engine.prefill(seqs[-1], k[:, :context - i % context], k[:, :context - i % context])
+    return engine, seqs
+
+
+def host_ms_per_step(engine, seqs, steps: int, warmup: int = 3, profile: int = 0) -> float:
+    """Wall ms per ``engine.step(seqs).run()`` over ``steps`` after ``warmup`` (launches stubbed);
+    with ``profile``, then the same steps under cProfile, its top hexcore functions printed."""
+    def one():
+        engine.step(seqs).run()
+
+    for _ in range(warmup):
+        one()
+    start = time.perf_counter()
+    for _ in range(steps):
+        one()
+    ms = 1e3 * (time.perf_counter() - start) / steps
+    if profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(steps):
+            one()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("cumulative").print_stats("hexcore", profile)
+    return ms
+
+
+def main(argv=None) -> float:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="int2-aged")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=63)
+    parser.add_argument("--context", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="also print cProfile's top N")
+    args = parser.parse_args(argv)
+    with stubbed_launches():
+        engine, seqs = make_engine(args.dtype, args.layers, args.batch, args.context)
+        ms = host_ms_per_step(engine, seqs, args.steps, profile=args.profile)
+    print(f"{args.dtype}: {ms:.3f} host ms per step ({args.layers} layers, B={args.batch}, about {args.context} "
+          f"tokens; kernel launches stubbed)")
+    return ms
+
+
+if __name__ == "__main__":
+    main()
