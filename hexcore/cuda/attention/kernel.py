@@ -398,8 +398,9 @@ def merge_function(D: int):
 
     @cuda.jit(device=True)
     def head_stats(part_ml, row, n_splits, max_splits, s_w, j, k):
-        # (M, 1/L) of one head, for its 16 threads (lanes k = 0..15 of a half warp): lane k
-        # takes splits k, k+16, ...; four at a time, their loads in flight together
+        # the online (max, sum of l) over lane k's splits of one head (its 16 lanes are k =
+        # 0..15 of a half warp): splits k, k+16, ..., four at a time, their loads in flight
+        # together; the caller combines the lanes
         m, total = NEG_INF, float32(0)
         for s in range(k, n_splits, 64):
             at = (row * max_splits + s) * 2
