@@ -59,6 +59,11 @@ def checked_layer(layer, num_layers: int, allow_all: bool = False) -> tuple[int,
             f"layer: expected an int in [0, {num_layers}){tail}, got {_show(layer)}") from None
 
 
+def is_numba_array(x) -> bool:
+    """True for a numba device array (or the simulator's), not for other CUDA exporters."""
+    return hasattr(type(x), "copy_to_host") and hasattr(x, "dtype")
+
+
 def as_device_array(x, name: str = "array", output: bool = False):
     """A numba device view of ``x``: a device array, a CUDA tensor, or a host numpy array
     (copied to the device; convenient, but not capture-safe).
@@ -80,7 +85,7 @@ def as_device_array(x, name: str = "array", output: bool = False):
             from ..errors import HexcoreOOMError
 
             raise HexcoreOOMError(f"{name}: no device memory for a copy of {x.nbytes} bytes") from None
-    if hasattr(type(x), "copy_to_host") and hasattr(x, "dtype"):  # a numba device array (or the simulator's)
+    if is_numba_array(x):
         return x
     iface = _interface(x, name)
     if iface is not None:
@@ -134,7 +139,7 @@ def checked(x, name: str, dtype, shape: tuple, align: int = 16, output: bool | N
         output = name in OUTPUTS
     if isinstance(x, np.ndarray) and not output:
         _check_dtype_shape(name, x.dtype, x.shape, dtype, shape)  # before a copy of the wrong array
-    if not view and not isinstance(x, np.ndarray) and not hasattr(type(x), "copy_to_host"):
+    if not view and not isinstance(x, np.ndarray) and not is_numba_array(x):
         iface = _interface(x, name)
         if iface is not None:
             return _checked_export(x, iface, name, dtype, shape, align, output)

@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import HexcoreCudaError, HexcoreInvalidArgumentError
+from .arrays import is_numba_array
 from .device import SIMULATOR
 from .streams import resolve_stream, stream_handle
 
@@ -125,9 +126,9 @@ class PreparedLaunch:
         differ (it is part of the marshalled values); the launch keeps ``array`` alive. Runs
         already enqueued keep the array they had."""
         old = self._args[index] if 0 <= index < len(self._args) else None
-        if not (_is_device_array(old) and _is_device_array(array)):
+        if not (is_numba_array(old) and is_numba_array(array)):
             raise HexcoreInvalidArgumentError(f"index: argument {index} is not a device array argument of this "
-                                              f"launch, or the new value is not a device array")
+                                              f"launch, or the new value is not a numba device array")
         if SIMULATOR:
             if np.dtype(array.dtype) != np.dtype(old.dtype) or array.ndim != old.ndim:
                 raise HexcoreInvalidArgumentError(f"array: expected {old.dtype} with {old.ndim} dimensions like "
@@ -179,11 +180,6 @@ class PreparedLaunch:
         if err:
             raise HexcoreCudaError(f"cuLaunchKernel({self.name}, grid {self.grid}, block {self.block}) failed: "
                                    f"{getattr(err, 'name', err)} ({int(err)})")
-
-
-def _is_device_array(value) -> bool:
-    """A numba device array (or the simulator's), or an object with the CUDA array interface."""
-    return hasattr(value, "__cuda_array_interface__") or hasattr(value, "copy_to_host")
 
 
 def kernel_params(values) -> tuple[tuple, int]:
