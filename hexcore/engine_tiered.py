@@ -152,6 +152,9 @@ class TieredEngineStep:
                                         scale=parts.scale, options=parts.options,
                                         buffers=(self._arrays[0], self._arrays[3]))
         self._forks, self._resealed, self._loaded = forks, False, None
+        ops = result.ops  # split once, for every layer: re-seals, and seals per pool
+        self._reseals = np.ascontiguousarray(ops[ops[:, OP_SRC_KIND] != SEAL])
+        self._seals = seal_lists(parts, ops[ops[:, OP_SRC_KIND] == SEAL])
 
     def write(self, q, k, v) -> None:
         """Copy host arrays into the step's buffers (as ``EngineStep.write``)."""
@@ -195,10 +198,9 @@ class TieredEngineStep:
         if stream is None and self.buffers is not self._arrays:  # torch views: torch's current stream
             stream = resolve_stream(torch_current_stream())
         if not self._resealed:
-            parts, ops = self.parts, self.result.ops
+            parts = self.parts
             parts.copy_forks(stream, self._forks)
-            run_tiered_ops(parts.stores, np.ascontiguousarray(ops[ops[:, OP_SRC_KIND] != SEAL]),
-                           parts.cache.format.fitted_keys, stream=stream)
+            run_tiered_ops(parts.stores, self._reseals, parts.cache.format.fitted_keys, stream=stream)
             self._resealed = True
         return stream
 
@@ -207,19 +209,27 @@ class TieredEngineStep:
         pool: of ``layer``, or of every layer when it is None."""
         from .cuda import append, seal
 
-        parts, ops = self.parts, self.result.ops
+        stores = self.parts.stores
         k, v = self._arrays[1], self._arrays[2]
         if layer is not None:
             k, v = k[layer], v[layer]
-        for store, slots in zip(parts.stores, self._slots):
+        for store, slots in zip(stores, self._slots):
             if slots is not None:
                 append(store, k, v, slots, self._positions, layer=layer, stream=stream)
-        seals = ops[ops[:, OP_SRC_KIND] == SEAL]
-        fitted = parts.cache.format.fitted_keys
-        for kind in np.unique(seals[:, OP_KIND]).tolist():
-            mine = seals[seals[:, OP_KIND] == kind]
-            seal(parts.stores[kind], np.ascontiguousarray(mine[:, OP_SEQ]), np.ascontiguousarray(mine[:, OP_BLOCK]),
-                 layer=layer, fitted_keys=fitted and kind_bits(parts, kind) == 2, stream=stream)
+        for kind, slots, blocks, fitted in self._seals:
+            seal(stores[kind], slots, blocks, layer=layer, fitted_keys=fitted, stream=stream)
+
+
+def seal_lists(parts: TieredParts, seals: np.ndarray) -> list:
+    """A step's seal ops grouped by pool: ``(pool, slots, block ids, fitted keys)`` per pool
+    with seals, the arrays int32 ``[n]`` as ``seal`` takes them."""
+    fitted = parts.cache.format.fitted_keys
+    lists = []
+    for kind in np.unique(seals[:, OP_KIND]).tolist():
+        mine = seals[seals[:, OP_KIND] == kind]
+        lists.append((kind, np.ascontiguousarray(mine[:, OP_SEQ]), np.ascontiguousarray(mine[:, OP_BLOCK]),
+                      fitted and kind_bits(parts, kind) == 2))
+    return lists
 
 
 def kind_bits(parts: TieredParts, kind: int) -> int:
