@@ -52,8 +52,7 @@ def report(name: str, result: dict, top: int) -> str:
         text = io.StringIO()
         stats = result["stats"]
         stats.stream = text
-        stats.sort_stats("cumulative").print_stats(pattern, top) if pattern else \
-            stats.sort_stats("cumulative").print_stats(top)
+        stats.sort_stats("cumulative").print_stats(*([pattern] if pattern else []), top)
         body = text.getvalue()
         lines.append(f"-- {title}, by cumulative time --")
         lines.append(body[body.find("ncalls"):].rstrip() if "ncalls" in body else body.rstrip())
