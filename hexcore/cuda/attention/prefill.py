@@ -241,10 +241,17 @@ class BatchRows:
         return self._lengths
 
     def mask(self, device):
-        """The boolean SDPA mask ``[B, 1, n_max, S_max]`` of :func:`extend_mask` on ``device``,
-        made the first time."""
+        """The SDPA mask on ``device``, made the first time: where every row has the same
+        prefix and ``n_max`` new tokens (a single row always), torch's lower-right causal
+        bias, which materialises nothing and lets SDPA pick its flash kernel; else the
+        boolean ``[B, 1, n_max, S_max]`` of :func:`extend_mask`."""
         if self._mask is None:
-            self._mask = extend_mask(*self.lengths(device), self.n_max, self.S_max)
+            if (self.n_new == self.n_max).all() and (self.prefix_lens == self.prefix_lens[0]).all():
+                from torch.nn.attention.bias import causal_lower_right
+
+                self._mask = causal_lower_right(self.n_max, self.S_max)
+            else:
+                self._mask = extend_mask(*self.lengths(device), self.n_max, self.S_max)
         return self._mask
 
     def scratch(self, stream, kind: str, make):

@@ -254,6 +254,30 @@ def test_sdpa_extend_batch_matches_the_rows_on_cpu(rng):
             torch.testing.assert_close(got[r, :n], want)
 
 
+@pytest.mark.parametrize("prefix_lens,n_new", [([20, 20], [3, 3]), ([20, 4], [3, 3]), ([20, 20], [3, 1])])
+def test_rows_mask_is_a_causal_bias_where_rows_are_alike(prefix_lens, n_new, rng):
+    """BatchRows.mask: torch's lower-right causal bias where every row has the same prefix
+    and n_max new tokens, else the boolean mask; SDPA gives the same rows either way."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.attention.bias import CausalBias
+
+    from hexcore.cuda import DeviceKVStore
+    from hexcore.cuda.attention.prefill import _sdpa_masked, extend_mask
+
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16)
+    store = DeviceKVStore(cfg, num_blocks=2, max_seqs=2)
+    rows = BatchRows(store, 2, 3, np.zeros((2, 2), np.int32), np.array(prefix_lens, np.int32), np.zeros(2, np.int32),
+                     np.array(n_new, np.int32))
+    alike = len(set(prefix_lens)) == 1 and set(n_new) == {3}
+    assert isinstance(rows.mask("cpu"), CausalBias) == alike
+    q = torch.from_numpy(rng.standard_normal((2, 3, 4, 64)).astype(np.float32))
+    k, v = (torch.from_numpy(rng.standard_normal((2, 2, rows.S_max, 64)).astype(np.float32)) for _ in range(2))
+    got = _sdpa_masked(q, k, v, rows.mask("cpu"), None)
+    want = _sdpa_masked(q, k, v, extend_mask(*rows.lengths("cpu"), 3, rows.S_max), None)
+    for r, n in enumerate(n_new):
+        torch.testing.assert_close(got[r, :n], want[r, :n])
+
+
 @pytest.mark.parametrize("change,match", [
     (dict(prefix_lens=np.array([35, -1], np.int32)), r"prefix_lens\[1\] = -1"),
     (dict(n_new=np.array([3, 4], np.int32)), r"n_new\[1\] = 4 is outside \[0, 3\]"),
@@ -294,12 +318,14 @@ def test_prefill_matches_reference_gpu(backend, dtype, head_dim, group, prefix_l
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["numba", "sdpa"])
 @pytest.mark.parametrize("dtype", ["fp16", "int4", "int2"])
-def test_a_batch_matches_the_reference_gpu(backend, dtype, rng):
+@pytest.mark.parametrize("prefix_lens,n_new", [([2048, 333, 0, 64], [64, 200, 17, 0]),  # ragged: the boolean mask
+                                               ([700, 700], [48, 48])])  # rows alike: SDPA's causal bias
+def test_a_batch_matches_the_reference_gpu(backend, dtype, prefix_lens, n_new, rng):
     if backend == "sdpa":
         pytest.importorskip("torch")
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=128, block_size=32, kv_dtype=dtype, group_size=64)
-    prefix_lens, n_new = [2048, 333, 0, 64], [64, 200, 17, 0]
     store, tables, tails, q, k_new, v_new, expect = batch_case(cfg, prefix_lens, n_new, 4, rng)
+    B = len(n_new)
     out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
     prefill_attention_batch(q, k_new, v_new, store, 0, tables, np.array(prefix_lens, np.int32), tails,
                             np.array(n_new, np.int32), out=out, backend=backend)
@@ -309,7 +335,7 @@ def test_a_batch_matches_the_reference_gpu(backend, dtype, rng):
         if n:
             assert ref.relative_l2(got[r, :n], expect[r]) <= TOLERANCE, r
     # through BatchRows, twice on the same buffers (its scratch, mask and prepared gather reused)
-    rows = BatchRows(store, 4, max(n_new), tables, np.array(prefix_lens, np.int32), tails, np.array(n_new, np.int32))
+    rows = BatchRows(store, B, max(n_new), tables, np.array(prefix_lens, np.int32), tails, np.array(n_new, np.int32))
     device = [cuda.to_device(x) for x in (q, k_new, v_new)]
     for _ in range(2):
         again = cuda.to_device(np.full(q.shape, np.nan, np.float16))
