@@ -2,13 +2,14 @@
 yield, what a competing stream sees, and %globaltimer's granularity. One JSON line per row.
 
     python -m benchmarks.bench_persistent [--shapes all|quick] [--dtypes fp16,int4,int2] [--skip-latency]
-                                          [--registers default,168,128] [--items call,inline]
+                                          [--registers default,168,128] [--items call,inline] [--skip-yields]
 
 Rows:
 - ``timer``: the smallest nonzero step of ``%globaltimer`` seen by one thread over many reads.
 - ``no_yield``: GPU time (events) of ``PersistentDecode.enqueue(layer, 1)`` with a budget
   no decode reaches (one slice, the reset included) against ``DecodePlan.run``; target
   ratio <= 1.05; also the eager ``run`` (which reads the cursor back) per call.
+- ``--skip-yields``: the ``no_yield`` rows alone (no ``LONG`` decode, no ``yield_1ms`` rows).
 - ``yield_1ms``: the same with a 1 ms budget (first on a ~15 ms decode, ``LONG``, then on
   each decode shape; per persistent-kernel register cap of ``--registers``, "default" being
   the kernel's own, and per way of running an item of ``--items``, ``DecodeOptions.persistent_item``):
@@ -84,7 +85,7 @@ def case(dtype, batch, hq, hkv, ctx, num_blocks=None):
 LONG = (128, 32, 8, 131072)
 
 
-def cost_rows(dtype, shape, num_blocks=None, registers=None, item="inline") -> list[dict]:
+def cost_rows(dtype, shape, num_blocks=None, registers=None, item="inline", yields=True) -> list[dict]:
     from benchmarks.gpu_common import host_seconds_per_call, time_gpu
     from hexcore.cuda import DecodePlan
     from hexcore.cuda.attention.options import DecodeOptions
@@ -104,6 +105,8 @@ def cost_rows(dtype, shape, num_blocks=None, registers=None, item="inline") -> l
     eager = host_seconds_per_call(lambda: whole.run(0), calls=50, until_done=True)
     rows = [dict(row="no_yield", **base, paged_ms=t_plan * 1e3, persistent_ms=t_whole * 1e3, ratio=t_whole / t_plan,
                  eager_run_ms=eager * 1e3, items=whole.num_items)]
+    if not yields:
+        return rows
     sliced = PersistentDecode(q, store, tables, lens, slots, 1000.0, max_seq_len=ctx, options=options)
     sliced.run(0)
     stats = sliced.stats()
@@ -173,8 +176,10 @@ def main(argv) -> None:
     shapes = QUICK if arg("--shapes", "all") == "quick" else SHAPES
     dtypes = arg("--dtypes", "fp16,int4,int2").split(",")
     emit(timer_granularity())
-    for row in cost_rows("fp16", LONG, num_blocks=65536):  # the yield costs first: what a short run must see
-        emit(row)
+    yields = "--skip-yields" not in argv
+    if yields:  # the yield costs first: what a short run must see
+        for row in cost_rows("fp16", LONG, num_blocks=65536):
+            emit(row)
     if "--skip-latency" not in argv:
         for row in latency_rows():
             emit(row)
@@ -184,7 +189,7 @@ def main(argv) -> None:
         for dtype in dtypes:
             for cap in caps:
                 for item in items:
-                    for row in cost_rows(dtype, shape, registers=cap, item=item):
+                    for row in cost_rows(dtype, shape, registers=cap, item=item, yields=yields):
                         emit(row)
 
 

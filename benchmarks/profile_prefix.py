@@ -2,6 +2,7 @@
 (a hit) and on a fresh cache (a miss), each under cProfile and torch's profiler.
 
     python -m benchmarks.profile_prefix MODEL_DIR [--cache fp16] [--system-repeats 8] [--new-tokens 32] [--top 25]
+    python -m benchmarks.profile_prefix --tiny [--layers 30] [--prompt-tokens 480]
     NUMBA_ENABLE_CUDASIM=1 python -m benchmarks.profile_prefix --tiny --device cpu --prompt-tokens 40
 
 The turns are ``bench_hf --prefix``'s (``after_turn_one``, ``first_token``), run once untimed
@@ -9,8 +10,9 @@ first (kernel compilation). Printed per case: the wall time; torch's profiler's 
 (its ops, hexcore's numba launches not included) and GPU time (every kernel, hexcore's
 included), so whether the turn is bound by the host or the device; then cProfile's
 functions by cumulative time, hexcore's own first. ``--tiny`` runs a small random-weight
-Llama on random token ids instead of a model folder (with ``--device cpu``, on the CUDA
-simulator: it checks this script, the figures mean nothing).
+Llama on random token ids instead of a model folder (``--layers`` of them, default 2; on a
+GPU with as many layers as a real model, its hexcore host path per layer is the real one's;
+with ``--device cpu``, on the CUDA simulator: it checks this script, the figures mean nothing).
 """
 
 from __future__ import annotations
@@ -78,12 +80,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--tiny", action="store_true", help="a small random Llama (checks this script)")
     parser.add_argument("--prompt-tokens", type=int, default=40, help="--tiny: turn 1's length")
+    parser.add_argument("--layers", type=int, help="--tiny: decoder layers (default 2)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     args = parser.parse_args(argv)
     if args.tiny:
         from benchmarks.bench_hf_decode import build_model, llama_config
 
-        model, pad = build_model(llama_config(None, True, 4096), args.device), 0
+        model, pad = build_model(llama_config(args.layers, True, 4096), args.device), 0
         first, follow = tiny_turns(model, args.prompt_tokens)
     elif args.model_dir:
         tokenizer, model = load(args.model_dir, args.device)
