@@ -1,4 +1,4 @@
-"""benchmarks.host_step: host time of Engine steps with the simulator's launches stubbed."""
+"""benchmarks.host_step: host time of Engine steps, launches stubbed on the simulator, real on a GPU."""
 
 import numpy as np
 import pytest
@@ -21,3 +21,10 @@ def test_host_step_times_steps_and_restores_launches(dtype):
     out = cuda.to_device(np.zeros(1, np.int32))
     write_one[1, 1](out)  # launches run again once the stub is gone
     assert out.copy_to_host()[0] == 1
+
+
+@pytest.mark.gpu
+def test_host_step_runs_the_launches_on_a_gpu():
+    """Without the simulator the steps' kernels run (a format's step: its pools' launches)."""
+    ms = host_step.main(["--dtype", "int2-aged", "--layers", "2", "--batch", "3", "--context", "70", "--steps", "2"])
+    assert 0 < ms < 5000
