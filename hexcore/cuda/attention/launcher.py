@@ -54,15 +54,15 @@ _workspace = Workspace()
 def split_blocks_for(items: int, max_virtual: int, ctas_per_sm: int, options: DecodeOptions) -> int:
     """Blocks per split for ``items`` (sequence, KV head, head group) CTAs of up to
     ``max_virtual`` blocks each: the split count whose waves of resident CTAs finish first,
-    ``waves * (blocks per split + options.split_overhead)``, no split shorter than
-    ``options.min_split_blocks`` (the fewest splits among equals)."""
+    ``waves * (blocks per split + options.split_overhead) + splits * options.split_merge_cost``,
+    no split shorter than ``options.min_split_blocks`` (the fewest splits among equals)."""
     slots = max(1, ctas_per_sm * _num_sms())
     best, best_cost = max_virtual, None
     for splits in range(1, min(max_virtual, -(-4 * slots // items)) + 1):  # more than 4 waves never pay
         blocks = -(-max_virtual // splits)
         if blocks < options.min_split_blocks and splits > 1:
             break
-        cost = -(-items * splits // slots) * (blocks + options.split_overhead)
+        cost = -(-items * splits // slots) * (blocks + options.split_overhead) + splits * options.split_merge_cost
         if best_cost is None or cost < best_cost:
             best, best_cost = blocks, cost
     return best

@@ -30,6 +30,11 @@ class DecodeOptions:
       four warps leave warps idle).
     - ``split_overhead``: a CTA's fixed cost (start, combine, merge) in blocks of work, for
       choosing the split count.
+    - ``split_merge_cost``: the merge's cost per split of a (sequence, head), in blocks of
+      work, added once per split count: the last CTA of a head reads every split's partial
+      after the others finish, so at B=1 more splits lengthen the tail even within one
+      wave. 0 (the default) leaves the choice to the waves alone; ``python -m
+      benchmarks.bench_splits`` fits it per dtype from a sweep on the GPU.
     - ``max_registers``: a register cap; None takes each kernel's default: 128 for the grid
       decode kernel (four CTAs of 128 threads resident per SM; the 16-40 bytes it spills at
       head_dim 128 cost less than the warps it adds, measured on the H200:
@@ -60,6 +65,7 @@ class DecodeOptions:
     ctas_per_sm: int | None = None
     min_split_blocks: int = 4
     split_overhead: float = 1.0
+    split_merge_cost: float = 0.0
     max_registers: int | None = None
     l2_prefetch: str = "none"
     joint_softmax: bool = True
@@ -68,9 +74,10 @@ class DecodeOptions:
     tiered_fp16: str = "merge"
 
     def __post_init__(self):
-        if isinstance(self.split_overhead, bool) or not isinstance(self.split_overhead, (int, float)) \
-                or not 0 <= self.split_overhead < 1e6:
-            raise HexcoreConfigError(f"split_overhead: expected a number in [0, 1e6), got {self.split_overhead!r}")
+        for name in ("split_overhead", "split_merge_cost"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
+                raise HexcoreConfigError(f"{name}: expected a number in [0, 1e6), got {value!r}")
         for name in ("ctas_per_sm", "max_registers"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

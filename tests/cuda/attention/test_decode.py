@@ -147,13 +147,18 @@ def test_split_count_fills_whole_waves(monkeypatch):
     blocks = launcher.split_blocks_for(512, 128, 3, opts)  # 1.3 waves unsplit: split into ~4 even waves
     assert -(-128 // blocks) in (3, 4)
     assert launcher.split_blocks_for(8, 4, 3, opts) == 4  # no split below min_split_blocks
+    # a merge cost per split: B=1 at 32k (1024 blocks) takes fewer, longer splits, 128k as many
+    merged = DecodeOptions(split_merge_cost=0.7)
+    assert launcher.split_blocks_for(8, 1024, 4, opts) == 16  # 64 splits: one wave of 528 slots
+    assert launcher.split_blocks_for(8, 1024, 4, merged) == 27  # 38 splits
+    assert launcher.split_blocks_for(8, 4096, 4, merged) == 64  # 64 splits (66 without the term)
 
 
 def test_options_are_validated():
     for bad in (dict(ctas_per_sm=0), dict(min_split_blocks=True), dict(max_registers=-1), dict(l2_prefetch="x"),
                 dict(launch_path="fast"), dict(split_overhead=float("nan")), dict(persistent_item="jump"),
-                dict(tiered_fp16="first")):
-        with pytest.raises(HexcoreConfigError):
+                dict(tiered_fp16="first"), dict(split_merge_cost=-1.0), dict(split_merge_cost="0.7")):
+        with pytest.raises(HexcoreConfigError, match=next(iter(bad))):
             DecodeOptions(**bad)
 
 
