@@ -17,9 +17,10 @@ import numpy as np
 from numba import cuda
 
 from hexcore import KVCacheConfig
-from hexcore.cuda import (DecodeGraph, DecodeOptions, DeviceKVStore, append, copy_blocks, copy_tails,
-                          dequantize_blocks, layout_agrees, nonfinite_flags, paged_decode, persistent_decode,
-                          prefill_attention, prefill_attention_batch, reseal_blocks, seal, seal_rows, tiered_decode)
+from hexcore.cuda import (DecodeGraph, DecodeOptions, DeviceKVStore, PersistentDecode, append, copy_blocks,
+                          copy_tails, dequantize_blocks, layout_agrees, nonfinite_flags, paged_decode,
+                          persistent_decode, prefill_attention, prefill_attention_batch, reseal_blocks, seal, seal_rows,
+                          tiered_decode)
 from hexcore.cuda.integrity import check_guards, checksum_blocks
 
 SPLIT = DecodeOptions(ctas_per_sm=64, min_split_blocks=1)
@@ -100,6 +101,15 @@ def run_new_kernels(store, tables, rng) -> None:
                                        np.array([0, 1], np.int32), budget_us=1000.0, options=options)
         cuda.synchronize()
         assert not np.isnan(out.copy_to_host()).any() and stats.launches >= 1
+    # one plan's calls with no reset between them: run, an enqueue of one slice (flags FIRST and
+    # LAST), run again (each first slice's base from the cursor's snapshot)
+    d = [cuda.to_device(a) for a in (q, tables, np.array([35, 32], np.int32), np.array([0, 1], np.int32))]
+    plan = PersistentDecode(*d[:1], store, *d[1:], budget_us=1000.0, max_seq_len=35, options=SPLIT)
+    plan.run(0)
+    plan.enqueue(0, slices=1)
+    plan.run(0)
+    cuda.synchronize()
+    assert plan.stats().drained and plan.resets == 0 and not np.isnan(plan.out.copy_to_host()).any()
 
 
 def run_tiered(rng) -> None:

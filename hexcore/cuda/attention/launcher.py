@@ -32,10 +32,13 @@ class Workspace:
     Launches that share a workspace must run one after another (one stream): the
     counters let the last CTA of each sequence merge its splits, and return to zero
     after every launch. The module's default one serves ``paged_decode`` and ``DecodePlan``.
+    ``clean`` is False after a persistent decode call was cut short (its counters may be
+    mid-merge); the next persistent call on this workspace resets them first.
     """
 
     def __init__(self):
         self._arrays = {}
+        self.clean = True
 
     def get(self, rows: int, splits: int, head_dim: int, items: int):
         """(part_o float32 ``[rows * splits * head_dim]``, part_ml float32 ``[rows * splits * 2]``,

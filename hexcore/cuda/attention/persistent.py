@@ -16,16 +16,25 @@ decode runs in *slices*, each a launch that ends within a time budget:
   memory, so this works across slices). The queue cursor is the resume point: an item is
   taken once, and a CTA that took one finishes it, so work is never lost or repeated, and a
   slice runs past its budget by at most its longest item.
-- The last CTA to leave a slice logs it (start, end, items, longest item) and clears the
-  slice's fields for the next one. A reset kernel clears the queue, the log and the merge
-  counters at the start of every call.
+- The last CTA to leave a slice logs it (start, end, items, longest item), records how many
+  items the call has handed out (``DONE``) and clears the slice's fields for the next one.
+- No reset launch between calls: the cursor only grows, and a call's items are the cursor
+  values from the call's base on. The last CTA of every slice snapshots the cursor
+  (``SNAP``); the first slice of a call (flag ``FIRST``) takes the snapshot as its base
+  (every one of its CTAs reads it before its last CTA moves it) and its last CTA publishes
+  that base (``BASE``) to the call's later slices and restarts the log. So the base lives on
+  the device: a CUDA graph of slices replays correctly whatever ran before it. The merge
+  counters clear themselves as each merge completes; the last slice of a fixed number (flag
+  ``LAST``, the capture-safe form) clears them if the queue was not drained (an abandoned
+  call, whose merges never ran). A reset kernel clears everything only after a call cut
+  short by an exception (the workspace's ``clean`` flag) and, with ``count_items``, before
+  every call (its counts are per call).
 
 Host side: ``persistent_decode`` (and ``PersistentDecode.run``) enqueue slices and read the
-cursor back until the queue is drained, so they synchronise with the stream.
-``PersistentDecode.enqueue(layer, slices)`` enqueues the reset and a fixed number of slices
-and reads nothing back: capture-safe (a CUDA graph of a fixed number of slices); a slice
-that finds the queue drained returns at once, and ``stats()`` says afterwards whether the
-slices were enough (``drained``). See docs/persistent.md.
+state back until the queue is drained, so they synchronise with the stream. ``PersistentDecode.enqueue(layer, slices)`` enqueues a fixed number of
+slices and reads nothing back: capture-safe (a CUDA graph of a fixed number of slices); a
+slice that finds the queue drained returns at once, and ``stats()`` says afterwards whether
+the slices were enough (``drained``). See docs/persistent.md.
 """
 
 from __future__ import annotations
@@ -48,8 +57,9 @@ from .options import DEFAULT_OPTIONS, DecodeOptions
 from .shape import THREADS, DecodeShape
 
 # state: int64 [STATE_WORDS]
-CURSOR, LAUNCH, START, END, TAKEN, EXITED, LONGEST, LATEST = range(8)
-STATE_WORDS = 8
+CURSOR, LAUNCH, START, END, TAKEN, EXITED, LONGEST, LATEST, DONE, BASE, SNAP = range(11)
+STATE_WORDS = 11
+FIRST, LAST = 1, 2  # a slice's flags: the first of a call; the last of a fixed number (enqueue)
 # log: int64 [MAX_LOGGED, LOG_WORDS]: per slice its start, end, items, longest item and the
 # latest time an item was taken (all %globaltimer ns)
 LOG_WORDS = 5
@@ -95,7 +105,8 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
                       joint_softmax: bool = True, count_items: bool = False, item_call: str = "inline"):
     """The slice kernel of ``shape``: the decode kernel's arguments, then ``state`` int64
     ``[STATE_WORDS]``, ``log`` int64 ``[MAX_LOGGED * LOG_WORDS]``, ``item_counts`` int32 (``[items]``
-    with ``count_items``), ``budget_ns``, ``num_items``. Launched with a 1-D grid.
+    with ``count_items``), ``budget_ns``, ``num_items``, ``flags`` (``FIRST`` | ``LAST``).
+    Launched with a 1-D grid.
 
     ``item_call`` (``DecodeOptions.persistent_item``) "call": the item is a device function
     the loop calls and NVVM may not inline (``call_noinline``):
@@ -137,17 +148,25 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
     @cuda.jit(**options)
     def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots, out,
                part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale, state, log,
-               item_counts, budget_ns, num_items):
+               item_counts, budget_ns, num_items, flags):
         tid = cuda.threadIdx.x
         # thread 0's clock, kept in shared memory so that nothing of it lives in registers
-        # across an item: now, start, last read, longest item, items taken, latest take, item;
-        # 8 words, not 7: the item's ring, placed after it, stays 16-byte aligned (LDS.128)
+        # across an item: now, start, last read, longest item, items taken, latest take, item,
+        # the call's base (8 words: the item's ring, placed after them, stays 16-byte aligned)
         s = cuda.shared.array(8, int64)
         if tid == 0:
+            s[7] = state[SNAP] if flags & FIRST else state[BASE]
             s[0] = global_timer_ns()
-            begun = cuda.atomic.cas(state, START, 0, s[0])  # the slice starts with its first CTA
+            begun = state[START]  # a plain read first: most CTAs start after the first one
+            if begun == 0:
+                begun = cuda.atomic.cas(state, START, 0, s[0])  # the slice starts with its first CTA
             s[1] = s[0] if begun == 0 else begun
             s[2] = s[3] = s[4] = s[5] = 0
+        # a barrier of its own after thread 0's block: without it (ptxas, sm_90, this patch) the
+        # block and the loop's thread-0 block below were merged, lanes 1-31 of warp 0 jumped
+        # straight to the loop's barrier with no reconvergence (BSYNC) before it, the aligned
+        # barrier released early, and racecheck found thread 0's writes of s racing the reads
+        cuda.syncthreads()
         while True:
             if tid == 0:
                 take_item(state, s, budget_ns, num_items)
@@ -167,7 +186,7 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
                                          max_seqs, split_blocks, max_splits, scale, item))
             cuda.syncthreads()  # every thread is done with the item's shared memory (and s)
         if tid == 0:
-            end_slice(state, log, global_timer_ns(), s[4], s[3], s[5])
+            end_slice(state, log, counters, global_timer_ns(), s[4], s[3], s[5], num_items, s[7], flags)
 
     return kernel
 
@@ -238,8 +257,9 @@ else:
 @cuda.jit(device=True)
 def take_item(state, s, budget_ns, num_items):
     """Thread 0: the next item into ``s[6]`` (-1: stop) if the slice's budget is not spent.
-    ``s``: now, start, last read, longest item, items taken, latest take (ns). The first
-    check uses the slice-start read, so a slice's first CTA always takes an item."""
+    ``s``: now, start, last read, longest item, items taken, latest take (ns), item, base
+    (the call's items are the cursor values ``base ..``). The first check uses the
+    slice-start read, so a slice's first CTA always takes an item."""
     if s[4] > 0 or s[2] > 0:
         s[0] = global_timer_ns()
     if s[4] > 0:
@@ -247,7 +267,7 @@ def take_item(state, s, budget_ns, num_items):
     s[2] = s[0]
     s[6] = -1
     if s[0] - s[1] < budget_ns:
-        i = cuda.atomic.add(state, CURSOR, 1)
+        i = cuda.atomic.add(state, CURSOR, 1) - s[7]
         if i < num_items:
             s[6] = i
             s[4] += 1
@@ -255,9 +275,13 @@ def take_item(state, s, budget_ns, num_items):
 
 
 @cuda.jit(device=True)
-def end_slice(state, log, end, taken, longest, latest):
+def end_slice(state, log, counters, end, taken, longest, latest, num_items, base, flags):
     """Thread 0 of a CTA leaving its slice: adds its items, end, longest item and latest
-    take; the slice's last CTA logs the slice and clears its fields for the next one."""
+    take; the slice's last CTA logs the slice, records the call's items handed out so far
+    (``DONE``) and the cursor (``SNAP``: the next call's base), clears the slice's fields for
+    the next one; for a ``FIRST`` slice it publishes the call's ``base`` and logs at row 0,
+    for a ``LAST`` one it clears the merge counters of an undrained queue (whose merges
+    never ran)."""
     cuda.atomic.add(state, TAKEN, taken)
     cuda.atomic.max(state, END, end)
     cuda.atomic.max(state, LONGEST, longest)
@@ -265,11 +289,23 @@ def end_slice(state, log, end, taken, longest, latest):
     cuda.threadfence()
     if cuda.atomic.add(state, EXITED, 1) == cuda.gridDim.x - 1:
         cuda.threadfence()
-        n = cuda.atomic.add(state, LAUNCH, 1)
+        if flags & FIRST:
+            cuda.atomic.exch(state, LAUNCH, 1)
+            cuda.atomic.exch(state, BASE, base)
+            n = 0
+        else:
+            n = cuda.atomic.add(state, LAUNCH, 1)
         start, end = cuda.atomic.exch(state, START, 0), cuda.atomic.exch(state, END, 0)
         taken, longest = cuda.atomic.exch(state, TAKEN, 0), cuda.atomic.exch(state, LONGEST, 0)
         latest = cuda.atomic.exch(state, LATEST, 0)
         cuda.atomic.exch(state, EXITED, 0)
+        cursor = cuda.atomic.add(state, CURSOR, 0)
+        cuda.atomic.exch(state, SNAP, cursor)
+        cuda.atomic.exch(state, DONE, cursor - base)
+        if flags & LAST and cursor - base < num_items:
+            for j in range(counters.shape[0]):
+                counters[j] = 0
+        cuda.threadfence()
         if n < MAX_LOGGED:
             at = LOG_WORDS * n
             log[at], log[at + 1], log[at + 2], log[at + 3], log[at + 4] = start, end, taken, longest, latest
@@ -317,6 +353,7 @@ class PersistentDecode:
         self._torch = next((a for a in (q, block_tables, seq_lens, tail_slots, self.out)
                             if type(a).__module__.startswith("torch")), None)
         self._layers: dict = {}
+        self.resets = 0  # reset launches so far (after a call cut short, or with count_items)
         self._state = cuda.to_device(np.zeros(STATE_WORDS, np.int64))
         self._log = cuda.to_device(np.zeros(LOG_WORDS * MAX_LOGGED, np.int64))
         self._counts = cuda.to_device(np.zeros(1, np.int32))
@@ -335,7 +372,7 @@ class PersistentDecode:
                                    o.persistent_item)
         split_blocks = launch.args[18]
         max_virtual = split_blocks * splits
-        probe = (*launch.args, self._state, self._log, self._counts, np.int64(1), np.int64(1))
+        probe = (*launch.args, self._state, self._log, self._counts, np.int64(1), np.int64(1), np.int64(0))
         resident = max(1, (o.ctas_per_sm or launcher._ctas_per_sm(kernel, probe)) * launcher._num_sms())
         block_us = cfg.block_bytes_per_layer / cfg.num_kv_heads * resident / READ_BYTES_PER_US
         one_item_us = (1 + o.split_overhead) * block_us
@@ -354,7 +391,13 @@ class PersistentDecode:
         return self._sized[4]
 
     def launches(self, layer: int):
-        """(reset, slice): the layer's prepared launches, made on first use."""
+        """(reset, slice): the layer's prepared reset launch and its slice launch with no
+        flags (a call's later slice), made on first use; ``run`` and ``enqueue`` use them and
+        the same slice with other flags."""
+        return self._prepared(layer)[0], self._slice(layer, 0)
+
+    def _prepared(self, layer: int):
+        """(reset, {flags: slice}) of ``layer``: its reset launch and the slice launches made so far."""
         found = self._layers.get(layer)
         if found is None:
             q, store, tables, lens, slots = self._inputs
@@ -370,39 +413,55 @@ class PersistentDecode:
             words = max(heads, self._counts.shape[0], STATE_WORDS)
             reset = launcher.Launch(reset_kernel, min(64, -(-words // 256)), 256,
                                     (self._state, self._log, args[14], self._counts))
-            one = launcher.Launch(kernel, grid, THREADS, tuple(args))
-            found = self._layers[layer] = (reset.prepare(self.options.launch_path),
-                                           one.prepare(self.options.launch_path))
+            found = self._layers[layer] = (reset.prepare(self.options.launch_path), {},
+                                           launcher.Launch(kernel, grid, THREADS, tuple(args)))
         return found
 
+    def _slice(self, layer: int, flags: int):
+        """The layer's prepared slice launch with ``flags``."""
+        _, slices, launch = self._prepared(layer)
+        if flags not in slices:
+            slices[flags] = launcher.Launch(launch.kernel, launch.grid, launch.block,
+                                            (*launch.args, np.int64(flags))).prepare(self.options.launch_path)
+        return slices[flags]
+
+    def _start_call(self, layer: int, stream) -> None:
+        """A reset launch first where one is needed: after a call cut short on this workspace
+        (its merge counters), and with ``count_items`` (counts per call)."""
+        if self._count or not self._workspace.clean:
+            self._prepared(layer)[0].run(stream)
+            self._workspace.clean = True
+            self.resets += 1
+
     def enqueue(self, layer: int, slices: int, stream=None) -> None:
-        """Enqueue the reset and ``slices`` slices (no host read: capture-safe). Whether they
-        were enough shows in ``stats().drained``."""
+        """Enqueue ``slices`` slices (no host read: capture-safe). Whether they were enough
+        shows in ``stats().drained``; the last one leaves the queue ready for the next call
+        either way."""
         from ..._checks import as_int
 
         slices = as_int("slices", slices, 1, 1 << 20)
-        reset, one = self.launches(layer)
         stream = resolve_stream(stream, self._torch)
-        reset.run(stream)
-        for _ in range(slices):
-            one.run(stream)
+        self._start_call(layer, stream)
+        for i in range(slices):
+            self._slice(layer, (FIRST if i == 0 else 0) | (LAST if i == slices - 1 else 0)).run(stream)
 
     def run(self, layer: int, stream=None):
         """Decode ``layer`` into ``self.out``: slices until the queue is drained (reads the
-        cursor back: synchronises with the stream). Returns ``self.out``."""
-        reset, one = self.launches(layer)
+        state back: synchronises with the stream). Returns ``self.out``."""
         stream = resolve_stream(stream, self._torch)
-        reset.run(stream)
-        items, launched, cursor = self.num_items, 0, 0
-        batch = 1
+        self._start_call(layer, stream)
+        self._workspace.clean = False  # until the queue is seen drained
+        self._slice(layer, FIRST).run(stream)
+        rest, items, launched, batch = self._slice(layer, 0), self.num_items, 1, 0
         while True:
             for _ in range(batch):
-                one.run(stream)
+                rest.run(stream)
             launched += batch
-            cursor = min(items, int(self._read(self._state, stream)[CURSOR]))
-            if cursor >= items:
+            done = min(items, int(self._read(self._state, stream)[DONE]))
+            if done >= items:
                 break
-            batch = min(64, max(1, math.ceil((items - cursor) * launched / max(cursor, 1))))  # at the rate so far
+            batch = min(64, max(1, math.ceil((items - done) * launched / max(done, 1))))  # at the rate so far
+        self._workspace.clean = True
         return self.out
 
     def stats(self, stream=None) -> PersistentStats:
@@ -418,7 +477,7 @@ class PersistentDecode:
             items_per_launch=tuple(int(n) for n in log[:, 2]), launch_us=tuple(float(s) for s in spans),
             longest_launch_us=float(spans.max(initial=0)), longest_item_us=float(log[:, 3].max(initial=0)) / 1e3,
             latest_take_us=tuple(float(t) / 1e3 if n else 0.0 for t, n in zip(log[:, 4] - log[:, 0], log[:, 2])),
-            budget_us=self.budget_us, drained=int(state[CURSOR]) >= self.num_items,
+            budget_us=self.budget_us, drained=int(state[DONE]) >= self.num_items,
             item_counts=self._read(self._counts, stream)[:self.num_items] if self._count else None)
 
     @staticmethod

@@ -97,6 +97,32 @@ def test_fixed_slices_report_whether_they_drained(rng):
     assert ref.relative_l2(plan.out.copy_to_host(), expect) <= TOLERANCE
 
 
+def test_calls_follow_one_another_without_a_reset(rng):
+    """No reset launch between calls (the base is the cursor's device-side snapshot): run,
+    an abandoned enqueue (too few slices), run again, each with a new query: every run is
+    right, and no reset was launched."""
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="fp16")
+    store, tables, tails, keys, values = random_cache(cfg, [40], rng)
+    q = cuda.to_device(np.zeros((1, 1, 64), np.float16))
+    args = [cuda.to_device(a) for a in (tables, np.array([40], np.int32), tails)]
+    plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=SPLIT)
+    with use_clock(SimulatedClock(STEP_NS)):
+        for call in ("run", "abandon", "run"):
+            q_host = rng.standard_normal((1, 1, 64)).astype(np.float16)
+            q.copy_to_device(q_host)
+            plan.out.copy_to_device(np.full((1, 1, 64), np.nan, np.float16))
+            if call == "abandon":
+                plan.enqueue(0, slices=1)
+                assert not plan.stats().drained
+                continue
+            plan.run(0)
+            stats = plan.stats()
+            assert stats.drained and sum(stats.items_per_launch) == stats.items == 3 and stats.yields >= 1, stats
+            expect = ref.decode_attention(q_host, keys, values, 1 / 8)
+            assert ref.relative_l2(plan.out.copy_to_host(), expect) <= TOLERANCE, call
+    assert plan.resets == 0
+
+
 @pytest.mark.parametrize("budget", [0, -5, float("nan"), float("inf"), 2e6, True, "100", None])
 def test_bad_budgets_raise_before_launch(budget):
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16)
@@ -226,8 +252,8 @@ def test_every_launch_ends_within_budget_plus_one_item_gpu():
 
 @pytest.mark.gpu
 def test_fixed_slices_capture_into_a_graph_gpu(rng):
-    """``enqueue`` is capture-safe: a torch CUDA graph of the reset and N slices, replayed
-    after new query values, gives the new result."""
+    """``enqueue`` is capture-safe: a torch CUDA graph of N slices, replayed after new query
+    values, gives the new result, also after a ``run`` between two replays."""
     torch = pytest.importorskip("torch")
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=128, block_size=32, kv_dtype="int4")
     store, tables, tails, keys, values = random_cache(cfg, [5000, 700], rng)
@@ -240,10 +266,12 @@ def test_fixed_slices_capture_into_a_graph_gpu(rng):
     side, graph = torch.cuda.Stream(), torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=side):
         plan.enqueue(0, slices, stream=side)
-    q_host = rng.standard_normal(q_host.shape).astype(np.float16)
-    q.copy_to_device(q_host)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert plan.stats().drained
-    expect = ref.decode_attention(q_host, keys, values, 1 / math.sqrt(128))
-    assert ref.relative_l2(plan.out.copy_to_host(), expect) <= TOLERANCE
+    for step in ("replay", "run", "replay"):  # the base is on the device: a run between replays is fine
+        q_host = rng.standard_normal(q_host.shape).astype(np.float16)
+        q.copy_to_device(q_host)
+        plan.out.copy_to_device(np.full(q_host.shape, np.nan, np.float16))
+        graph.replay() if step == "replay" else plan.run(0)
+        torch.cuda.synchronize()
+        assert plan.stats().drained
+        expect = ref.decode_attention(q_host, keys, values, 1 / math.sqrt(128))
+        assert ref.relative_l2(plan.out.copy_to_host(), expect) <= TOLERANCE, step
