@@ -12,8 +12,9 @@ a step written once:
   step over the step's buffers: its index arrays checked and copied once, its launches
   marshalled once, each layer only its ``q``, ``out`` and layer number put in).
 
-No CUDA graph yet, and host index arrays each step: correct, not yet the serving path's
-speed. Not with the prefix cache, speculative allocation, fault tolerance,
+A step's index arrays (tables, lengths, slots, seal and re-seal ids) are built on the host
+and go to the device in three asynchronous copies from pinned memory (``cuda.uploads``).
+No CUDA graph yet: correct, not yet the serving path's speed. Not with the prefix cache, speculative allocation, fault tolerance,
 truncation or the prefill attention helpers (typed errors from ``Engine``).
 """
 
@@ -42,6 +43,16 @@ class TieredParts:
         self.config, self.num_q_heads, self.scale, self.options = config, num_q_heads, scale, options
         self._buffers: dict = {}
         self._forks: list = []  # (pool, parent, child) tail copies not yet made
+        self._uploads = None  # cuda.uploads.Uploads, made at the first step
+
+    @property
+    def uploads(self):
+        """The ``Uploads`` every step's index arrays go through (one copy per step)."""
+        if self._uploads is None:
+            from .cuda.uploads import Uploads
+
+            self._uploads = Uploads()
+        return self._uploads
 
     def fork(self, parent: int) -> int:
         """The child sequence; its tail copy (in the store that holds the parent's tail) runs
@@ -136,21 +147,20 @@ class TieredEngineStep:
 
     def __init__(self, parts: TieredParts, ids: np.ndarray, pools: np.ndarray, positions: np.ndarray, result,
                  forks: list):
-        from numba import cuda
-
         from .cuda import TieredDecodePlan
 
         self.parts, self.result, self.batch = parts, result, len(ids)
         self._arrays, self.buffers = parts.arrays(self.batch)
         cache, bs = parts.cache, parts.config.block_size
-        self._slots = [cuda.to_device(np.where(pools == p, ids, -1).astype(np.int32))  # -1: skipped by append
+        # host arrays until the step starts (``_start`` copies them with the step's other index arrays)
+        self._slots = [np.where(pools == p, ids, -1).astype(np.int32)  # -1: skipped by append
                        if (pools == p).any() else None for p in range(len(parts.stores))]
-        self._positions = cuda.to_device(positions)
+        self._positions = positions
         tables = cache.block_tables(ids)  # the step's tables: the same for every layer
         self._decode = TieredDecodePlan(parts.stores, [t for t, _ in tables], [c for _, c in tables],
                                         (result.seq_lens % bs).astype(np.int32), cache.tail_pools(ids), ids,
                                         scale=parts.scale, options=parts.options,
-                                        buffers=(self._arrays[0], self._arrays[3]))
+                                        buffers=(self._arrays[0], self._arrays[3]), upload=parts.uploads.put)
         self._forks, self._resealed, self._loaded = forks, False, None
         ops = result.ops  # split once, for every layer: re-seals, and seals per pool
         self._reseals = np.ascontiguousarray(ops[ops[:, OP_SRC_KIND] != SEAL])
@@ -190,8 +200,10 @@ class TieredEngineStep:
         return self.buffers[3][layer]
 
     def _start(self, stream):
-        """The stream the step runs on; the first time, this step's fork copies and re-seals
-        (they read only old blocks, so they come before any layer's writes)."""
+        """The stream the step runs on; the first time, the step's index arrays to the device
+        (``TieredParts.uploads``: its appends' and seals' in one copy, the re-seals' in
+        another, attention's at its first layer), its fork copies and re-seals (they read
+        only old blocks, so they come before any layer's writes)."""
         from .cuda import run_tiered_ops
         from .cuda.streams import resolve_stream, torch_current_stream
 
@@ -199,10 +211,22 @@ class TieredEngineStep:
             stream = resolve_stream(torch_current_stream())
         if not self._resealed:
             parts = self.parts
+            parts.uploads.begin(stream)
+            self._upload_writes()
             parts.copy_forks(stream, self._forks)
-            run_tiered_ops(parts.stores, self._reseals, parts.cache.format.fitted_keys, stream=stream)
+            run_tiered_ops(parts.stores, self._reseals, parts.cache.format.fitted_keys, stream=stream,
+                           upload=parts.uploads.put)
             self._resealed = True
         return stream
+
+    def _upload_writes(self) -> None:
+        """The appends' slots and positions and the seals' slots and blocks to the device, one copy."""
+        slots = [s for s in self._slots if s is not None]
+        seals = [a for _, s, b, _ in self._seals for a in (s, b)]
+        staged = iter(self.parts.uploads.put([*slots, self._positions, *seals]))
+        self._slots = [None if s is None else next(staged) for s in self._slots]
+        self._positions = next(staged)
+        self._seals = [(kind, next(staged), next(staged), fitted) for kind, _, _, fitted in self._seals]
 
     def _write(self, layer: int | None, stream) -> None:
         """The new tokens' K/V into their pools' tails, then the step's seals, a launch per

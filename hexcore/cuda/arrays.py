@@ -202,15 +202,20 @@ def checked_ids(x, name: str, count: int | None, upper: int, lower: int = 0):
     nothing is written out of bounds (the decode kernel: see the module docstring).
     """
     if isinstance(x, np.ndarray):
-        if x.dtype != np.int32:
-            raise HexcoreInvalidArgumentError(f"{name}: expected dtype int32, got {x.dtype}")
-        if x.ndim != 1 or (count is not None and x.shape[0] != count):
-            raise HexcoreInvalidArgumentError(f"{name}: expected shape ({'*' if count is None else count},), got {x.shape}")
-        bad = np.flatnonzero((x < lower) | (x >= upper))
-        if bad.size:
-            raise HexcoreInvalidArgumentError(
-                f"{name}[{bad[0]}] = {x[bad[0]]} is outside [{lower}, {upper})")
+        check_id_range(x, name, count, upper, lower)
     return checked(x, name, np.int32, (count,), align=4, output=False)
+
+
+def check_id_range(x: np.ndarray, name: str, count: int | None, upper: int, lower: int = 0) -> None:
+    """Raise unless host ``x`` is int32 ``[count]`` (None: any length) with values in
+    ``[lower, upper)``, naming the first bad entry."""
+    if x.dtype != np.int32:
+        raise HexcoreInvalidArgumentError(f"{name}: expected dtype int32, got {x.dtype}")
+    if x.ndim != 1 or (count is not None and x.shape[0] != count):
+        raise HexcoreInvalidArgumentError(f"{name}: expected shape ({'*' if count is None else count},), got {x.shape}")
+    bad = np.flatnonzero((x < lower) | (x >= upper))
+    if bad.size:
+        raise HexcoreInvalidArgumentError(f"{name}[{bad[0]}] = {x[bad[0]]} is outside [{lower}, {upper})")
 
 
 def check_distinct(x, name: str) -> None:

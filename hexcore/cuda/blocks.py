@@ -254,7 +254,8 @@ def reseal_blocks(src: DeviceKVStore, src_ids, dst: DeviceKVStore, dst_ids, fitt
     seal_rows(dst, k_rows, v_rows, 0, dst_ids, fitted_keys=fitted_keys, stream=stream)
 
 
-def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, rows=None, stream=None) -> None:
+def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, rows=None, stream=None,
+                   upload=None) -> None:
     """Run a ``TieredKVCache`` step's operations (``TieredStep.ops``, int32 ``[n, 6]``) on its
     pools' stores (``stores[k]`` for pool ``k``), in order, a run of alike operations at a
     time: a seal seals tail slot ``seq_id`` of ``stores[kind]`` into ``block``; a re-seal is
@@ -265,10 +266,44 @@ def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, row
     that starts at or after token ``first`` is sealed from them (``seal_rows``), the one the
     tail was filling from the tail (complete it with ``append`` first). ``stream``: where
     every launch goes (``streams.resolve_stream``; default: torch's current stream when
-    ``rows`` are torch tensors, else the default stream)."""
+    ``rows`` are torch tensors, else the default stream). ``upload`` (without ``rows``): the
+    runs' id arrays go to the device in one call of it (a list of host int32 arrays ->
+    device views, ``Uploads.put``), checked here on the host first."""
     from .write import seal, seal_rows
 
-    from ..host.tiered import OP_BLOCK, OP_KIND, OP_LOGICAL, OP_SEQ, OP_SRC_BLOCK, OP_SRC_KIND
+    from ..host.tiered import OP_BLOCK, OP_LOGICAL, OP_SEQ, OP_SRC_BLOCK
+
+    _check_tiered_ops(stores, ops)
+    stream = resolve_stream(stream, *(rows[:2] if rows is not None else ()))
+    runs = _alike_runs(ops)
+    ids = [(run[:, OP_SEQ] if src < 0 else run[:, OP_SRC_BLOCK], run[:, OP_BLOCK]) for src, _, run in runs]
+    ids = [tuple(np.ascontiguousarray(a) for a in pair) for pair in ids]
+    if upload is not None and rows is None:  # (device ids are not checked by the launches: done here)
+        for _, blocks in ids:
+            check_distinct(blocks, "ops' destination blocks")
+        staged = upload([a for pair in ids for a in pair])
+        ids = list(zip(staged[0::2], staged[1::2]))
+    for (src, kind, run), (first, blocks) in zip(runs, ids):
+        fit = fitted_keys and stores[kind].config.kv_dtype.bits == 2
+        bs = stores[kind].config.block_size
+        if src < 0 and rows is not None and int(run[0, OP_LOGICAL]) * bs >= rows[2]:
+            # a prompt's whole blocks, consecutive in a grow: one seal_rows from their first row
+            seal_rows(stores[kind], rows[0], rows[1], int(run[0, OP_LOGICAL]) * bs - rows[2], blocks,
+                      fitted_keys=fit, stream=stream)
+        elif src < 0 and rows is not None and len(run) > 1:  # the tail's block first, then the prompt's
+            seal(stores[kind], first[:1], blocks[:1], fitted_keys=fit, stream=stream)
+            seal_rows(stores[kind], rows[0], rows[1], int(run[1, OP_LOGICAL]) * bs - rows[2], blocks[1:],
+                      fitted_keys=fit, stream=stream)
+        elif src < 0:
+            seal(stores[kind], first, blocks, fitted_keys=fit, stream=stream)
+        else:
+            reseal_blocks(stores[src], first, stores[kind], blocks, fitted_keys=fit, stream=stream)
+
+
+def _check_tiered_ops(stores: list, ops: np.ndarray) -> None:
+    """Raise HexcoreInvalidArgumentError unless ``stores`` are DeviceKVStores and ``ops`` an
+    int32 ``[n, 6]`` array whose pools, blocks and sequence slots are within them."""
+    from ..host.tiered import OP_BLOCK, OP_KIND, OP_SEQ, OP_SRC_BLOCK, OP_SRC_KIND
 
     if not isinstance(stores, (list, tuple)) or not stores:
         raise HexcoreInvalidArgumentError(f"stores: expected a non-empty list of DeviceKVStore, got {stores!r:.60}")
@@ -278,31 +313,31 @@ def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, row
     if not (isinstance(ops, np.ndarray) and ops.dtype == np.int32 and ops.ndim == 2 and ops.shape[1] == 6):
         raise HexcoreInvalidArgumentError(f"ops: expected an int32 [n, 6] array (TieredStep.ops), got "
                                           f"{getattr(ops, 'dtype', type(ops).__name__)} {getattr(ops, 'shape', '')}")
-    bad = np.flatnonzero((ops[:, OP_KIND] < 0) | (ops[:, OP_KIND] >= len(stores)) | (ops[:, OP_SRC_KIND] < -1)
-                         | (ops[:, OP_SRC_KIND] >= len(stores)))
+    kind, src = ops[:, OP_KIND], ops[:, OP_SRC_KIND]
+    bad = np.flatnonzero((kind < 0) | (kind >= len(stores)) | (src < -1) | (src >= len(stores)))
     if bad.size:
         raise HexcoreInvalidArgumentError(f"ops[{bad[0]}]: a pool outside [0, {len(stores)}): {ops[bad[0]].tolist()}")
-    stream = resolve_stream(stream, *(rows[:2] if rows is not None else ()))
-    i = 0
+    blocks = np.array([store.num_blocks for store in stores])
+    seqs = np.array([store.max_seqs for store in stores])
+    reseal = src >= 0
+    first_ok = np.where(reseal, (ops[:, OP_SRC_BLOCK] >= 0) & (ops[:, OP_SRC_BLOCK] < blocks[np.maximum(src, 0)]),
+                        (ops[:, OP_SEQ] >= 0) & (ops[:, OP_SEQ] < seqs[kind]))
+    bad = np.flatnonzero(~first_ok | (ops[:, OP_BLOCK] < 0) | (ops[:, OP_BLOCK] >= blocks[kind]))
+    if bad.size:
+        raise HexcoreInvalidArgumentError(f"ops[{bad[0]}]: a block or sequence slot outside its pool's store: "
+                                          f"{ops[bad[0]].tolist()}")
+
+
+def _alike_runs(ops: np.ndarray) -> list:
+    """``ops`` cut into runs of one (source pool, pool): ``(src, kind, ops[i:j])`` in order."""
+    from ..host.tiered import OP_KIND, OP_SRC_KIND
+
+    runs, i = [], 0
     while i < len(ops):
         src, kind = int(ops[i, OP_SRC_KIND]), int(ops[i, OP_KIND])
         j = i
         while j < len(ops) and int(ops[j, OP_SRC_KIND]) == src and int(ops[j, OP_KIND]) == kind:
             j += 1
-        run, fit = ops[i:j], fitted_keys and stores[kind].config.kv_dtype.bits == 2
-        blocks = np.ascontiguousarray(run[:, OP_BLOCK])
-        bs = stores[kind].config.block_size
-        if src < 0 and rows is not None and int(run[0, OP_LOGICAL]) * bs >= rows[2]:
-            # a prompt's whole blocks, consecutive in a grow: one seal_rows from their first row
-            seal_rows(stores[kind], rows[0], rows[1], int(run[0, OP_LOGICAL]) * bs - rows[2], blocks,
-                      fitted_keys=fit, stream=stream)
-        elif src < 0 and rows is not None and len(run) > 1:  # the tail's block first, then the prompt's
-            seal(stores[kind], np.ascontiguousarray(run[:1, OP_SEQ]), blocks[:1], fitted_keys=fit, stream=stream)
-            seal_rows(stores[kind], rows[0], rows[1], int(run[1, OP_LOGICAL]) * bs - rows[2], blocks[1:],
-                      fitted_keys=fit, stream=stream)
-        elif src < 0:
-            seal(stores[kind], np.ascontiguousarray(run[:, OP_SEQ]), blocks, fitted_keys=fit, stream=stream)
-        else:
-            reseal_blocks(stores[src], np.ascontiguousarray(run[:, OP_SRC_BLOCK]), stores[kind], blocks,
-                          fitted_keys=fit, stream=stream)
+        runs.append((src, kind, ops[i:j]))
         i = j
+    return runs

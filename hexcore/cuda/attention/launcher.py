@@ -11,7 +11,8 @@ from numba import cuda
 
 from ..._checks import as_int
 from ...errors import HexcoreInvalidArgumentError
-from ..arrays import check_outside_store, checked, checked_ids, checked_layer, checked_store, device_only
+from ..arrays import (check_id_range, check_outside_store, checked, checked_ids, checked_layer, checked_store,
+                      device_only)
 from ..device import SIMULATOR
 from ..launch import Launch
 from ..store import DeviceKVStore, flat_words
@@ -54,18 +55,20 @@ class Workspace:
 _workspace = Workspace()
 
 
-def split_blocks_for(items: int, max_virtual: int, ctas_per_sm: int, options: DecodeOptions) -> int:
+def split_blocks_for(items: int, max_virtual: int, ctas_per_sm: int, options: DecodeOptions, bits: int = 16) -> int:
     """Blocks per split for ``items`` (sequence, KV head, head group) CTAs of up to
-    ``max_virtual`` blocks each: the split count whose waves of resident CTAs finish first,
-    ``waves * (blocks per split + options.split_overhead) + splits * options.split_merge_cost``,
-    no split shorter than ``options.min_split_blocks`` (the fewest splits among equals)."""
+    ``max_virtual`` blocks each of a ``bits`` cache: the split count whose waves of resident
+    CTAs finish first, ``waves * (blocks per split + options.split_overhead) + splits *
+    options.merge_cost(bits)``, no split shorter than ``options.min_split_blocks`` (the
+    fewest splits among equals)."""
     slots = max(1, ctas_per_sm * _num_sms())
+    merge_cost = options.merge_cost(bits)
     best, best_cost = max_virtual, None
     for splits in range(1, min(max_virtual, -(-4 * slots // items)) + 1):  # more than 4 waves never pay
         blocks = -(-max_virtual // splits)
         if blocks < options.min_split_blocks and splits > 1:
             break
-        cost = -(-items * splits // slots) * (blocks + options.split_overhead) + splits * options.split_merge_cost
+        cost = -(-items * splits // slots) * (blocks + options.split_overhead) + splits * merge_cost
         if best_cost is None or cost < best_cost:
             best, best_cost = blocks, cost
     return best
@@ -198,7 +201,7 @@ def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scal
             flat_words(q), block_tables, seq_lens, tail_slots, out.reshape(out.size), part_o, part_ml, counters,
             int(layer), store.num_blocks, store.max_seqs, 1, 1, np.float32(scale)]
     ctas_per_sm = options.ctas_per_sm or _ctas_per_sm(kernel, args)
-    split_blocks = split_blocks_for(items, max_virtual, ctas_per_sm, options)
+    split_blocks = split_blocks_for(items, max_virtual, ctas_per_sm, options, cfg.kv_dtype.bits)
     splits = -(-max_virtual // split_blocks)
     args[12:15] = workspace.get(batch * num_q_heads, splits, cfg.head_dim, items)
     args[18], args[19] = split_blocks, splits
@@ -249,6 +252,22 @@ def _max_blocks(block_tables, batch: int) -> int:
     if len(shape) != 2 or shape[0] != batch:
         raise HexcoreInvalidArgumentError(f"block_tables: expected shape ({batch}, max_blocks), got {shape}")
     return shape[1]
+
+
+def check_host_index(store, block_tables: np.ndarray, seq_lens: np.ndarray, tail_slots, batch: int) -> int:
+    """:func:`decode_launch`'s checks of its host index arrays, for a caller that copies them
+    to the device itself (``tiered_decode``: one copy for every pool): ``block_tables`` int32
+    ``[batch, max_blocks]``, ``seq_lens`` int32 ``[batch]`` within what the tables describe,
+    ``tail_slots`` int32 ``[batch]`` (when a host array). Returns the longest ``seq_lens``."""
+    cfg = store.config
+    max_blocks = _max_blocks(block_tables, batch)
+    check_id_range(seq_lens, "seq_lens", batch, (max_blocks + 1) * cfg.block_size)
+    if isinstance(tail_slots, np.ndarray):
+        check_id_range(tail_slots, "tail_slots", batch, store.max_seqs)
+    if block_tables.dtype != np.int32:
+        raise HexcoreInvalidArgumentError(f"block_tables: expected dtype int32, got {block_tables.dtype}")
+    _check_tables(block_tables, seq_lens, cfg.block_size, store.num_blocks)
+    return int(seq_lens.max(initial=0))
 
 
 def _check_tables(tables: np.ndarray, lens: np.ndarray, block_size: int, num_blocks: int) -> None:

@@ -33,7 +33,8 @@ from ..store import flat_words
 from ..streams import resolve_stream
 from ..device import SIMULATOR
 from .kernel import GRID_REGISTERS, decode_item_function, decode_kernel, merge_function
-from .launcher import Workspace, decode_launch
+from ..uploads import upload_once
+from .launcher import Workspace, check_host_index, decode_launch
 from .options import DEFAULT_OPTIONS, DecodeOptions
 from .shape import HEADS_PER_CTA, THREADS, DecodeShape
 
@@ -82,12 +83,14 @@ class TieredDecodePlan:
     checked); returns ``out``. With ``buffers=(q_all, out_all)``, float16 ``[L, B,
     num_q_heads, head_dim]`` device arrays checked once here, ``run(layer)`` reads
     ``q_all[layer]`` and writes ``out_all[layer]`` with no check per layer (the Engine's step).
+    ``upload``: how the first run copies the index arrays (see ``tiered_decode_launches``).
     """
 
     def __init__(self, stores: list, tables: list, counts: list, tail_lens, tail_pool, tail_slots,
-                 scale: float | None = None, options: DecodeOptions | None = None, buffers: tuple | None = None):
+                 scale: float | None = None, options: DecodeOptions | None = None, buffers: tuple | None = None,
+                 upload=None):
         self._index = (stores, tables, counts, tail_lens, tail_pool, tail_slots)
-        self._scale, self._options = scale, options
+        self._scale, self._options, self._upload = scale, options, upload
         self._launches = self._shape = None
         self._buffers = None if buffers is None else _checked_buffers(stores, buffers)
 
@@ -105,7 +108,7 @@ class TieredDecodePlan:
                 check_outside_store(store, out=out)
         if self._launches is None:
             launches, out = tiered_decode_launches(q, *self._index, layer=layer, out=out, scale=self._scale,
-                                                   options=self._options)
+                                                   options=self._options, upload=self._upload)
             self._launches = [(launch.prepare(), len(launch.args) == MERGE_ARGS)
                               for launch in launches if not launch.empty]
             self._shape = tuple(q.shape)
@@ -148,19 +151,27 @@ MERGE_ARGS = 5  # merge_kernel's (part_o, part_ml, out, seq_lens, total)
 
 def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_lens, tail_pool, tail_slots,
                            layer: int = 0, out=None, scale: float | None = None,
-                           options: DecodeOptions | None = None) -> tuple:
+                           options: DecodeOptions | None = None, upload=None) -> tuple:
     """:func:`tiered_decode`'s arguments checked and its launches made, not run: ``(launches,
     out)``, to run in order on one stream (each ``Launch.prepare()``-able, so a benchmark or a
-    graph can replay them with the same arrays)."""
+    graph can replay them with the same arrays). The index arrays are checked on the host
+    and copied to the device together by ``upload`` (a list of host int32 arrays -> device
+    views, as ``uploads.upload_once``, the default, or ``Uploads.put``)."""
     options = options or DEFAULT_OPTIONS
     tail_lens, tail_pool = np.asarray(tail_lens), np.asarray(tail_pool)
     _check(stores, tables, counts, tail_lens, tail_pool)
-    bs = stores[0].config.block_size
+    bs, batch, n = stores[0].config.block_size, tail_lens.shape[0], len(stores)
+    lens = [(counts[p].astype(np.int64) * bs + np.where(tail_pool == p, tail_lens, 0)).astype(np.int32)
+            for p in range(n)]
+    longest = [check_host_index(store, tables[p], lens[p], tail_slots, batch) for p, store in enumerate(stores)]
+    seq_lens = (sum(c.astype(np.int64) for c in counts) * bs + tail_lens).astype(np.int32)
+    host_tail = isinstance(tail_slots, np.ndarray)
+    staged = (upload or upload_once)([*tables, *lens, seq_lens] + ([tail_slots] if host_tail else []))
+    seq_lens, tail_slots = staged[2 * n], staged[2 * n + 1] if host_tail else tail_slots
     launches, bases = [], [0]
     for p, store in enumerate(stores):  # each pool's own launch first: its split count
-        lens = (counts[p].astype(np.int64) * bs + np.where(tail_pool == p, tail_lens, 0)).astype(np.int32)
-        launch, out = decode_launch(q, store, layer, tables[p], lens, tail_slots, out, scale, None, options,
-                                    _workspace)
+        launch, out = decode_launch(q, store, layer, staged[p], staged[n + p], tail_slots, out, scale, longest[p],
+                                    options, _workspace)
         launches.append(launch)
         bases.append(bases[-1] + launch.grid[0])
     total = bases[-1]
@@ -173,7 +184,6 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
               for store in stores]
     runs = [_partials(launch, shape, options, part_o[bases[p] * head_dim:], part_ml[bases[p] * 2:], total)
             for p, (launch, shape) in enumerate(zip(launches, shapes))]
-    seq_lens = cuda.to_device((sum(c.astype(np.int64) for c in counts) * bs + tail_lens).astype(np.int32))
     grid = (launches[0].grid[1], batch)
     if options.tiered_fp16 == "merge" and shapes[0].bits == 16:  # pool 0's items in the merge launch
         kernel = fused_merge_kernel(shapes[0], options.max_registers, options.l2_prefetch, options.joint_softmax)

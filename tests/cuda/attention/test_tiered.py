@@ -187,6 +187,7 @@ def test_a_sequence_with_no_token_gives_zeros_and_bad_pools_are_refused(seed):
 
 def test_bad_operations_and_reseals_are_typed_and_write_nothing():
     from hexcore.cuda import reseal_blocks
+    from hexcore.cuda.uploads import upload_once
 
     stores = [DeviceKVStore(dataclasses.replace(CONFIG, kv_dtype=kind), num_blocks=4, max_seqs=2)
               for kind in ("int4", "int2")]
@@ -199,6 +200,13 @@ def test_bad_operations_and_reseals_are_typed_and_write_nothing():
         (lambda: run_tiered_ops(stores, np.zeros((1, 6), np.int64)), r"ops: expected an int32"),
         (lambda: run_tiered_ops(stores, np.array([[0, 0, -1, -1, 2, 0]], np.int32)), r"ops\[0\]: a pool outside"),
         (lambda: run_tiered_ops([stores[0], "x"], np.zeros((0, 6), np.int32)), r"stores\[1\]: expected a Device"),
+        # (seq, logical, src pool, src block, pool, block): a good seal first, nothing runs
+        (lambda: run_tiered_ops(stores, np.array([[0, 0, -1, -1, 0, 0], [1, 0, -1, -1, 1, 4]], np.int32)),
+         r"ops\[1\]: a block or sequence slot outside its pool's store"),
+        (lambda: run_tiered_ops(stores, np.array([[2, 0, -1, -1, 0, 0]], np.int32)), r"ops\[0\]: a block or sequence"),
+        (lambda: run_tiered_ops(stores, np.array([[0, 0, 0, 4, 1, 0]], np.int32)), r"ops\[0\]: a block or sequence"),
+        (lambda: run_tiered_ops(stores, np.array([[0, 0, 0, 1, 1, 2], [0, 1, 0, 3, 1, 2]], np.int32),
+                                upload=upload_once), "ops' destination blocks: expected distinct ids"),
         (lambda: reseal_blocks(stores[0], np.array([4], np.int32), stores[1], one), "src_ids"),
         (lambda: reseal_blocks(stores[0], one, stores[1], np.array([0, 1], np.int32)), r"dst_ids: expected shape"),
         (lambda: reseal_blocks(stores[1], one, stores[0], one, fitted_keys=True), "fitted_keys: only INT2"),

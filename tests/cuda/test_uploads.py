@@ -1,0 +1,82 @@
+"""hexcore.cuda.uploads: a step's index arrays to the device in one copy."""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from hexcore import HexcoreInvalidArgumentError
+from hexcore.cuda.uploads import WORDS, Uploads, packed_offsets, upload_once
+
+
+def arrays_of(rng, shapes):
+    return [rng.integers(-2**31, 2**31 - 1, shape, dtype=np.int64).astype(np.int32) for shape in shapes]
+
+
+SHAPES = [(5,), (0,), (3, 7), (1,), (63, 0), (4, 4)]
+
+
+def test_each_array_starts_on_16_bytes():
+    offsets, words = packed_offsets([np.zeros(s, np.int32) for s in SHAPES])
+    assert offsets == [0, 8, 8, 32, 36, 36] and words == 52
+    assert all(at % WORDS == 0 for at in offsets)
+
+
+def test_upload_once_gives_views_equal_to_the_arrays(rng):
+    arrays = arrays_of(rng, SHAPES)
+    views = upload_once(arrays)
+    for a, view in zip(arrays, views):
+        assert view.shape == a.shape and view.dtype == np.int32
+        np.testing.assert_array_equal(view.copy_to_host(), a)
+
+
+def test_uploads_over_many_steps_and_growth_keep_every_step_s_arrays(rng):
+    uploads = Uploads(words=8)  # grows within the first step
+    for step in range(5):
+        uploads.begin()
+        first = arrays_of(rng, SHAPES)
+        second = arrays_of(rng, [(40,), (2, 9)])
+        views = uploads.put(first) + uploads.put(second)
+        for a, view in zip(first + second, views):
+            np.testing.assert_array_equal(view.copy_to_host(), a, err_msg=f"step {step}")
+
+
+def test_a_put_before_begin_and_a_bad_array_are_refused():
+    uploads = Uploads()
+    with pytest.raises(HexcoreInvalidArgumentError, match=r"call begin\(stream\) first"):
+        uploads.put([np.zeros(3, np.int32)])
+    uploads.begin()
+    with pytest.raises(HexcoreInvalidArgumentError, match="expected host int32 arrays, got a int64 array"):
+        uploads.put([np.zeros(3, np.int32), np.zeros(3, np.int64)])
+    with pytest.raises(HexcoreInvalidArgumentError, match="got a list"):
+        upload_once([[1, 2]])
+
+
+@cuda.jit
+def _slow_copy(src, dst, naps):
+    """dst = src, read after ``naps`` sleeps of 10 us."""
+    for _ in range(naps):
+        cuda.nanosleep(10000)
+    i = cuda.grid(1)
+    if i < src.shape[0]:
+        dst[i] = src[i]
+
+
+@pytest.mark.gpu
+def test_a_turn_is_not_overwritten_while_another_stream_reads_it_gpu(rng):
+    # step A's kernel reads its views for ~20 ms on stream s1; steps B and C run on s2,
+    # and C takes A's turn again: its copy must wait for A's kernel (an event, not stream
+    # order: the streams differ), or A's kernel would read C's values.
+    s1, s2 = cuda.stream(), cuda.stream()
+    uploads = Uploads()
+    a, b, c = arrays_of(rng, [(256,)] * 3)
+    out = cuda.device_array(256, np.int32)
+    uploads.begin(s1)
+    (view,) = uploads.put([a])
+    _slow_copy[1, 256, s1](view, out, 2000)
+    uploads.begin(s2)
+    uploads.put([b])
+    uploads.begin(s2)
+    (view_c,) = uploads.put([c])
+    cuda.synchronize()
+    np.testing.assert_array_equal(out.copy_to_host(), a)
+    np.testing.assert_array_equal(view_c.copy_to_host(), c)
