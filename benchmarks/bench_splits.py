@@ -18,7 +18,7 @@ rewrite) ``m`` came out at 0.13-0.17 us per split for every dtype (the partials 
 whatever the cache's dtype) and ``a`` at 0.1-0.33 us per block, so the cost in blocks
 differs by dtype and context (FP16 about 0.5, INT4/INT2 0.8-1.5).
 Printed per row: splits, blocks per split, ms; per dtype: a, m, the cost, and for each shape
-the split count the policy picks today and with the fitted cost. Rows as JSON under $OUT
+the split count the policy picks without a merge term and with the fitted cost. Rows as JSON under $OUT
 (``gpu_common.save``, name "splits").
 """
 
@@ -99,7 +99,7 @@ def main(argv) -> None:
         resident = own[0]["kernel_ctas_per_sm"]
         picks = {str(s): (policy_splits(s, resident, 0.0), policy_splits(s, resident, fit["cost"])) for s in shapes}
         print(f"{dtype}: a {fit['a'] * 1e3:.3f} us per block, m {fit['m'] * 1e3:.3f} us per split, "
-              f"split_merge_cost {fit['cost']:.2f} blocks; splits today / with it: {picks}")
+              f"split_merge_cost {fit['cost']:.2f} blocks; splits without it / with it: {picks}")
         rows.append(dict(dtype=dtype, fit=dict(a=fit["a"], m=fit["m"], cost=fit["cost"]), picks=picks))
     from benchmarks.gpu_common import save
 

@@ -17,6 +17,13 @@ ITEM_CALLS = ("call", "inline")
 TIERED_FP16 = ("launch", "merge")
 
 
+# the merge's cost per split in blocks of each dtype's work (bits -> blocks), fitted from a
+# sweep of the split count at B=1, 32k and 128k on the H200 (2026-12-02, `bench_splits`,
+# benchmarks/RESULTS.md "thirteenth session"): about 0.14 us per split over 0.29 / 0.10 /
+# 0.13 us per block
+MERGE_COST = {16: 0.48, 4: 1.43, 2: 1.12}
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeOptions:
     """How paged decode splits its work and launches.
@@ -33,8 +40,9 @@ class DecodeOptions:
     - ``split_merge_cost``: the merge's cost per split of a (sequence, head), in blocks of
       work, added once per split count: the last CTA of a head reads every split's partial
       after the others finish, so at B=1 more splits lengthen the tail even within one
-      wave. 0 (the default) leaves the choice to the waves alone; ``python -m
-      benchmarks.bench_splits`` fits it per dtype from a sweep on the GPU.
+      wave. None (the default) takes :data:`MERGE_COST` for the cache's dtype, fitted by
+      ``python -m benchmarks.bench_splits`` on the H200; 0 leaves the choice to the waves
+      alone.
     - ``max_registers``: a register cap; None takes each kernel's default: 128 for the grid
       decode kernel (four CTAs of 128 threads resident per SM; the 16-40 bytes it spills at
       head_dim 128 cost less than the warps it adds, measured on the H200:
@@ -65,7 +73,7 @@ class DecodeOptions:
     ctas_per_sm: int | None = None
     min_split_blocks: int = 4
     split_overhead: float = 1.0
-    split_merge_cost: float = 0.0
+    split_merge_cost: float | None = None
     max_registers: int | None = None
     l2_prefetch: str = "none"
     joint_softmax: bool = True
@@ -76,6 +84,8 @@ class DecodeOptions:
     def __post_init__(self):
         for name in ("split_overhead", "split_merge_cost"):
             value = getattr(self, name)
+            if value is None and name == "split_merge_cost":
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
                 raise HexcoreConfigError(f"{name}: expected a number in [0, 1e6), got {value!r}")
         for name in ("ctas_per_sm", "max_registers"):
@@ -95,6 +105,10 @@ class DecodeOptions:
             raise HexcoreConfigError(f"tiered_fp16: expected one of {TIERED_FP16}, got {self.tiered_fp16!r}")
         if self.launch_path not in PATHS:
             raise HexcoreConfigError(f"launch_path: expected one of {PATHS}, got {self.launch_path!r}")
+
+    def merge_cost(self, bits: int) -> float:
+        """``split_merge_cost`` for a cache of ``bits`` (16, 4 or 2) per value."""
+        return MERGE_COST[bits] if self.split_merge_cost is None else float(self.split_merge_cost)
 
 
 DEFAULT_OPTIONS = DecodeOptions()

@@ -13,6 +13,7 @@ from numba import cuda
 from hexcore import HexcoreConfigError, HexcoreInvalidArgumentError, KVCacheConfig
 from hexcore.cuda import DecodeOptions, DecodePlan, DeviceKVStore, paged_decode
 from hexcore.cuda.attention import launcher
+from hexcore.cuda.attention.options import MERGE_COST
 from tests import reference as ref
 from tests.cuda.fill import random_cache
 
@@ -141,7 +142,7 @@ def test_long_context_small_groups_and_head_groups_gpu(dtype, rng):
 def test_split_count_fills_whole_waves(monkeypatch):
     """The split policy: one split when the items fill the waves evenly, many when they are few."""
     monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
-    opts = DecodeOptions()
+    opts = DecodeOptions(split_merge_cost=0)  # the waves alone
     assert launcher.split_blocks_for(396, 128, 3, opts) == 128  # exactly one wave
     assert launcher.split_blocks_for(8, 1024, 3, opts) == 21  # B=1, 8 KV heads, 32k: ~one wave of 392 CTAs
     blocks = launcher.split_blocks_for(512, 128, 3, opts)  # 1.3 waves unsplit: split into ~4 even waves
@@ -152,6 +153,10 @@ def test_split_count_fills_whole_waves(monkeypatch):
     assert launcher.split_blocks_for(8, 1024, 4, opts) == 16  # 64 splits: one wave of 528 slots
     assert launcher.split_blocks_for(8, 1024, 4, merged) == 27  # 38 splits
     assert launcher.split_blocks_for(8, 4096, 4, merged) == 64  # 64 splits (66 without the term)
+    # the default: each dtype's measured cost (MERGE_COST), fewer splits for INT4/INT2 at B=1 32k
+    default = DecodeOptions()
+    assert [-(-1024 // launcher.split_blocks_for(8, 1024, 4, default, bits)) for bits in (16, 4, 2)] == [49, 27, 32]
+    assert default.merge_cost(4) == MERGE_COST[4] and merged.merge_cost(4) == 0.7
 
 
 def test_options_are_validated():
