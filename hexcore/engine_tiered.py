@@ -13,9 +13,12 @@ a step written once:
   marshalled once, each layer only its ``q``, ``out`` and layer number put in).
 
 A step's index arrays (tables, lengths, slots, seal and re-seal ids) are built on the host
-and go to the device in three asynchronous copies from pinned memory (``cuda.uploads``).
-No CUDA graph yet: correct, not yet the serving path's speed. Not with the prefix cache, speculative allocation, fault tolerance,
-truncation or the prefill attention helpers (typed errors from ``Engine``).
+and go to the device in three asynchronous copies from pinned memory (``cuda.uploads``);
+the re-seals' rows use the uploads' scratch; a step's attention plan takes over the
+prepared launches of the plan two steps before where they match (only arrays changed).
+No CUDA graph yet: correct, not yet the serving path's speed. Not with the prefix cache,
+speculative allocation, fault tolerance, truncation or the prefill attention helpers
+(typed errors from ``Engine``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class TieredParts:
         self._buffers: dict = {}
         self._forks: list = []  # (pool, parent, child) tail copies not yet made
         self._uploads = None  # cuda.uploads.Uploads, made at the first step
+        self.plans: list = []  # the last two steps' TieredDecodePlans (a step reuses the launches of two before)
 
     @property
     def uploads(self):
@@ -157,10 +161,15 @@ class TieredEngineStep:
                        if (pools == p).any() else None for p in range(len(parts.stores))]
         self._positions = positions
         tables = cache.block_tables(ids)  # the step's tables: the same for every layer
+        # the plan of two steps before: its index arrays were in this step's turn of the uploads,
+        # so where the arrays' sizes did not change, their addresses did not either
+        reuse = parts.plans[0] if len(parts.plans) == 2 else None
         self._decode = TieredDecodePlan(parts.stores, [t for t, _ in tables], [c for _, c in tables],
                                         (result.seq_lens % bs).astype(np.int32), cache.tail_pools(ids), ids,
                                         scale=parts.scale, options=parts.options,
-                                        buffers=(self._arrays[0], self._arrays[3]), upload=parts.uploads.put)
+                                        buffers=(self._arrays[0], self._arrays[3]), upload=parts.uploads.put,
+                                        reuse=reuse)
+        parts.plans = parts.plans[-1:] + [self._decode]
         self._forks, self._resealed, self._loaded = forks, False, None
         ops = result.ops  # split once, for every layer: re-seals, and seals per pool
         self._reseals = np.ascontiguousarray(ops[ops[:, OP_SRC_KIND] != SEAL])
@@ -203,7 +212,8 @@ class TieredEngineStep:
         """The stream the step runs on; the first time, the step's index arrays to the device
         (``TieredParts.uploads``: its appends' and seals' in one copy, the re-seals' in
         another, attention's at its first layer), its fork copies and re-seals (they read
-        only old blocks, so they come before any layer's writes)."""
+        only old blocks, so they come before any layer's writes; their rows in the uploads'
+        scratch)."""
         from .cuda import run_tiered_ops
         from .cuda.streams import resolve_stream, torch_current_stream
 
@@ -215,7 +225,7 @@ class TieredEngineStep:
             self._upload_writes()
             parts.copy_forks(stream, self._forks)
             run_tiered_ops(parts.stores, self._reseals, parts.cache.format.fitted_keys, stream=stream,
-                           upload=parts.uploads.put)
+                           upload=parts.uploads.put, scratch=parts.uploads.scratch)
             self._resealed = True
         return stream
 

@@ -219,7 +219,7 @@ def dequantize_blocks(store: DeviceKVStore, layer: int, block_ids, stream=None):
 
 
 def reseal_blocks(src: DeviceKVStore, src_ids, dst: DeviceKVStore, dst_ids, fitted_keys: bool = False,
-                  stream=None) -> None:
+                  stream=None, scratch=None) -> None:
     """Re-seal blocks of one store into blocks of another kind (formats by age,
     ``docs/formats.md``): every layer of block ``src_ids[i]`` of ``src`` is unsealed to FP16
     rows, ``float16(float32(scale) * code + float32(min))`` (an FP16 block's rows as they
@@ -227,7 +227,8 @@ def reseal_blocks(src: DeviceKVStore, src_ids, dst: DeviceKVStore, dst_ids, fitt
     rows (``fitted_keys`` as there). Two launches, through a device scratch of the rows.
 
     ``src_ids``, ``dst_ids``: int32 ``[n]`` (host arrays are range-checked), distinct
-    destinations. The two stores must be alike but for their ``kv_dtype``.
+    destinations. The two stores must be alike but for their ``kv_dtype``. ``scratch``:
+    ``(shape, dtype) -> device array`` for the rows (``Uploads.scratch``; default: allocated).
     """
     from .write import seal_rows
 
@@ -244,8 +245,12 @@ def reseal_blocks(src: DeviceKVStore, src_ids, dst: DeviceKVStore, dst_ids, fitt
     if n == 0:
         return
     H, BS, D = a.num_kv_heads, a.block_size, a.head_dim
-    k_rows = cuda.device_array((a.num_layers, n * BS, H, D), np.float16, stream=stream.numba)
-    v_rows = cuda.device_array((a.num_layers, n * BS, H, D), np.float16, stream=stream.numba)
+    rows = (a.num_layers, n * BS, H, D)
+    if scratch is None:
+        k_rows = cuda.device_array(rows, np.float16, stream=stream.numba)
+        v_rows = cuda.device_array(rows, np.float16, stream=stream.numba)
+    else:
+        k_rows, v_rows = scratch(rows, np.float16), scratch(rows, np.float16)
     f, w = src.flat, src.words
     codes = (w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"]) if a.kv_dtype.is_quantized else (
         f["k_codes"], f["v_codes"], f["k_codes"], f["v_codes"])  # (FP16: no meta, the slots unused)
@@ -255,7 +260,7 @@ def reseal_blocks(src: DeviceKVStore, src_ids, dst: DeviceKVStore, dst_ids, fitt
 
 
 def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, rows=None, stream=None,
-                   upload=None) -> None:
+                   upload=None, scratch=None) -> None:
     """Run a ``TieredKVCache`` step's operations (``TieredStep.ops``, int32 ``[n, 6]``) on its
     pools' stores (``stores[k]`` for pool ``k``), in order, a run of alike operations at a
     time: a seal seals tail slot ``seq_id`` of ``stores[kind]`` into ``block``; a re-seal is
@@ -268,7 +273,8 @@ def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, row
     every launch goes (``streams.resolve_stream``; default: torch's current stream when
     ``rows`` are torch tensors, else the default stream). ``upload`` (without ``rows``): the
     runs' id arrays go to the device in one call of it (a list of host int32 arrays ->
-    device views, ``Uploads.put``), checked here on the host first."""
+    device views, ``Uploads.put``), checked here on the host first; ``scratch``: the
+    re-seals' (``reseal_blocks``)."""
     from .write import seal, seal_rows
 
     from ..host.tiered import OP_BLOCK, OP_LOGICAL, OP_SEQ, OP_SRC_BLOCK
@@ -297,7 +303,7 @@ def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, row
         elif src < 0:
             seal(stores[kind], first, blocks, fitted_keys=fit, stream=stream)
         else:
-            reseal_blocks(stores[src], first, stores[kind], blocks, fitted_keys=fit, stream=stream)
+            reseal_blocks(stores[src], first, stores[kind], blocks, fitted_keys=fit, stream=stream, scratch=scratch)
 
 
 def _check_tiered_ops(stores: list, ops: np.ndarray) -> None:

@@ -148,6 +148,27 @@ class PreparedLaunch:
                     self._keep[0][at + j].value = _as_ctypes(value, at + j).value
         self._args = self._args[:index] + (array,) + self._args[index + 1:]
 
+    def matches(self, launch: Launch) -> bool:
+        """True when ``launch`` is this kernel with this grid and block and equal non-array
+        arguments: :meth:`rebind` can then make this launch run ``launch``."""
+        if launch.kernel is not self._dispatcher or _dim3(launch.grid) != self.grid \
+                or _dim3(launch.block) != self.block or len(launch.args) != len(self._args):
+            return False
+        for old, new in zip(self._args, launch.args):
+            if is_numba_array(old) != is_numba_array(new):
+                return False
+            if not is_numba_array(old) and (type(old) is not type(new) or old != new):
+                return False
+        return True
+
+    def rebind(self, args: tuple) -> None:
+        """Put the arrays of ``args`` (a :meth:`matches` launch's) in place of this launch's,
+        skipping those that are already the same memory, shape and strides (cheaper than a
+        new prepare: no typing of the other arguments, no new parameter array)."""
+        for index, (old, new) in enumerate(zip(self._args, args)):
+            if is_numba_array(new) and new is not old and _layout(new) != _layout(old):
+                self.set_array(index, new)
+
     def run(self, stream=0) -> None:
         """Enqueue the kernel on ``stream``: a numba stream, a raw ``CUstream`` handle (int)
         or object, or 0 for the default stream."""
@@ -226,6 +247,14 @@ def _remember_stream(stream) -> tuple:
         _streams.clear()
     entry = _streams[id(stream)] = (stream, stream_handle(stream))  # keeps `stream`, so its id stays unique
     return entry
+
+
+def _layout(array) -> tuple:
+    """(address, shape, strides, dtype) of a device array (the simulator's: its object)."""
+    if SIMULATOR:
+        return (id(array),)
+    iface = array.__cuda_array_interface__
+    return iface["data"][0], iface["shape"], iface["strides"], iface["typestr"]
 
 
 def _dim3(dim) -> tuple[int, int, int]:

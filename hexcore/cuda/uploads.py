@@ -94,15 +94,25 @@ class Uploads:
             raise HexcoreInvalidArgumentError("Uploads.put: call begin(stream) first")
         return self._turns[self._turn].put(arrays, self._stream)
 
+    def scratch(self, shape: tuple, dtype) -> object:
+        """A device array of ``shape`` and ``dtype`` (uninitialised) for the step's kernels,
+        from the turn's scratch buffer: reused two steps later, not allocated per step."""
+        if self._stream is None:
+            raise HexcoreInvalidArgumentError("Uploads.scratch: call begin(stream) first")
+        return self._turns[self._turn].scratch(tuple(shape), np.dtype(dtype))
+
 
 class _Turn:
-    """A pinned host buffer, a device buffer of the same words, a bump offset, and the
-    event recorded after the last work that reads them."""
+    """A pinned host buffer, a device buffer of the same words, a device scratch buffer,
+    bump offsets into them, and the event recorded after the last work that reads them."""
+
+    SCRATCH_ALIGN = 256  # bytes
 
     def __init__(self, words: int):
         self._alloc(words)
         self._event = None if SIMULATOR else cuda.event(timing=False)
         self._recorded = False
+        self._scratch, self._scratch_used = None, 0
 
     def _alloc(self, words: int) -> None:
         self.host = cuda.pinned_array(words, np.int32)
@@ -113,7 +123,19 @@ class _Turn:
     def wait(self) -> None:
         if self._recorded:
             self._event.synchronize()
-        self.used, self.retired, self._recorded = 0, [], False
+        self.used, self.retired, self._recorded, self._scratch_used = 0, [], False, 0
+
+    def scratch(self, shape: tuple, dtype: np.dtype):
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        size = -(-nbytes // self.SCRATCH_ALIGN) * self.SCRATCH_ALIGN
+        have = 0 if self._scratch is None else self._scratch.size
+        if self._scratch_used + size > have:
+            if self._scratch is not None:
+                self.retired.append(self._scratch)  # this step's kernels may still read it
+            self._scratch, self._scratch_used = cuda.device_array(max(2 * have, size, 1 << 20), np.uint8), 0
+        at = self._scratch_used
+        self._scratch_used += size
+        return self._scratch[at:at + nbytes].view(dtype).reshape(shape)
 
     def put(self, arrays: Sequence[np.ndarray], stream) -> list:
         offsets, words = packed_offsets(arrays)

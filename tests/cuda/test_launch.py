@@ -64,6 +64,11 @@ def _mixed(out, a2d, b1d, i32, i64, f32, f64, u8):
         out[i] = a2d[r, c] * f32 + b1d[i % b1d.shape[0]] * f64 + i32 + i64 * 2 + u8 + a2d.strides[0] + r
 
 
+@cuda.jit
+def _other_kernel(out, a2d, b1d, i32, i64, f32, f64, u8):
+    pass
+
+
 def _mixed_args(rng):
     a = cuda.to_device(rng.standard_normal((5, 14)))[:, ::2]  # strided: strides must travel too
     b = cuda.to_device(rng.standard_normal(11).astype(np.float32))
@@ -161,6 +166,39 @@ def test_set_array_changes_an_array_argument_for_later_runs(rng):
 @pytest.mark.parametrize("path", ["raw", "core"])
 def test_set_array_gpu(path, rng):
     check_set_array(rng, path)
+
+
+def check_rebind(rng):
+    """matches/rebind: a launch of the same kernel, grid, block and scalars is run by the
+    prepared one after rebind (its arrays put in); any other difference does not match."""
+    args = _mixed_args(rng)
+    prepared = Launch(_mixed, 3, 128, (cuda.device_array(300), *args)).prepare()
+    new_args = (cuda.to_device(np.full(300, np.nan)), cuda.to_device(rng.standard_normal((5, 14)))[:, ::2],
+                args[1], *args[2:])  # a new output and a new strided view; b the same array
+    launch = Launch(_mixed, 3, 128, new_args)
+    assert prepared.matches(launch)
+    prepared.rebind(launch.args)
+    prepared.run()
+    expect = cuda.device_array(300)
+    _mixed[3, 128](expect, *new_args[1:])
+    cuda.synchronize()
+    np.testing.assert_array_equal(new_args[0].copy_to_host(), expect.copy_to_host())
+    for other in (Launch(_mixed, 2, 128, new_args), Launch(_mixed, 3, 64, new_args),
+                  Launch(_other_kernel, 3, 128, new_args),
+                  Launch(_mixed, 3, 128, (*new_args[:3], np.int32(-4), *new_args[4:])),
+                  Launch(_mixed, 3, 128, (*new_args[:4], 2**40 + 6, *new_args[5:])),
+                  Launch(_mixed, 3, 128, (*new_args[:3], -3, *new_args[4:])),  # an int, not an np.int32
+                  Launch(_mixed, 3, 128, (*new_args[:2], np.float32(1), *new_args[3:]))):  # a scalar for an array
+        assert not prepared.matches(other)
+
+
+def test_a_matching_launch_is_rebound_into_a_prepared_one(rng):
+    check_rebind(rng)
+
+
+@pytest.mark.gpu
+def test_rebind_gpu(rng):
+    check_rebind(rng)
 
 
 @pytest.mark.gpu

@@ -40,10 +40,25 @@ def test_uploads_over_many_steps_and_growth_keep_every_step_s_arrays(rng):
             np.testing.assert_array_equal(view.copy_to_host(), a, err_msg=f"step {step}")
 
 
+def test_scratch_arrays_of_one_step_do_not_overlap_and_grow(rng):
+    uploads = Uploads()
+    for step in range(3):
+        uploads.begin()
+        want = [rng.standard_normal(shape).astype(np.float16) for shape in [(4, 64, 8), (1 << 19,), (3, 5)]]
+        got = [uploads.scratch(w.shape, np.float16) for w in want]  # the second outgrows 1 MiB with the first
+        for w, g in zip(want, got):
+            assert g.shape == w.shape and g.dtype == np.float16
+            g.copy_to_device(w)
+        for w, g in zip(want, got):
+            np.testing.assert_array_equal(g.copy_to_host(), w, err_msg=f"step {step}")
+
+
 def test_a_put_before_begin_and_a_bad_array_are_refused():
     uploads = Uploads()
-    with pytest.raises(HexcoreInvalidArgumentError, match=r"call begin\(stream\) first"):
+    with pytest.raises(HexcoreInvalidArgumentError, match=r"put: call begin\(stream\) first"):
         uploads.put([np.zeros(3, np.int32)])
+    with pytest.raises(HexcoreInvalidArgumentError, match=r"scratch: call begin\(stream\) first"):
+        uploads.scratch((3,), np.float16)
     uploads.begin()
     with pytest.raises(HexcoreInvalidArgumentError, match="expected host int32 arrays, got a int64 array"):
         uploads.put([np.zeros(3, np.int32), np.zeros(3, np.int64)])

@@ -84,17 +84,23 @@ class TieredDecodePlan:
     num_q_heads, head_dim]`` device arrays checked once here, ``run(layer)`` reads
     ``q_all[layer]`` and writes ``out_all[layer]`` with no check per layer (the Engine's step).
     ``upload``: how the first run copies the index arrays (see ``tiered_decode_launches``).
+    ``reuse``: an earlier plan whose launches this one takes over when they match (the
+    same kernels, grids and scalars: only arrays change; ``PreparedLaunch.rebind``) instead
+    of marshalling new ones; that plan is spent (a run of it raises).
     """
 
     def __init__(self, stores: list, tables: list, counts: list, tail_lens, tail_pool, tail_slots,
                  scale: float | None = None, options: DecodeOptions | None = None, buffers: tuple | None = None,
-                 upload=None):
+                 upload=None, reuse: "TieredDecodePlan | None" = None):
         self._index = (stores, tables, counts, tail_lens, tail_pool, tail_slots)
-        self._scale, self._options, self._upload = scale, options, upload
+        self._scale, self._options, self._upload, self._reuse = scale, options, upload, reuse
         self._launches = self._shape = None
+        self._spent = False
         self._buffers = None if buffers is None else _checked_buffers(stores, buffers)
 
     def run(self, layer: int, q=None, out=None, stream=None):
+        if self._spent:
+            raise HexcoreInvalidArgumentError("run: this plan's launches were taken over by a later plan (reuse)")
         stores = self._index[0]
         layer, _ = checked_layer(layer, stores[0].config.num_layers)
         if q is None:
@@ -109,8 +115,9 @@ class TieredDecodePlan:
         if self._launches is None:
             launches, out = tiered_decode_launches(q, *self._index, layer=layer, out=out, scale=self._scale,
                                                    options=self._options, upload=self._upload)
-            self._launches = [(launch.prepare(), len(launch.args) == MERGE_ARGS)
-                              for launch in launches if not launch.empty]
+            launches = [launch for launch in launches if not launch.empty]
+            self._launches = self._taken_over(launches, layer) or [(launch.prepare(), len(launch.args) == MERGE_ARGS)
+                                                             for launch in launches]
             self._shape = tuple(q.shape)
         else:
             q_words, out_flat = flat_words(q), out.reshape(out.size)
@@ -120,6 +127,23 @@ class TieredDecodePlan:
         for launch, _ in self._launches:
             launch.run(stream)
         return out
+
+
+    def _taken_over(self, launches: list, layer: int) -> list | None:
+        """The reused plan's prepared launches rebound to ``launches`` (made for ``layer``)
+        when each matches; else None."""
+        old, self._reuse = self._reuse, None
+        if old is None or old._spent or old._launches is None or len(old._launches) != len(launches):
+            return None
+        for prepared, is_merge in old._launches:  # (its runs set their layer anyway)
+            if not is_merge:
+                prepared.set_scalar(LAYER_ARG, layer)
+        if not all(prepared.matches(launch) for (prepared, _), launch in zip(old._launches, launches)):
+            return None
+        for (prepared, _), launch in zip(old._launches, launches):
+            prepared.rebind(launch.args)
+        taken, old._launches, old._spent = old._launches, None, True
+        return taken
 
 
 def _checked_buffers(stores: list, buffers) -> tuple:
@@ -141,12 +165,13 @@ def _for_layer(launch, is_merge: bool, q_words, out_flat, layer: int) -> None:
     if is_merge:
         launch.set_array(2, out_flat)
     else:
-        launch.set_array(7, q_words)
-        launch.set_array(11, out_flat)
-        launch.set_scalar(15, layer)
+        launch.set_array(Q_ARG, q_words)
+        launch.set_array(OUT_ARG, out_flat)
+        launch.set_scalar(LAYER_ARG, layer)
 
 
 MERGE_ARGS = 5  # merge_kernel's (part_o, part_ml, out, seq_lens, total)
+Q_ARG, OUT_ARG, LAYER_ARG = 7, 11, 15  # in the decode and partials kernels' arguments
 
 
 def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_lens, tail_pool, tail_slots,

@@ -161,6 +161,19 @@ def test_a_plan_equals_tiered_decode_on_every_layer(where, seed):
     for layer in (1, 0):
         plan.run(layer)
         assert np.array_equal(out_all.copy_to_host()[layer].view(np.uint16), want[layer].view(np.uint16)), layer
+    # a later plan over other buffers takes the launches over (rebound to its arrays); the old one is spent
+    q_next, out_next = cuda.to_device(q), cuda.to_device(np.full(q.shape, np.nan, np.float16))
+    taken = TieredDecodePlan(stores, *args, options=options, buffers=(q_next, out_next), reuse=plan)
+    for layer in (0, 1):
+        taken.run(layer)
+        assert np.array_equal(out_next.copy_to_host()[layer].view(np.uint16), want[layer].view(np.uint16)), layer
+    with pytest.raises(HexcoreInvalidArgumentError, match="taken over by a later plan"):
+        plan.run(0)
+    # launches that do not match (another batch) are made afresh; the plan offered stays usable
+    first_row = ([t[:1] for t in args[0]], [c[:1] for c in args[1]], *(a[:1] for a in args[2:]))
+    one = TieredDecodePlan(stores, *first_row, options=options, reuse=taken)
+    one.run(0, cuda.to_device(q[0, :1]), cuda.to_device(np.full((1, 2, D), np.nan, np.float16)))
+    taken.run(1)
     for bad, message in (((q_all,), "buffers: expected"), ((q_all[0], out_all), r"buffers\[0\]: expected shape"),
                          ((q_all, out_all[:, :1]), r"buffers\[1\]: expected shape")):
         with pytest.raises(HexcoreInvalidArgumentError, match=message):
