@@ -1,7 +1,7 @@
 """Paged decode on the GPU: each shape's time against its byte floor (4.47 TB/s), with
 torch SDPA on contiguous FP16 KV and paged FlexAttention as peers in the same run.
 
-    python -m benchmarks.bench_decode [--shapes all|quick|gqa] [--dtypes fp16,int4,int2,int2-aged,...]
+    python -m benchmarks.bench_decode [--shapes all|quick|gqa|b1] [--dtypes fp16,int4,int2,int2-aged,...]
         [--variants [--variant-names "default,no register cap,..."]] [--flex all|N|none] [--peers|--no-peers] [--name NAME]
 
 A dtype ending in ``-aged`` is a format by age (``docs/formats.md``): its blocks in a store per
@@ -12,8 +12,10 @@ times the plain row's launch with the partials kernel in place of the decode ker
 grid and arguments, every split's partial written, nothing merged): the fused merge's share
 of the plain row is ``1 - nomerge / plain`` (issue 12 asks it under 3% at B=1).
 
-``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, softmax per 16 tokens, a
-format's FP16 pool inside the merge launch); ``--name`` names the JSON
+``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, softmax per 16 tokens, the
+split policy without its merge term, a format's FP16 pool inside the merge launch); ``--shapes
+b1`` is the two B=1 shapes (the only ones whose split count the merge term changes); ``--name``
+names the JSON
 (decode_<name>.json under $OUT). The hexcore rows use only the API older versions share
 (DecodePlan without options when none are given), so the same script measures a
 previous commit's package: run it from a folder holding only that commit's ``hexcore/``
@@ -239,6 +241,7 @@ def option_variants():
     return {"": DecodeOptions(), " prefetch=quantized": DecodeOptions(l2_prefetch="quantized"),
             " prefetch=all": DecodeOptions(l2_prefetch="all"), " no register cap": DecodeOptions(max_registers=255),
             " per-16 softmax": DecodeOptions(joint_softmax=False),
+            " no merge term": DecodeOptions(split_merge_cost=0),
             " fp16 in merge": DecodeOptions(tiered_fp16="merge")}  # formats by age only
 
 
@@ -248,7 +251,7 @@ def main(argv) -> None:
     def arg(flag, default):
         return argv[argv.index(flag) + 1] if flag in argv else default
 
-    shapes = {"quick": QUICK, "gqa": [SHAPES[1], SHAPES[5]]}.get(arg("--shapes", "all"), SHAPES)
+    shapes = {"quick": QUICK, "gqa": [SHAPES[1], SHAPES[5]], "b1": SHAPES[5:]}.get(arg("--shapes", "all"), SHAPES)
     dtypes = tuple(arg("--dtypes", "fp16,int4,int2").split(","))
     flex = arg("--flex", "all")
     variants = option_variants() if "--variants" in argv else None
