@@ -3,27 +3,35 @@
 
     python -m benchmarks.profile_prefix MODEL_DIR [--cache fp16] [--system-repeats 8] [--new-tokens 32] [--top 25]
     python -m benchmarks.profile_prefix --tiny [--layers 30] [--prompt-tokens 480]
-    NUMBA_ENABLE_CUDASIM=1 python -m benchmarks.profile_prefix --tiny --device cpu --prompt-tokens 40
+    NUMBA_ENABLE_CUDASIM=1 python -m benchmarks.profile_prefix --tiny --device cpu --prompt-tokens 40 [--stub]
 
 The turns are ``bench_hf --prefix``'s (``after_turn_one``, ``first_token``), run once untimed
 first (kernel compilation). Printed per case: the wall time; torch's profiler's CPU time
 (its ops, hexcore's numba launches not included) and GPU time (every kernel, hexcore's
 included), so whether the turn is bound by the host or the device; then cProfile's
-functions by cumulative time, hexcore's own first. ``--tiny`` runs a small random-weight
-Llama on random token ids instead of a model folder (``--layers`` of them, default 2; on a
-GPU with as many layers as a real model, its hexcore host path per layer is the real one's;
-with ``--device cpu``, on the CUDA simulator: it checks this script, the figures mean nothing).
+functions by cumulative time, hexcore's own first, after one line of counts: hexcore's
+attention time per layer and the calls per turn of the array checks and host-to-device
+copies (``checked``, ``as_device_array``, ``to_device``, ``device_array``). ``--tiny`` runs
+a small random-weight Llama on random token ids instead of a model folder (``--layers`` of
+them, default 2; on a GPU with as many layers as a real model, its hexcore host path per
+layer is the real one's; with ``--device cpu``, on the CUDA simulator: it checks this
+script, the figures mean nothing). ``--stub`` (simulator only) stubs the kernel launches
+as ``benchmarks.host_step`` does: no kernel runs, so a turn takes seconds rather than
+minutes and the counts show the simulator's host path (its arrays are host arrays, copied
+per call, unlike a GPU's); the outputs mean nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
 import time
 
 from benchmarks.bench_hf import PROMPTS, after_turn_one, chat_ids, first_token, load, prefix_cache
+from benchmarks.host_step import stubbed_launches
 
 
 def profiled(run) -> dict:
@@ -46,10 +54,29 @@ def profiled(run) -> dict:
     return dict(wall_ms=1e3 * wall, torch_cpu_ms=cpu / 1e3, gpu_ms=gpu / 1e3, stats=pstats.Stats(profile))
 
 
+COUNTED = ("checked", "as_device_array", "to_device", "device_array")  # array checks, host-to-device copies
+
+
+def counts(stats: pstats.Stats) -> str:
+    """hexcore's attention time per layer (cumulative, under cProfile) and the calls of each
+    function named in COUNTED, in one profiled turn."""
+    calls = dict.fromkeys(COUNTED, 0)
+    attention = [0, 0.0]  # calls (= layers), cumulative seconds
+    for (path, _, function), (_, ncalls, _, cumulative, _) in stats.stats.items():
+        if function in calls:
+            calls[function] += ncalls
+        elif function == "hexcore_attention" and "hexcore" in path:
+            attention = [attention[0] + ncalls, attention[1] + cumulative]
+    per_layer = 1e3 * attention[1] / max(attention[0], 1)
+    shown = ", ".join(f"{name} {n}" for name, n in calls.items())
+    return f"-- hexcore_attention {attention[0]} calls, {per_layer:.3f} ms per layer; calls per turn: {shown}"
+
+
 def report(name: str, result: dict, top: int) -> str:
-    """The case's totals and its ``top`` functions by cumulative time (hexcore's, then all)."""
+    """The case's totals, :func:`counts` and its ``top`` functions by cumulative time
+    (hexcore's, then all)."""
     lines = [f"== {name}: wall {result['wall_ms']:.2f} ms (under both profilers), torch ops' CPU "
-             f"{result['torch_cpu_ms']:.2f} ms, GPU {result['gpu_ms']:.2f} ms"]
+             f"{result['torch_cpu_ms']:.2f} ms, GPU {result['gpu_ms']:.2f} ms", counts(result["stats"])]
     for title, pattern in (("hexcore", "hexcore"), ("everything", "")):
         text = io.StringIO()
         stats = result["stats"]
@@ -82,7 +109,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--prompt-tokens", type=int, default=40, help="--tiny: turn 1's length")
     parser.add_argument("--layers", type=int, help="--tiny: decoder layers (default 2)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--stub", action="store_true", help="simulator only: kernel launches stubbed (host path)")
     args = parser.parse_args(argv)
+    with stubbed_launches() if args.stub else contextlib.nullcontext():
+        return run(parser, args)
+
+
+def run(parser, args) -> dict:
+    """Turn 2 of ``args``' model profiled as a hit and as a miss, printed; the results."""
     if args.tiny:
         from benchmarks.bench_hf_decode import build_model, llama_config
 

@@ -21,17 +21,20 @@ or ``Engine.prefill``), after this reads the prefix.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda
 
 from ..._checks import as_int
 from ...errors import HexcoreInvalidArgumentError
-from ..arrays import check_outside_store, checked, checked_layer, checked_store, device_pointer
+from ..arrays import (as_device_array, check_outside_store, checked, checked_layer, checked_store, device_pointer,
+                      is_numba_array)
 from ..launch import Launch
 from ..store import flat_words
-from ..streams import resolve_stream, torch_stream, torch_with_cuda
+from ..streams import resolve_stream, torch_current_stream, torch_stream, torch_with_cuda
 from .prefill_kernels import (EXTEND_THREADS, GATHER_THREADS, extend_grid, extend_kernel, gather_batch_kernel,
                               gather_grid, gather_kernel)
 
@@ -147,11 +150,15 @@ def prefill_attention_batch(q, k_new, v_new, store, layer: int, block_tables, pr
     prefix_lens, tail_slots, n_new : host int32 ``[B]``: cached tokens, tail slot (read when
         a prefix ends inside a tail) and new tokens (at most ``n_max``) of each row.
     out, scale, backend, stream : as in :func:`prefill_attention`; ``out`` is ``[B, n_max,
-        num_q_heads, D]``, and its padding rows are zeros (``numba``) or unspecified.
+        num_q_heads, D]``, and its padding rows are zeros (``numba``) or unspecified. Without
+        ``out``, a new array (a tensor when ``q`` is one: on the ``sdpa`` path, on torch's
+        current stream, SDPA's own output, with no copy).
     rows : a :class:`BatchRows` of this store, ``B`` and ``n_max`` (then ``block_tables``,
         ``prefix_lens``, ``tail_slots`` and ``n_new`` are None): the rows checked and
         copied to the device once, for every layer of a forward. Without it each call
-        copies them (host-to-device copies that wait for the GPU's queued work).
+        copies them (host-to-device copies that wait for the GPU's queued work). With it,
+        a call that passes the very ``q``, ``k_new``, ``v_new`` (and ``out``) of the rows'
+        previous call reuses that call's checks of them (:meth:`BatchRows.reuse`).
 
     Returns ``out``. Bad arguments raise HexcoreInvalidArgumentError before anything is
     launched. Allocates a scratch of ``2 * B * H * S_max * D`` float16, ``S_max`` the
@@ -159,49 +166,94 @@ def prefill_attention_batch(q, k_new, v_new, store, layer: int, block_tables, pr
     """
     cfg = checked_store(store).config
     layer, _ = checked_layer(layer, cfg.num_layers)
+    args = _reused(rows, "args", (store, q, k_new, v_new, backend),
+                   lambda: _checked_batch_args(cfg, q, k_new, v_new, backend))
+    if rows is None:
+        rows = BatchRows(store, args.batch, args.n_max, block_tables, prefix_lens, tail_slots, n_new)
+    else:
+        _check_prepared(rows, store, args.batch, args.n_max, (block_tables, prefix_lens, tail_slots, n_new))
+    scale = _checked_scale(scale, cfg.head_dim)
+    shape = (args.batch, args.n_max, args.num_q_heads, cfg.head_dim)
+    out_dev = None if out is None else _reused(rows, "out", (store, args, out),
+                                               lambda: _checked_out(store, out, shape, args.backend))
+    launch_stream = resolve_stream(stream, q, args.k_new, args.v_new, out)
+    if rows.S_max == 0 or args.n_max == 0:
+        return _new_like(q, shape) if out is None else out
+    if args.backend == "sdpa":
+        return _sdpa_batch_path(store, layer, rows, args, (out, out_dev), shape, scale, stream, launch_stream)
+    if out is None:  # made here: nothing to check
+        out = _new_like(q, shape)
+        out_dev = as_device_array(out, "out", output=True)
+    _numba_batch_path(store, layer, rows, args, out_dev, scale, launch_stream)
+    return out
+
+
+class BatchArgs(NamedTuple):
+    """The checked buffers of a :func:`prefill_attention_batch` call: ``q`` as given and
+    ``q_dev`` ``[batch, n_max, num_q_heads, D]`` (its numba view, or ``q`` itself where a
+    CUDA tensor is read by SDPA alone), the device ``k_new``, ``v_new`` ``[batch, n_max, H,
+    D]``, ``num_q_heads`` and the resolved ``backend``."""
+
+    q: object
+    q_dev: object
+    k_new: object
+    v_new: object
+    num_q_heads: int
+    backend: str
+
+    @property
+    def batch(self) -> int:
+        return self.k_new.shape[0]
+
+    @property
+    def n_max(self) -> int:
+        return self.k_new.shape[1]
+
+
+def _checked_batch_args(cfg, q, k_new, v_new, backend) -> BatchArgs:
+    """``backend``, ``k_new``, ``v_new`` and ``q`` of :func:`prefill_attention_batch` checked, in that order."""
     backend = _checked_backend(backend)
-    k_new = checked(k_new, "k_new", np.float16, (None, None, cfg.num_kv_heads, cfg.head_dim))
-    B, n_max = k_new.shape[0], k_new.shape[1]
-    v_new = checked(v_new, "v_new", np.float16, (B, n_max, cfg.num_kv_heads, cfg.head_dim))
-    q_in, torch_only = q, backend == "sdpa"  # (a CUDA tensor SDPA reads needs no numba view)
-    q = checked(q, "q", np.float16, (B, n_max, None, cfg.head_dim), view=not torch_only)
-    num_q_heads = q.shape[2]
+    k_dev = checked(k_new, "k_new", np.float16, (None, None, cfg.num_kv_heads, cfg.head_dim))
+    B, n_max = k_dev.shape[0], k_dev.shape[1]
+    v_dev = checked(v_new, "v_new", np.float16, (B, n_max, cfg.num_kv_heads, cfg.head_dim))
+    q_dev = checked(q, "q", np.float16, (B, n_max, None, cfg.head_dim), view=backend != "sdpa")
+    num_q_heads = q_dev.shape[2]
     if num_q_heads == 0 or num_q_heads % cfg.num_kv_heads:
         raise HexcoreInvalidArgumentError(
             f"q: num_q_heads {num_q_heads} is not a positive multiple of num_kv_heads {cfg.num_kv_heads}")
-    if rows is None:
-        rows = BatchRows(store, B, n_max, block_tables, prefix_lens, tail_slots, n_new)
-    else:
-        _check_prepared(rows, store, B, n_max, (block_tables, prefix_lens, tail_slots, n_new))
-    scale = _checked_scale(scale, cfg.head_dim)
-    out_shape = (B, n_max, num_q_heads, cfg.head_dim)
-    if out is None:
-        out = _new_like(q_in, out_shape)
-    out_dev = checked(out, "out", np.float16, out_shape, view=not torch_only)
+    return BatchArgs(q, q_dev, k_dev, v_dev, num_q_heads, backend)
+
+
+def _checked_out(store, out, shape: tuple, backend: str):
+    """A given ``out`` of ``shape`` checked: its numba view, or itself where a CUDA tensor is
+    written by SDPA alone (``backend`` ``"sdpa"``)."""
+    out_dev = checked(out, "out", np.float16, shape, view=backend != "sdpa")
     check_outside_store(store, out=out_dev)
-    launch_stream = resolve_stream(stream, q_in, k_new, v_new, out)
-    if rows.S_max == 0 or n_max == 0:
-        return out
-    if backend == "sdpa":
-        _sdpa_batch_path(store, layer, rows, (q_in, q), k_new, v_new, (out, out_dev), scale, stream, launch_stream)
-        return out
-    shape = (B, cfg.num_kv_heads, rows.S_max, cfg.head_dim)
-    k_s, v_s = rows.scratch(launch_stream, "numba", lambda: tuple(
-        cuda.device_array(shape, np.float16, stream=launch_stream.numba) for _ in range(2)))
-    _gather_batch(store, layer, rows, k_new, v_new, k_s, v_s, launch_stream)
-    group = num_q_heads // cfg.num_kv_heads
-    zeros = np.zeros(out_shape[1:], np.float16)
-    prefix_lens, n_new = rows.prefix_lens, rows.n_new
-    for r in range(B):
-        n = int(n_new[r])
-        if n < n_max:  # padding rows: zeros
-            out_dev[r].copy_to_device(zeros, stream=launch_stream.numba)
-        if n:
-            extend_kernel(cfg.head_dim, group)[extend_grid(n, group, cfg.num_kv_heads), EXTEND_THREADS,
-                                               launch_stream.numba](
-                q[r, :n], k_s[r, :, :int(prefix_lens[r]) + n], v_s[r, :, :int(prefix_lens[r]) + n],
-                int(prefix_lens[r]), np.float32(scale), out_dev[r, :n])
-    return out
+    return out_dev
+
+
+def _reused(rows, name: str, given: tuple, check):
+    """``check()``, or through a BatchRows ``rows`` its :meth:`BatchRows.reuse`."""
+    if isinstance(rows, BatchRows):
+        return rows.reuse(name, given, check)
+    return check()
+
+
+def _fingerprint(x):
+    """What a check of ``x`` depends on beyond its identity: ``()`` for a numba device array
+    (its shape, strides and address are fixed) or a plain object (a store, a backend name,
+    None, a BatchArgs); a CUDA tensor's address, shape, strides, dtype, device and
+    ``requires_grad``; None (never reused) for a host array, copied to the device by each
+    call, or any other array."""
+    if isinstance(x, np.ndarray):
+        return None
+    if is_numba_array(x):
+        return ()
+    if type(x).__module__.startswith("torch"):
+        if not getattr(x, "is_cuda", False):
+            return None
+        return x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, x.get_device(), x.requires_grad
+    return None if hasattr(x, "__cuda_array_interface__") else ()
 
 
 class BatchRows:
@@ -217,9 +269,10 @@ class BatchRows:
 
     What every layer of a forward shares is also made once, at the first call that needs
     it: the SDPA mask, the gather's scratch (reused by the calls on one stream, each of
-    which rewrites all of it; a call on another stream gets its own) and the gather's
+    which rewrites all of it; a call on another stream gets its own), the gather's
     prepared launch (reused while the calls pass the same ``k_new``/``v_new`` buffers, the
-    layer set per call).
+    layer set per call), the checks of the calls' buffers (:meth:`reuse`) and the zeros the
+    ``numba`` path copies into padding rows.
     """
 
     def __init__(self, store, batch: int, n_max: int, block_tables, prefix_lens, tail_slots, n_new):
@@ -229,7 +282,8 @@ class BatchRows:
         self.packed = checked(np.stack([self.prefix_lens, self.tail_slots, self.n_new]), "rows", np.int32, (3, None),
                               align=4)
         self.S_max = int((self.prefix_lens + self.n_new).max()) if self.batch else 0
-        self._lengths = self._mask = self._scratch = self._gather = None
+        self._lengths = self._mask = self._scratch = self._gather = self._zeros = None
+        self._checked: dict = {}  # name -> (given, their fingerprints, check's result): reuse()
 
     def lengths(self, device):
         """torch int64 ``(prefix_lens, n_new)`` on ``device``, copied the first time."""
@@ -258,7 +312,7 @@ class BatchRows:
         """The gather's scratch of ``kind`` (the backend) for calls on ``stream`` (a resolved
         Stream): ``make()`` the first time and whenever either differs from the last call's,
         else the same."""
-        key = (kind, id(stream.numba) if stream.handle is None else int(stream.handle))
+        key = (kind, _stream_key(stream))
         if self._scratch is None or self._scratch[0] != key:
             self._scratch = (key, make())
         return self._scratch[1]
@@ -273,6 +327,39 @@ class BatchRows:
         if self._gather is None or self._gather[0] != key:
             self._gather = (key, make().prepare(), buffers)  # the buffers held: their ids stay theirs
         return self._gather[1]
+
+    def reuse(self, name: str, given: tuple, check):
+        """``check()``, the checks named ``name`` of the arguments ``given``; or, when the last
+        call of that name passed the very same objects, unchanged, its result again.
+
+        Unchanged means: a numba device array or a plain object (the store, a backend name)
+        is the same object; a CUDA tensor is the same object at the same address with the
+        same shape, strides, dtype and device. A host array is copied to the device by each
+        call, so a call passing one always checks. A failed check raises and keeps nothing.
+        One forward's layers pass the same buffers: the first checks, the others reuse."""
+        prints = tuple(_fingerprint(x) for x in given)
+        if any(p is None for p in prints):
+            return check()
+        last = self._checked.get(name)
+        if last is not None and last[1] == prints and all(a is b for a, b in zip(last[0], given)):
+            return last[2]
+        result = check()
+        self._checked[name] = (given, prints, result)  # the objects held: their ids stay theirs
+        return result
+
+    def zeros(self, shape: tuple, stream):
+        """A float16 device array of zeros of ``shape`` for the copies on ``stream`` (a
+        resolved Stream): copied to the device on that stream the first time and whenever
+        either differs from the last call's, else the same."""
+        key = (tuple(shape), _stream_key(stream))
+        if self._zeros is None or self._zeros[0] != key:
+            self._zeros = (key, cuda.to_device(np.zeros(shape, np.float16), stream=stream.numba))
+        return self._zeros[1]
+
+
+def _stream_key(stream):
+    """A resolved Stream's key: its handle, or the simulator's stream object's id."""
+    return id(stream.numba) if stream.handle is None else int(stream.handle)
 
 
 def extend_mask(prefix_lens, n_new, n_max: int, S_max: int):
@@ -385,22 +472,63 @@ def _gather_batch_launch(store, layer, rows, k_new, v_new, k_out, v_out) -> Laun
     return Launch(gather_batch_kernel(cfg), (gather_grid(cfg, S_max), B), GATHER_THREADS, args)
 
 
-def _sdpa_batch_path(store, layer, rows, q, k_new, v_new, out, scale, stream, launch_stream):
+def _sdpa_batch_path(store, layer, rows, args, out, shape, scale, stream, launch_stream):
+    """The gather into the rows' scratch, then one masked SDPA call, on ``launch_stream``
+    (torch's work in ``torch_stream``'s context unless that is torch's current stream
+    already). ``out``: (as given, as checked), or (None, None): then SDPA's own output is
+    returned where ``q`` is a tensor on torch's current stream (a new tensor, as a new
+    ``out`` would be, with no copy), else a new ``out`` of ``shape`` is written."""
     import torch
 
-    cfg = store.config
-    (q, q_dev), (out, out_dev) = q, out
-    q, out = (x if isinstance(x, torch.Tensor) else torch.as_tensor(dev, device="cuda")
-              for x, dev in ((q, q_dev), (out, out_dev)))
-    shape = (q.shape[0], cfg.num_kv_heads, rows.S_max, cfg.head_dim)
-    with torch_stream(torch, stream, launch_stream):
-        def make():  # torch tensors for SDPA and numba views of them for the gather
-            made = [torch.empty(shape, dtype=torch.float16, device=q.device) for _ in range(2)]
-            return (*made, *(cuda.as_cuda_array(t) for t in made))
+    out, out_dev = out
+    q = args.q if isinstance(args.q, torch.Tensor) else torch.as_tensor(args.q_dev, device="cuda")
+    current = _on_current_stream(launch_stream)
+    direct = out is None and q is args.q and current
+    if out is None and not direct:  # made before the launches, on the caller's stream
+        out = out_dev = _new_like(args.q, shape)
+    target = out if direct or isinstance(out, torch.Tensor) else torch.as_tensor(out_dev, device="cuda")
+    scratch = (q.shape[0], store.config.num_kv_heads, rows.S_max, store.config.head_dim)
+    with contextlib.nullcontext() if current else torch_stream(torch, stream, launch_stream):
+        k_s, v_s, k_view, v_view = rows.scratch(launch_stream, "sdpa", lambda: _sdpa_scratch(torch, scratch, q.device))
+        _gather_batch(store, layer, rows, args.k_new, args.v_new, k_view, v_view, launch_stream)
+        result = _sdpa_masked(q, k_s, v_s, rows.mask(q.device), scale)
+        if direct:
+            return result.contiguous()
+        target.copy_(result)
+    return out
 
-        k_s, v_s, k_view, v_view = rows.scratch(launch_stream, "sdpa", make)
-        _gather_batch(store, layer, rows, k_new, v_new, k_view, v_view, launch_stream)
-        out.copy_(_sdpa_masked(q, k_s, v_s, rows.mask(q.device), scale))
+
+def _sdpa_scratch(torch, shape: tuple, device) -> tuple:
+    """Two float16 tensors of ``shape`` on ``device`` for SDPA, then numba views of them for the gather."""
+    made = [torch.empty(shape, dtype=torch.float16, device=device) for _ in range(2)]
+    return (*made, *(cuda.as_cuda_array(t) for t in made))
+
+
+def _on_current_stream(stream) -> bool:
+    """Whether ``stream`` (a resolved Stream) is torch's current stream."""
+    return stream.handle is not None and int(stream.handle) == torch_current_stream()
+
+
+def _numba_batch_path(store, layer, rows, args, out_dev, scale, launch_stream) -> None:
+    """The gather into the rows' scratch, then the extend kernel per row into ``out_dev``
+    ``[B, n_max, num_q_heads, D]`` (a padding row's tail: zeros, device to device)."""
+    cfg = store.config
+    B, n_max = args.batch, args.n_max
+    shape = (B, cfg.num_kv_heads, rows.S_max, cfg.head_dim)
+    k_s, v_s = rows.scratch(launch_stream, "numba", lambda: tuple(
+        cuda.device_array(shape, np.float16, stream=launch_stream.numba) for _ in range(2)))
+    _gather_batch(store, layer, rows, args.k_new, args.v_new, k_s, v_s, launch_stream)
+    group = args.num_q_heads // cfg.num_kv_heads
+    prefix_lens, n_new = rows.prefix_lens, rows.n_new
+    for r in range(B):
+        n = int(n_new[r])
+        if n < n_max:  # padding rows: zeros
+            out_dev[r].copy_to_device(rows.zeros(out_dev.shape[1:], launch_stream), stream=launch_stream.numba)
+        if n:
+            extend_kernel(cfg.head_dim, group)[extend_grid(n, group, cfg.num_kv_heads), EXTEND_THREADS,
+                                               launch_stream.numba](
+                args.q_dev[r, :n], k_s[r, :, :int(prefix_lens[r]) + n], v_s[r, :, :int(prefix_lens[r]) + n],
+                int(prefix_lens[r]), np.float32(scale), out_dev[r, :n])
 
 
 def _check_prepared(rows, store, batch: int, n_max: int, given) -> None:

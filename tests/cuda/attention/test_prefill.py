@@ -238,6 +238,88 @@ def test_rows_of_another_batch_are_refused(make, match, rng):
     assert np.isnan(out.copy_to_host()).all()
 
 
+def rows_case(rng):
+    """Two rows (one padded) of a 2-layer int4 store: (store, rows' host args, q, k_new, v_new)."""
+    cfg = KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
+    store, tables, tails, q, k_new, v_new, _ = batch_case(cfg, [35, 16], [3, 2], 2, rng)
+    return store, (tables, np.array([35, 16], np.int32), tails, np.array([3, 2], np.int32)), q, k_new, v_new
+
+
+def test_rows_check_the_same_device_buffers_once(rng, monkeypatch):
+    # every layer of a forward passes the same buffers: the first call checks them, the rest reuse
+    import hexcore.cuda.attention.prefill as prefill
+
+    store, args, q, k_new, v_new = rows_case(rng)
+    rows = BatchRows(store, 2, 3, *args)
+    device = [cuda.to_device(x) for x in (q, k_new, v_new)]
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+    seen, checked = [], prefill.checked
+    monkeypatch.setattr(prefill, "checked", lambda x, name, *a, **k: seen.append(name) or checked(x, name, *a, **k))
+    for call, layer in enumerate((0, 1, 0, 1)):
+        want = prefill_attention_batch(q, k_new, v_new, store, layer, *args, backend="numba").copy_to_host()
+        del seen[:]  # (a call without rows checks all of its arguments)
+        prefill_attention_batch(*device, store, layer, None, None, None, None, out=out, backend="numba", rows=rows)
+        assert seen == ([] if call else ["k_new", "v_new", "q", "out"])
+        np.testing.assert_array_equal(out.copy_to_host(), want)
+    prefill_attention_batch(*device, store, 0, None, None, None, None, backend="numba", rows=rows)  # out made here
+    assert seen == []
+    other = cuda.to_device(np.full(q.shape, np.nan, np.float16))  # another out: checked, the rest reused
+    prefill_attention_batch(*device, store, 0, None, None, None, None, out=other, backend="numba", rows=rows)
+    assert seen == ["out"]
+
+
+def test_rows_still_refuse_bad_arguments_after_a_good_call(rng):
+    store, args, q, k_new, v_new = rows_case(rng)
+    rows = BatchRows(store, 2, 3, *args)
+
+    def device(x):
+        return cuda.to_device(np.ascontiguousarray(x))
+
+    q_d, k_d, v_d = (device(x) for x in (q, k_new, v_new))
+    out = device(np.full(q.shape, np.nan, np.float16))
+    good = dict(q=q_d, k_new=k_d, v_new=v_d, store=store, layer=0, block_tables=None, prefix_lens=None,
+                tail_slots=None, n_new=None, out=out, backend="numba", rows=rows)
+    want = prefill_attention_batch(**good).copy_to_host()
+    inside = store.v_tails.reshape(store.v_tails.size)[:q.size].reshape(q.shape)
+    cases = [
+        (dict(layer=2), r"layer: expected an int in \[0, 2\), got 2"),
+        (dict(k_new=device(k_new.astype(np.float32))), "k_new: expected dtype float16, got float32"),
+        (dict(v_new=device(v_new[:, :2])), r"v_new: expected shape \(2, 3, 2, 64\)"),
+        (dict(q=device(q[:, :, :3])), "q: num_q_heads 3 is not a positive multiple of num_kv_heads 2"),
+        (dict(out=device(np.zeros((2, 3, 4, 32), np.float16))), r"out: expected shape \(2, 3, 4, 64\)"),
+        (dict(out=np.zeros(q.shape, np.float16)), "out: an output must be a device array"),
+        (dict(out=inside), "out: lies inside the store's memory"),
+        (dict(scale=-1.0), "scale: expected a positive finite number"),
+        (dict(backend="flash"), "backend: expected one of"),
+        (dict(n_new=args[3]), "rows: given with block_tables"),
+    ]
+    for change, message in cases:
+        with pytest.raises(HexcoreInvalidArgumentError, match=message):
+            prefill_attention_batch(**{**good, **change})
+        np.testing.assert_array_equal(prefill_attention_batch(**good).copy_to_host(), want)  # nothing kept
+
+
+def test_rows_copy_host_arrays_on_every_call(rng):
+    # a host array is copied by each call: what it holds now is what is read, never a stale copy
+    store, args, q, k_new, v_new = rows_case(rng)
+    rows = BatchRows(store, 2, 3, *args)
+    for _ in range(2):
+        want = prefill_attention_batch(q, k_new, v_new, store, 0, *args, backend="numba").copy_to_host()
+        got = prefill_attention_batch(q, k_new, v_new, store, 0, None, None, None, None, backend="numba", rows=rows)
+        np.testing.assert_array_equal(got.copy_to_host(), want)
+        q[...], k_new[...] = rng.standard_normal(q.shape), rng.standard_normal(k_new.shape)
+
+
+def test_fingerprints_reuse_device_arrays_and_plain_objects_only():
+    from hexcore.cuda.attention.prefill import _fingerprint
+
+    assert _fingerprint(cuda.to_device(np.zeros(2, np.float16))) == ()
+    assert _fingerprint("auto") == () and _fingerprint(None) == ()
+    assert _fingerprint(np.zeros(2, np.float16)) is None  # copied by each call
+    torch = pytest.importorskip("torch")
+    assert _fingerprint(torch.zeros(2, dtype=torch.float16)) is None  # a host tensor
+
+
 def test_sdpa_extend_batch_matches_the_rows_on_cpu(rng):
     torch = pytest.importorskip("torch")
     from hexcore.cuda.attention.prefill import sdpa_extend, sdpa_extend_batch
@@ -342,6 +424,31 @@ def test_a_batch_matches_the_reference_gpu(backend, dtype, prefix_lens, n_new, r
         prefill_attention_batch(*device, store, 0, None, None, None, None, out=again, backend=backend, rows=rows)
         for r, n in enumerate(n_new):
             np.testing.assert_array_equal(again.copy_to_host()[r, :n], got[r, :n])
+
+
+@pytest.mark.gpu
+def test_a_batch_of_tensors_through_rows_gpu(rng):
+    # the transformers integration's path: q a CUDA tensor, k/v numba views of tensors, one
+    # BatchRows for every call (checks reused), out None (SDPA's own output where the launch
+    # stream is torch's current one, else a new tensor) or given; on a side stream too
+    torch = pytest.importorskip("torch")
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=128, block_size=32, kv_dtype="int4", group_size=64)
+    prefix_lens, n_new = [700, 333], [48, 17]
+    store, tables, tails, q, k_new, v_new, expect = batch_case(cfg, prefix_lens, n_new, 4, rng)
+    rows = BatchRows(store, 2, 48, tables, np.array(prefix_lens, np.int32), tails, np.array(n_new, np.int32))
+    tq, tk, tv = (torch.from_numpy(x).cuda() for x in (q, k_new, v_new))
+    k_view, v_view = cuda.as_cuda_array(tk), cuda.as_cuda_array(tv)
+    side = torch.cuda.Stream()
+    for stream in (None, torch.cuda.current_stream(), side, None):
+        for out in (None, torch.full_like(tq, float("nan"))):
+            torch.cuda.synchronize()
+            got = prefill_attention_batch(tq, k_view, v_view, store, 0, None, None, None, None, out=out,
+                                          backend="sdpa", stream=stream, rows=rows)
+            torch.cuda.synchronize()
+            assert got is out if out is not None else (isinstance(got, torch.Tensor) and got.is_contiguous())
+            assert got.dtype == torch.float16 and got.shape == tq.shape
+            for r, n in enumerate(n_new):
+                assert ref.relative_l2(got[r, :n].cpu().numpy(), expect[r]) <= TOLERANCE, (stream, r)
 
 
 @pytest.mark.gpu
