@@ -17,11 +17,13 @@ ITEM_CALLS = ("call", "inline")
 TIERED_FP16 = ("launch", "merge")
 
 
-# the merge's cost per split in blocks of each dtype's work (bits -> blocks), fitted from a
-# sweep of the split count at B=1, 32k and 128k on the H200 (2026-12-02, `bench_splits`,
-# benchmarks/RESULTS.md "thirteenth session"): about 0.14 us per split over 0.29 / 0.10 /
-# 0.13 us per block
-MERGE_COST = {16: 0.48, 4: 1.43, 2: 1.12}
+# the merge's cost per split in blocks of each dtype's work (bits -> blocks). A sweep of the
+# split count at B=1, 32k and 128k on the H200 fitted 0.48 / 1.43 / 1.12 (FP16 / INT4 / INT2:
+# about 0.14 us per split over 0.29 / 0.10 / 0.13 us per block; `bench_splits`), but timed
+# as defaults (`bench_decode --shapes b1 --variants`, 2026-12-02, benchmarks/RESULTS.md
+# "thirteenth session") only INT2's gained (32k: 23.2 -> 21.6 us, 128k: 54.9 -> 53.0);
+# FP16's and INT4's fewer splits were slower (INT4 at 128k: 58.4 -> 63.0 us), so they keep 0
+MERGE_COST = {16: 0.0, 4: 0.0, 2: 1.12}
 
 
 @dataclasses.dataclass(frozen=True)

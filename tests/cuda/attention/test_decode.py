@@ -153,10 +153,10 @@ def test_split_count_fills_whole_waves(monkeypatch):
     assert launcher.split_blocks_for(8, 1024, 4, opts) == 16  # 64 splits: one wave of 528 slots
     assert launcher.split_blocks_for(8, 1024, 4, merged) == 27  # 38 splits
     assert launcher.split_blocks_for(8, 4096, 4, merged) == 64  # 64 splits (66 without the term)
-    # the default: each dtype's measured cost (MERGE_COST), fewer splits for INT4/INT2 at B=1 32k
+    # the default: each dtype's measured cost (MERGE_COST), fewer splits for INT2 at B=1 32k
     default = DecodeOptions()
-    assert [-(-1024 // launcher.split_blocks_for(8, 1024, 4, default, bits)) for bits in (16, 4, 2)] == [49, 27, 32]
-    assert default.merge_cost(4) == MERGE_COST[4] and merged.merge_cost(4) == 0.7
+    assert [-(-1024 // launcher.split_blocks_for(8, 1024, 4, default, bits)) for bits in (16, 4, 2)] == [64, 64, 32]
+    assert default.merge_cost(2) == MERGE_COST[2] and merged.merge_cost(2) == 0.7
 
 
 def test_options_are_validated():
