@@ -51,7 +51,8 @@ class TieredParts:
 
     @property
     def uploads(self):
-        """The ``Uploads`` every step's index arrays go through (one copy per step)."""
+        """The ``Uploads`` every step's index arrays and re-seal rows go through (three
+        asynchronous copies per step, no allocation)."""
         if self._uploads is None:
             from .cuda.uploads import Uploads
 
