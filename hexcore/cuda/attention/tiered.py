@@ -128,7 +128,6 @@ class TieredDecodePlan:
             launch.run(stream)
         return out
 
-
     def _taken_over(self, launches: list, layer: int) -> list | None:
         """The reused plan's prepared launches rebound to ``launches`` (made for ``layer``)
         when each matches; else None."""
