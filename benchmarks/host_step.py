@@ -2,15 +2,17 @@
 stubbed out on numba's CUDA simulator (no kernel body runs), or on a GPU with real launches.
 
     NUMBA_ENABLE_CUDASIM=1 python -m benchmarks.host_step [--dtype int2-aged] [--layers 4] [--batch 63]
-        [--context 600] [--steps 20] [--profile 25]
+        [--context 600] [--steps 20] [--profile 25] [--count]
     python -m benchmarks.host_step ...        (on a GPU: the same steps, launches real)
 
 ``--dtype`` is a kv_dtype (``fp16``, ``int4``, ``int2``: the Engine's graph step) or a format
 by age (``int4-aged``, ``int2-aged``: the tiered step). llama-3-8b attention shapes (8 KV
 heads, 32 query heads, head_dim 128, block 32), ``--batch`` sequences of about
 ``--context`` tokens (staggered so their tails differ); each step is ``engine.step`` and
-``run()``. Printed: host ms per step, and with ``--profile N`` cProfile's N hexcore
-functions by cumulative time.
+``run()``. Printed: host ms per step, with ``--profile N`` cProfile's N hexcore functions
+by cumulative time, and with ``--count`` what a step asks of numba-cuda (:func:`per_step_counts`:
+host-to-device copies, device allocations, launches prepared, eager launches, prepared runs),
+the same on the simulator as on a GPU.
 
 What it measures: the block manager's step and every check, table, plan and launch
 description hexcore makes for a step. What it leaves out: numba-cuda's own cost per launch
@@ -104,6 +106,44 @@ def host_ms_per_step(engine, seqs, steps: int, warmup: int = 3, profile: int = 0
     return ms
 
 
+COUNTED = {  # what per_step_counts counts: (module path, attribute) -> its name in the report
+    ("numba.cuda", "to_device"): "to_device",
+    ("numba.cuda", "device_array"): "device_array",
+    ("hexcore.cuda.launch", "PreparedLaunch.__init__"): "prepare",
+    ("hexcore.cuda.launch", "Launch.run"): "eager launch",
+    ("hexcore.cuda.launch", "PreparedLaunch.run"): "prepared run",
+}
+
+
+def per_step_counts(engine, seqs, steps: int) -> dict:
+    """Calls per ``engine.step(seqs).run()`` (averaged over ``steps``, after the caller's
+    warm-up) of each function in :data:`COUNTED`, wrapped for the steps and restored after."""
+    import importlib
+
+    calls = dict.fromkeys(COUNTED.values(), 0)
+    saved = []
+    for (module, path), name in COUNTED.items():
+        owner = importlib.import_module(module)
+        *outer, attr = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        original = getattr(owner, attr)
+        saved.append((owner, attr, original))
+
+        def counting(*args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        setattr(owner, attr, counting)
+    try:
+        for _ in range(steps):
+            engine.step(seqs).run()
+    finally:
+        for owner, attr, original in saved:
+            setattr(owner, attr, original)
+    return {name: n / steps for name, n in calls.items()}
+
+
 def main(argv=None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="int2-aged")
@@ -112,14 +152,18 @@ def main(argv=None) -> float:
     parser.add_argument("--context", type=int, default=600)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="also print cProfile's top N")
+    parser.add_argument("--count", action="store_true", help="also print numba-cuda calls per step")
     args = parser.parse_args(argv)
     simulator = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
     with stubbed_launches() if simulator else contextlib.nullcontext():
         engine, seqs = make_engine(args.dtype, args.layers, args.batch, args.context)
         ms = host_ms_per_step(engine, seqs, args.steps, profile=args.profile)
+        counts = per_step_counts(engine, seqs, args.steps) if args.count else None
     how = "kernel launches stubbed" if simulator else "launches on the GPU, one synchronisation after the last step"
     print(f"{args.dtype}: {ms:.3f} host ms per step ({args.layers} layers, B={args.batch}, about {args.context} "
           f"tokens; {how})")
+    if counts is not None:
+        print("per step: " + ", ".join(f"{name} {n:g}" for name, n in counts.items()))
     return ms
 
 

@@ -28,3 +28,25 @@ def test_host_step_runs_the_launches_on_a_gpu():
     """Without the simulator the steps' kernels run (a format's step: its pools' launches)."""
     ms = host_step.main(["--dtype", "int2-aged", "--layers", "2", "--batch", "3", "--context", "70", "--steps", "2"])
     assert 0 < ms < 5000
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="stubs the CUDA simulator's launches")
+def test_a_format_step_makes_no_copy_or_allocation_of_its_own(capsys):
+    """--count: a format's step puts its index arrays through the engine's uploads (no
+    cuda.to_device, no device_array per step; before them, 16 and 2 at these sizes) and
+    takes over its plan's launches from two steps before (here every step but the first
+    two); the counted functions are restored afterwards."""
+    from hexcore.cuda.launch import PreparedLaunch
+
+    init = PreparedLaunch.__init__
+    with host_step.stubbed_launches():
+        engine, seqs = host_step.make_engine("int2-aged", 2, 5, 100)
+        for _ in range(3):
+            engine.step(seqs).run()
+        counts = host_step.per_step_counts(engine, seqs, 4)
+    assert counts["to_device"] == 0 and counts["device_array"] == 0, counts
+    assert counts["prepare"] == 0 and counts["prepared run"] > 0, counts
+    assert PreparedLaunch.__init__ is init and cuda.to_device.__name__ == "to_device"
+    host_step.main(["--dtype", "int2-aged", "--layers", "2", "--batch", "3", "--context", "70", "--steps", "2",
+                    "--count"])
+    assert "per step: to_device 0, device_array 0" in capsys.readouterr().out
