@@ -33,7 +33,7 @@ def test_host_step_runs_the_launches_on_a_gpu():
 @pytest.mark.skipif(not SIMULATOR, reason="stubs the CUDA simulator's launches")
 def test_a_format_step_makes_no_copy_or_allocation_of_its_own(capsys):
     """--count: a format's step puts its index arrays through the engine's uploads (no
-    cuda.to_device, no device_array per step; before them, 16 and 2 at these sizes) and
+    cuda.to_device, no device_array per step; before them, 12 copies at these sizes) and
     takes over its plan's launches from two steps before (here every step but the first
     two); the counted functions are restored afterwards."""
     from hexcore.cuda.launch import PreparedLaunch
