@@ -7,6 +7,8 @@ with ``pytest --seed N``.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -22,6 +24,21 @@ def real_gpu_available() -> bool:
     from numba import cuda
 
     return cuda.is_available()
+
+
+def pytest_runtest_logreport(report):
+    """With ``HEXCORE_TEST_LOG`` set, each test's outcome is appended to that file as soon as
+    it is known (``passed``/``failed``/``skipped`` and the test's id; ``error`` for a failed
+    set-up or tear-down), so a run cut short by a time limit still names its failures
+    (``scripts/gpu-check`` sets it). Written by the controlling process only, not by
+    pytest-xdist's workers (which report to it)."""
+    path = os.environ.get("HEXCORE_TEST_LOG")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if report.when == "call" or report.failed or (report.when == "setup" and report.skipped):
+        outcome = "error" if report.failed and report.when != "call" else report.outcome
+        with open(path, "a") as log:
+            log.write(f"{outcome} {report.nodeid}\n")
 
 
 def pytest_addoption(parser):
