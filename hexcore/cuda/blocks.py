@@ -282,8 +282,8 @@ def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, row
     _check_tiered_ops(stores, ops)
     stream = resolve_stream(stream, *(rows[:2] if rows is not None else ()))
     runs = _alike_runs(ops)
-    ids = [(run[:, OP_SEQ] if src < 0 else run[:, OP_SRC_BLOCK], run[:, OP_BLOCK]) for src, _, run in runs]
-    ids = [tuple(np.ascontiguousarray(a) for a in pair) for pair in ids]
+    ids = [(np.ascontiguousarray(run[:, OP_SEQ] if src < 0 else run[:, OP_SRC_BLOCK]),
+            np.ascontiguousarray(run[:, OP_BLOCK])) for src, _, run in runs]
     if upload is not None and rows is None:  # (device ids are not checked by the launches: done here)
         for _, blocks in ids:
             check_distinct(blocks, "ops' destination blocks")

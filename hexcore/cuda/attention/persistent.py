@@ -31,10 +31,11 @@ decode runs in *slices*, each a launch that ends within a time budget:
   every call (its counts are per call).
 
 Host side: ``persistent_decode`` (and ``PersistentDecode.run``) enqueue slices and read the
-state back until the queue is drained, so they synchronise with the stream. ``PersistentDecode.enqueue(layer, slices)`` enqueues a fixed number of
-slices and reads nothing back: capture-safe (a CUDA graph of a fixed number of slices); a
-slice that finds the queue drained returns at once, and ``stats()`` says afterwards whether
-the slices were enough (``drained``). See docs/persistent.md.
+state back until the queue is drained, so they synchronise with the stream.
+``PersistentDecode.enqueue(layer, slices)`` enqueues a fixed number of slices and reads
+nothing back: capture-safe (a CUDA graph of a fixed number of slices); a slice that finds
+the queue drained returns at once, and ``stats()`` says afterwards whether the slices were
+enough (``drained``). See docs/persistent.md.
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
                 begun = cuda.atomic.cas(state, START, 0, s[0])  # the slice starts with its first CTA
             s[1] = s[0] if begun == 0 else begun
             s[2] = s[3] = s[4] = s[5] = 0
-        # a barrier of its own after thread 0's block: without it (ptxas, sm_90, this patch) the
+        # a barrier of its own after thread 0's block: without it (ptxas 13, sm_90, 2026-12-02) the
         # block and the loop's thread-0 block below were merged, lanes 1-31 of warp 0 jumped
         # straight to the loop's barrier with no reconvergence (BSYNC) before it, the aligned
         # barrier released early, and racecheck found thread 0's writes of s racing the reads
