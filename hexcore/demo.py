@@ -94,7 +94,7 @@ class _Progress:
             self.bar.update(report.decode_tokens - self._done)
             self._done = report.decode_tokens
             self.bar.set_postfix(running=len(server.running), waiting=len(server.waiting),
-                                 blocks=server.cache.num_active_blocks, refresh=False)
+                                 blocks=server.active_blocks, refresh=False)
 
     def close(self) -> None:
         if self.bar is not None:

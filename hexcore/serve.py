@@ -225,6 +225,12 @@ class Server:
         the last pool's (the pools before it always hold ``max_seqs`` sequences)."""
         return self.cache.pools[-1].num_free_blocks if self.tiered else self.cache.num_free_blocks
 
+    @property
+    def active_blocks(self) -> int:
+        """Blocks in use now (sealed and open tails), summed over every pool of a format by age."""
+        pools = self.cache.pools if self.tiered else [self.cache]
+        return sum(pool.num_active_blocks for pool in pools)
+
     def _reserved_blocks(self) -> int:
         return 0 if self.tiered else self.cache.num_reserved_blocks
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hexcore import HexcoreError, KVCacheConfig
-from hexcore.demo import demo_shape, format_summary, summarize, write_json
+from hexcore.demo import _Progress, demo_shape, format_summary, summarize, write_json
 from hexcore.serve import Server
 from hexcore.serve_workload import Workload, exact_attention, synthetic_workload
 
@@ -106,6 +106,36 @@ def test_serving_from_a_format_by_age(fmt, prompts, outputs):
     assert all(pool.num_free_blocks == pool.num_blocks for pool in server.cache.pools)
     text = format_summary(summarize(demo_shape(True, format=fmt), report, {"available": False, "note": "test"}))
     assert f"({fmt})" in text and "re-seals as blocks aged" in text and "n/a (a format by age)" in text
+
+
+class _Bar:
+    """A tqdm stand-in that keeps what the demo's progress shows."""
+
+    def __init__(self):
+        self.tokens, self.blocks = 0, []
+
+    def update(self, n):
+        self.tokens += n
+
+    def set_postfix(self, blocks, **_):
+        self.blocks.append(blocks)
+
+
+@pytest.mark.parametrize("fmt", [None, "int2-aged"])
+def test_the_demo_progress_shows_tokens_and_blocks_in_use(fmt):
+    """The progress bar's per-step postfix (blocks in use) works for a plain cache and for a
+    format by age, whose blocks are spread over several pools (the bar once raised there:
+    a tiered cache has no single ``num_active_blocks``)."""
+    work = Workload(np.array([0, 0]), np.array([40, 20]), np.array([3, 2]))
+    progress = _Progress(5, enabled=False)
+    progress.bar = bar = _Bar()
+    server = Server(tiny(), 2, num_blocks=12, max_seqs=4, workload=work, on_step=progress, format=fmt)
+    assert server.active_blocks == 0
+    report = server.run()
+    assert bar.tokens == report.decode_tokens == 5
+    assert len(bar.blocks) == report.steps and bar.blocks[0] >= 3  # the 40-token request's blocks
+    assert bar.blocks[-1] == 0  # every request retired after the last step
+    assert server.active_blocks == 0
 
 
 def test_a_format_by_age_refuses_the_fault_drill():
