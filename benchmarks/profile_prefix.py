@@ -57,19 +57,54 @@ def profiled(run) -> dict:
 COUNTED = ("checked", "as_device_array", "to_device", "device_array")  # array checks, host-to-device copies
 
 
-def counts(stats: pstats.Stats) -> str:
-    """hexcore's attention time per layer (cumulative, under cProfile) and the calls of each
-    function named in COUNTED, in one profiled turn."""
+def call_counts(stats: pstats.Stats) -> dict:
+    """The calls of each function named in COUNTED in one profiled turn (every module's
+    function of that name: numba's nest, so a GPU's figures are not the simulator's)."""
     calls = dict.fromkeys(COUNTED, 0)
-    attention = [0, 0.0]  # calls (= layers), cumulative seconds
-    for (path, _, function), (_, ncalls, _, cumulative, _) in stats.stats.items():
+    for (_, _, function), (_, ncalls, _, _, _) in stats.stats.items():
         if function in calls:
             calls[function] += ncalls
-        elif function == "hexcore_attention" and "hexcore" in path:
-            attention = [attention[0] + ncalls, attention[1] + cumulative]
-    per_layer = 1e3 * attention[1] / max(attention[0], 1)
-    shown = ", ".join(f"{name} {n}" for name, n in calls.items())
-    return f"-- hexcore_attention {attention[0]} calls, {per_layer:.3f} ms per layer; calls per turn: {shown}"
+    return calls
+
+
+def attention_per_layer(stats: pstats.Stats) -> tuple:
+    """(calls, ms per call) of ``hexcore_attention``, cumulative under cProfile."""
+    calls, seconds = 0, 0.0
+    for (path, _, function), (_, ncalls, _, cumulative, _) in stats.stats.items():
+        if function == "hexcore_attention" and "hexcore" in path:
+            calls, seconds = calls + ncalls, seconds + cumulative
+    return calls, 1e3 * seconds / max(calls, 1)
+
+
+def callers(stats: pstats.Stats) -> list:
+    """One line per function named in COUNTED: its calls by each direct caller (file:line),
+    hexcore's call sites first, so that a turn's checks and copies can be traced."""
+    lines = []
+    for (path, line, function), (_, ncalls, _, _, by) in sorted(stats.stats.items()):
+        if function not in COUNTED or not ncalls:
+            continue
+        sites = sorted(((f"{_short(p)}:{n}({f})", c[1]) for (p, n, f), c in by.items()),
+                       key=lambda site: ("hexcore" not in site[0], site[0]))
+        shown = ", ".join(f"{site} {n}" for site, n in sites)
+        lines.append(f"   {function} {ncalls} ({_short(path)}:{line}) <- {shown}")
+    return lines
+
+
+def _short(path: str) -> str:
+    """``path`` from its package folder (hexcore/..., numba/...)."""
+    for root in ("hexcore/", "numba_cuda/", "numba/", "benchmarks/"):
+        if root in path:
+            return root + path.split(root, 1)[1]
+    return path
+
+
+def counts(stats: pstats.Stats) -> str:
+    """hexcore's attention time per layer (cumulative, under cProfile) and the calls of each
+    function named in COUNTED, in one profiled turn, then where each is called from."""
+    layers, per_layer = attention_per_layer(stats)
+    shown = ", ".join(f"{name} {n}" for name, n in call_counts(stats).items())
+    return "\n".join([f"-- hexcore_attention {layers} calls, {per_layer:.3f} ms per layer; calls per turn: {shown}",
+                      *callers(stats)])
 
 
 def report(name: str, result: dict, top: int) -> str:

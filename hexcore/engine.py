@@ -278,8 +278,7 @@ class Engine:
         if rows is None:
             ids, padded, prefix = self._batch_tables(seq_ids)
             args = (padded, prefix, ids, n_new)
-        elif n_new is not None or (isinstance(rows, BatchRows)
-                                   and not np.array_equal(_as_seq_ids(seq_ids), rows.tail_slots)):
+        elif n_new is not None or (isinstance(rows, BatchRows) and not _same_seq_ids(seq_ids, rows.tail_slots)):
             raise HexcoreInvalidArgumentError("rows: made for other sequences than seq_ids (and n_new must then "
                                               "be None)")
         else:
@@ -499,6 +498,16 @@ def _rows(k, v, config: KVCacheConfig) -> int:
     if tuple(getattr(v, "shape", ())) != shape:
         raise HexcoreInvalidArgumentError(f"v: expected shape {shape} like k, got {tuple(getattr(v, 'shape', ()))}")
     return shape[1]
+
+
+def _same_seq_ids(seq_ids, ids: np.ndarray) -> bool:
+    """Whether ``seq_ids`` lists exactly the int32 ``ids`` (a BatchRows' sequences), in order.
+    A list or tuple of Python ints equal to them (what a caller passes at every layer) is
+    found so in a few microseconds; anything else goes through :func:`_as_seq_ids`, as
+    before, with its typed errors."""
+    if type(seq_ids) in (list, tuple) and all(type(s) is int for s in seq_ids) and list(seq_ids) == ids.tolist():
+        return True
+    return np.array_equal(_as_seq_ids(seq_ids), ids)
 
 
 def _as_seq_ids(seq_ids) -> np.ndarray:

@@ -420,6 +420,13 @@ def test_prefill_attention_of_a_batch_is_its_rows_one_by_one(rng):
     np.testing.assert_array_equal(again, got)
     with pytest.raises(HexcoreInvalidArgumentError, match="rows: made for other sequences"):
         engine.prefill_attention_batch(seqs[::-1], 0, q, k, v, None, rows=rows)
+    for other in (np.array(seqs, np.int32), tuple(np.int64(s) for s in seqs)):  # the same ids in another form
+        again = engine.prefill_attention_batch(other, 0, q, k, v, None, backend="numba", rows=rows).copy_to_host()
+        np.testing.assert_array_equal(again, got)
+    for bad, match in (([True] + seqs[1:], r"seq_ids\[0\]: expected an int, got True"),
+                       (seqs[:2] + [2**40], r"seq_ids\[2\]: expected an int in \[-2147483648, 2147483647\]")):
+        with pytest.raises(HexcoreInvalidArgumentError, match=match):  # named, as without rows
+            engine.prefill_attention_batch(bad, 0, q, k, v, None, rows=rows)
     with pytest.raises(HexcoreInvalidArgumentError, match=r"seq_ids\[1\]: sequence \d+ is listed twice"):
         engine.prefill_attention_batch([seqs[0], seqs[0], seqs[1]], 0, q, k, v, np.array(news, np.int32))
     with pytest.raises(HexcoreInvalidSequenceError):

@@ -50,7 +50,7 @@ def resolve_stream(stream=None, *arrays) -> Stream:
         else:
             raw = torch_current_stream()
     else:
-        raw = int(stream_handle(stream))
+        raw = raw_handle(stream)
     found = _by_handle.get(raw)
     if found is None:
         from numba import cuda
@@ -123,6 +123,17 @@ def torch_current_stream() -> int:
     if not _torch_device:
         _torch_device.append(torch.cuda.current_device())
     return raw_stream(_torch_device[0])
+
+
+def raw_handle(stream) -> int:
+    """``int(stream_handle(stream))``; a torch stream's read from its ``cuda_stream`` with no
+    ``CUstream`` built (``resolve_stream`` runs per launch: a transformers forward passes
+    torch's current stream at every layer)."""
+    if type(stream).__module__.startswith("torch") and not hasattr(stream, "handle"):
+        raw = getattr(stream, "cuda_stream", None)
+        if type(raw) is int and _is_handle(raw):
+            return raw
+    return int(stream_handle(stream))
 
 
 def stream_handle(stream):

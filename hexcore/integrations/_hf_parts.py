@@ -203,14 +203,22 @@ def read_buffer(view, like):
 
 
 def engine_view(tensor):
-    """A contiguous tensor as an array the Engine reads without converting it again: a numba
-    device view of a CUDA tensor's memory, a numpy view of a host tensor's (the simulator).
-    Writes to ``tensor`` show through the view."""
+    """A contiguous tensor as an array the Engine reads without converting or copying it
+    again: a numba device view of a CUDA tensor's memory, or of a host tensor's on the CUDA
+    simulator (whose device arrays are host memory), so that the simulator's calls reuse
+    their checks and copy nothing per call, as a GPU's do (a host tensor beside a real GPU:
+    a numpy view, copied by each call). Writes to ``tensor`` show through the view."""
     if tensor.is_cuda:
         from numba import cuda
 
         return cuda.as_cuda_array(tensor)
-    return tensor.numpy()
+    from ..cuda.device import SIMULATOR
+
+    if not SIMULATOR:  # a host tensor beside a GPU: the Engine copies it per call
+        return tensor.numpy()
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    return FakeCUDAArray(tensor.numpy())
 
 
 def for_engine(tensor):

@@ -129,71 +129,93 @@ class Extend:
     themselves, causally, all rows in one call (``Engine.prefill_attention_batch``: one
     gather launch, one attention call, over ``Engine.batch_rows`` made at the first layer,
     into buffers made at the first layer: the rows' prepared gather and scratch serve every
-    layer); their K/V are staged as float16 ``[L, n, H, D]`` and stored after the last
-    layer (``Engine.prefill``, with their token ids when the prefix cache tracks the row).
-    Padding positions and released rows get zeros.
+    layer); their K/V are staged as float16 ``[L, n, H, D]`` per row and stored after the
+    last layer (``Engine.prefill``, with their token ids when the prefix cache tracks the
+    row). Padding positions and released rows get zeros.
+
+    When every row is live and every new position real (no padding: a single row, or an
+    unpadded batch), a layer costs the same few torch ops whatever the batch: the query and
+    K/V copied into the engine's buffers and the K/V into the staging, one op each for all
+    rows, and the engine's output returned as it is (no zeros, no copies back).
     """
 
     def __init__(self, cache, batch: int, tokens: int, ids):
         self.cache, self.batch, self.tokens, self.ids = cache, batch, tokens, ids
         self.keep = self.k = self.v = self.token_ids = self.rows = None
-        self.live = self.stage = None  # [(row, seq, index)], (q, k, v) and the engine's k, v views
+        self.live = self.stage = self.staged = None  # [(row, seq, index)], the engine's buffers, [B, L, T, H, D] K/V
+        self.whole = False  # every row live, every new position real
+        self.seqs = self.lengths = None
 
     def attend(self, layer: int, query, key, value, mask):
         """Output ``[B, T, num_q_heads, D]`` of layer ``layer`` (``query`` ``[B, Hq, T, D]``,
         ``key``/``value`` ``[B, H, T, D]``, ``mask`` transformers' 4D mask or None)."""
         if self.keep is None:
-            self._start(key, mask)
-        engine = self.cache.engine
-        stream = torch.cuda.current_stream(query.device) if query.is_cuda else None  # pending fork copies too
-        out = query.new_zeros((self.batch, self.tokens, query.shape[1], query.shape[3]))
-        if self.live is None:
-            self.live = [(row, seq, self.keep[row]) for row, seq in enumerate(self.cache.rows)
-                         if seq >= 0 and self.keep[row].numel()]
+            self._start(query, key, mask)
         if not self.live:
-            return out
-        lengths = [int(index.numel()) for _, _, index in self.live]  # shapes: no synchronisation
-        if self.stage is None:  # zeros once: each layer rewrites the rows' real tokens only
-            n_max, (H, D) = max(lengths), (key.shape[1], key.shape[3])
-            q = query.new_zeros((len(self.live), n_max, query.shape[1], D), dtype=torch.float16)
-            k, v = (key.new_zeros((len(self.live), n_max, H, D), dtype=torch.float16) for _ in range(2))
-            self.stage = (q, k, v, engine_view(k), engine_view(v))
-        q, k, v, k_view, v_view = self.stage
-        for j, (row, _, index) in enumerate(self.live):  # each row's real tokens, padded to the longest
-            self.k[row][layer] = _real(key[row], index, self.tokens).transpose(0, 1)
-            self.v[row][layer] = _real(value[row], index, self.tokens).transpose(0, 1)
-            q[j, :lengths[j]] = _real(query[row], index, self.tokens).transpose(0, 1)
-            k[j, :lengths[j]], v[j, :lengths[j]] = self.k[row][layer], self.v[row][layer]
-        seqs = [seq for _, seq, _ in self.live]
-        if self.rows is None:  # the rows' tables and lengths, on the device once for every layer
-            self.rows = engine.batch_rows(seqs, np.array(lengths, np.int32), q.shape[1])
-        got = engine.prefill_attention_batch(seqs, layer, for_engine(q), k_view, v_view, None, stream=stream,
-                                             rows=self.rows)
-        got = read_buffer(got, query)
+            return query.new_zeros((self.batch, self.tokens, query.shape[1], query.shape[3]))
+        q, k, v, q_arg, k_view, v_view = self.stage
+        if self.whole:  # all rows at once
+            q.copy_(query.transpose(1, 2))
+            k.copy_(key.transpose(1, 2))
+            v.copy_(value.transpose(1, 2))
+            self.staged[0][:, layer] = k
+            self.staged[1][:, layer] = v
+        else:  # each live row's real tokens, padded to the longest
+            for j, (row, _, index) in enumerate(self.live):
+                n = self.lengths[j]
+                self.k[row][layer] = _real(key[row], index, self.tokens).transpose(0, 1)
+                self.v[row][layer] = _real(value[row], index, self.tokens).transpose(0, 1)
+                q[j, :n] = _real(query[row], index, self.tokens).transpose(0, 1)
+                k[j, :n], v[j, :n] = self.k[row][layer], self.v[row][layer]
+        stream = torch.cuda.current_stream(query.device) if query.is_cuda else None  # pending fork copies too
+        got = read_buffer(self.cache.engine.prefill_attention_batch(self.seqs, layer, q_arg, k_view, v_view, None,
+                                                                    stream=stream, rows=self.rows), query)
+        if self.whole:  # [B, T, Hq, D] already
+            return got if got.dtype == query.dtype else got.to(query.dtype)
+        out = query.new_zeros((self.batch, self.tokens, query.shape[1], query.shape[3]))
         for j, (row, _, index) in enumerate(self.live):
-            if lengths[j] == self.tokens:  # every position real (no padding): in order
+            if self.lengths[j] == self.tokens:  # every position real (no padding): in order
                 out[row].copy_(got[j])
             else:
-                out[row].index_copy_(0, index, got[j, :lengths[j]].to(out.dtype))
+                out[row].index_copy_(0, index, got[j, :self.lengths[j]].to(out.dtype))
         return out
 
-    def _start(self, key, mask) -> None:
+    def _start(self, query, key, mask) -> None:
+        # layer 0: the checks, then every buffer and the engine's rows, made once per forward
         check_held_positions(self.cache, mask, self.batch, self.tokens)
         real = real_tokens(mask, self.batch, self.tokens, key.device)
-        self.keep = [torch.nonzero(real[row]).flatten() for row in range(self.batch)]
+        keep = [torch.nonzero(real[row]).flatten() for row in range(self.batch)]
+        counts = [int(index.numel()) for index in keep]  # one host synchronisation per forward
         cfg, engine = self.cache.kv_config, self.cache.engine
         for row, seq in enumerate(self.cache.rows):
-            n = int(self.keep[row].numel())
-            if seq >= 0 and engine.seq_len(seq) + n >= self.cache.capacity:
+            if seq >= 0 and engine.seq_len(seq) + counts[row] >= self.cache.capacity:
                 raise HexcoreInvalidArgumentError(
-                    f"input: row {row} would hold {engine.seq_len(seq) + n} tokens, which leaves no room in the "
-                    f"cache's longest row ({self.cache.capacity} tokens; raise max_seq_len)")
-        self.k = [key.new_empty((cfg.num_layers, int(i.numel()), cfg.num_kv_heads, cfg.head_dim),
-                                dtype=torch.float16) for i in self.keep]
-        self.v = [torch.empty_like(k) for k in self.k]
+                    f"input: row {row} would hold {engine.seq_len(seq) + counts[row]} tokens, which leaves no room "
+                    f"in the cache's longest row ({self.cache.capacity} tokens; raise max_seq_len)")
+        live = [(row, seq, keep[row]) for row, seq in enumerate(self.cache.rows) if seq >= 0 and counts[row]]
+        lengths = [counts[row] for row, _, _ in live]
+        whole = len(live) == self.batch and all(n == self.tokens for n in lengths)
+        H, D = cfg.num_kv_heads, cfg.head_dim
+        if whole:  # one staging of every row's K/V, row r's [L, T, H, D] contiguous
+            self.staged = tuple(key.new_empty((self.batch, cfg.num_layers, self.tokens, H, D), dtype=torch.float16)
+                                for _ in range(2))
+            k_rows, v_rows = list(self.staged[0]), list(self.staged[1])
+        else:
+            k_rows = [key.new_empty((cfg.num_layers, n, H, D), dtype=torch.float16) for n in counts]
+            v_rows = [torch.empty_like(k) for k in k_rows]
+        token_ids = None
         if self.ids is not None:
-            self.token_ids = [self.ids[row].index_select(0, i).to("cpu", torch.int32).numpy()
-                              for row, i in enumerate(self.keep)]
+            token_ids = [self.ids[row].index_select(0, i).to("cpu", torch.int32).numpy() for row, i in enumerate(keep)]
+        stage = rows = None
+        if live:  # the engine's buffers (zeros once: each layer rewrites the rows' real tokens only) and rows
+            n_max = max(lengths)
+            q = query.new_zeros((len(live), n_max, query.shape[1], D), dtype=torch.float16)
+            k, v = (key.new_zeros((len(live), n_max, H, D), dtype=torch.float16) for _ in range(2))
+            stage = (q, k, v, for_engine(q) if q.is_cuda else engine_view(q), engine_view(k), engine_view(v))
+            rows = engine.batch_rows([seq for _, seq, _ in live], np.array(lengths, np.int32), n_max)
+        self.keep, self.k, self.v, self.token_ids, self.live, self.lengths = keep, k_rows, v_rows, token_ids, live, \
+            lengths
+        self.whole, self.stage, self.rows, self.seqs = whole, stage, rows, [seq for _, seq, _ in live]
 
     def commit(self) -> None:
         """Store every row's new K/V (after the last layer); a failure empties the cache."""

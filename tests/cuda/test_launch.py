@@ -10,7 +10,7 @@ from numba import cuda
 from hexcore import HexcoreCudaError, HexcoreInvalidArgumentError
 from hexcore.cuda import PreparedLaunch
 from hexcore.cuda.launch import Launch, kernel_params
-from hexcore.cuda.streams import stream_handle
+from hexcore.cuda.streams import raw_handle, stream_handle
 
 
 def test_kernel_params_store_each_value_at_cuda_cores_width():
@@ -50,9 +50,15 @@ def test_stream_handle_of_every_kind_of_stream():
     assert [int(stream_handle(s)) for s in (77, NumbaLike(), CoreLike(), TorchLike())] == [77, 0x1234, 0x5678, 0x9ABC]
     handle = driver.CUstream(5)
     assert stream_handle(handle) is handle
+    torch_like = type("Stream", (), {"__module__": "torch.cuda.streams", "cuda_stream": 0xDEF0,
+                                     "__cuda_stream__": lambda self: (0, 0xDEF0)})
+    for stream in (0, None, 77, NumbaLike(), CoreLike(), TorchLike(), handle, torch_like()):  # no CUstream for torch's
+        assert raw_handle(stream) == int(stream_handle(stream))
     for bad in (True, "stream"):
         with pytest.raises(HexcoreInvalidArgumentError, match="stream"):
             stream_handle(bad)
+        with pytest.raises(HexcoreInvalidArgumentError, match="stream"):
+            raw_handle(bad)
 
 
 @cuda.jit

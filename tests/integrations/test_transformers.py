@@ -528,6 +528,24 @@ def test_chunked_prefill_of_a_ragged_batch_matches_dynamic_cache(seed):
     cache.engine.cache.check_invariants()
 
 
+def test_chunked_prefill_of_an_unpadded_batch_matches_dynamic_cache(seed):
+    # rows of one length: every chunk after the first has every row live and every position
+    # real, so Extend stages all rows with one op per buffer and returns the engine's output
+    model = tiny_model(seed, layers=2)
+    ids, mask = ragged_prompts(seed, [21, 21])
+    kwargs = dict(prefill_chunk_size=8)
+    ref = generate(model, transformers.DynamicCache(config=model.config), ids, mask, 2, **kwargs)
+    cache = make_cache(model)
+    got = generate(model, cache, ids, mask, 2, **kwargs)
+    assert torch.equal(got.sequences, ref.sequences)
+    for step, (a, b) in enumerate(zip(got.logits, ref.logits)):
+        assert relative_error(a, b) <= 5e-3, step
+    assert [cache.engine.seq_len(s) for s in cache.rows] == [21 + 1, 21 + 1]
+    cache.crop(-8)  # into sealed block 0: the rows' journals (views of one staging) store its kept tokens again
+    assert [cache.engine.seq_len(s) for s in cache.rows] == [14, 14]
+    cache.engine.cache.check_invariants()
+
+
 def test_crop_after_right_padding_is_refused(seed):
     model = tiny_model(seed, layers=1)
     ids, mask = ragged_prompts(seed, [9, 6])
