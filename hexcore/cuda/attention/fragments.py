@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda, float32
 
-from ..device import cp_async16, device_function, exp2, ld, load_u32x4, load_words, shfl_idx, shfl_xor, warp_any
+from ..device import cp_async16, device_function, exp2, ld, load_words, shfl_idx, shfl_xor, warp_any
 from .mma import F16X2_ONES, code_pair, half2_hi, half2_lo, hfma2, hmul2, mma_f16, pack_f16x2, prmt, transpose8x8
 from .shape import DecodeShape
 
@@ -113,43 +113,29 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
             p = lane + 32 * i
             if (RING_V // 4) % 32 == 0 or p < RING_V // 4:
                 cp_async16(ring, stage + RING_K + 4 * p, pool, vfrom + 4 * p)
-        for i in range(COPIES[2]):  # the block's key scales and mins, swizzled (fold_keys)
+        for i in range(COPIES[2]):  # the block's key scales and mins
             p = lane + 32 * i
             if (D // 4) % 32 == 0 or p < D // 4:
-                cp_async16(ring, stage + RING_K + RING_V + 4 * (p ^ ((p >> 3) & 1)), pool, kmeta + 4 * p)
+                cp_async16(ring, stage + RING_K + RING_V + 4 * p, pool, kmeta + 4 * p)
         for i in range(COPIES[3]):  # value scales and mins of the chunk's tokens
             p = lane + 32 * i
             if (RING_VM // 4) % 32 == 0 or p < RING_VM // 4:
                 cp_async16(ring, stage + RING_K + RING_V + D + 4 * p, pool, vmfrom + 4 * p)
 
     @device_function
-    def swizzled_bases(at):
-        # the key metadata's 16-byte chunk c sits at slot c ^ ((c >> 3) & 1) of the ring
-        # (issue_chunk): without it the four tig's 16-byte reads of one instruction, KREGS
-        # words apart, fell two to a bank group at D = 128 (ncu: 31% of the INT2 kernel's
-        # shared wavefronts excessive, 2026-12-02). A lane's chunks (at / 4 + i, i < KREGS/4)
-        # share c >> 3, so word at + r of chunk i = r // 4 is read at even + r for even i and
-        # odd + r for odd i: returns (even, odd)
-        k = 4 * (((at // 4) >> 3) & 1)
-        return at + k, at - k
-
-    @device_function
     def fold_keys(ring, meta, lane, qh, qs):
         tig = lane % 4
         c0 = c1 = c2 = c3 = float32(0)
         e0 = e1 = e2 = e3 = float32(0)  # a second chain in flight
-        even, odd = swizzled_bases(D // 2 + tig * KREGS)  # the mins: chunk i holds k-steps 2i, 2i+1
-        for i in range(KREGS // 4):
-            m0, m1, m2, m3 = load_u32x4(ring, meta + (even if i % 2 == 0 else odd) + 4 * i)
-            c0, c1, c2, c3 = mma_f16(m0, m0, m1, m1, qh[4 * i], qh[4 * i + 1], c0, c1, c2, c3)
-            e0, e1, e2, e3 = mma_f16(m2, m2, m3, m3, qh[4 * i + 2], qh[4 * i + 3], e0, e1, e2, e3)
-        even, odd = swizzled_bases(tig * KREGS)  # the scales
-        for i in range(KREGS // 4):
-            s0, s1, s2, s3 = load_u32x4(ring, meta + (even if i % 2 == 0 else odd) + 4 * i)
-            qs[4 * i] = hmul2(qh[4 * i], s0)
-            qs[4 * i + 1] = hmul2(qh[4 * i + 1], s1)
-            qs[4 * i + 2] = hmul2(qh[4 * i + 2], s2)
-            qs[4 * i + 3] = hmul2(qh[4 * i + 3], s3)
+        at = meta + D // 2 + tig * KREGS
+        for ks in range(KREGS // 2):
+            m0, m1 = ld(ring, at + 2 * ks), ld(ring, at + 2 * ks + 1)
+            if ks % 2 == 0:
+                c0, c1, c2, c3 = mma_f16(m0, m0, m1, m1, qh[2 * ks], qh[2 * ks + 1], c0, c1, c2, c3)
+            else:
+                e0, e1, e2, e3 = mma_f16(m0, m0, m1, m1, qh[2 * ks], qh[2 * ks + 1], e0, e1, e2, e3)
+        for r in range(KREGS):
+            qs[r] = hmul2(qh[r], ld(ring, meta + tig * KREGS + r))
         return c0 + e0, c1 + e1
 
     @device_function
