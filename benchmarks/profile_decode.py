@@ -3,6 +3,10 @@
     ncu --clock-control none -k regex:kernel --launch-skip 2 --launch-count 1 \\
         --section SpeedOfLight --section Occupancy --section WarpStateStats \\
         python3 -m benchmarks.profile_decode int4 1     (dtype, index into bench_decode.SHAPES)
+
+``--lineinfo`` compiles every kernel with ``lineinfo=True`` (numba's line table; the code is
+the same), for ncu's per-line sections: ``--section SourceCounters --import-source yes``,
+then ``ncu -i REPORT --page source --csv --print-source sass``.
 """
 
 from __future__ import annotations
@@ -11,13 +15,34 @@ import sys
 
 from numba import cuda
 
-from benchmarks.bench_decode import SHAPES, decode_case
 
-if __name__ == "__main__":
-    dtype = sys.argv[1] if len(sys.argv) > 1 else "fp16"
-    shape = SHAPES[int(sys.argv[2]) if len(sys.argv) > 2 else 0]
+def with_lineinfo() -> None:
+    """Make ``cuda.jit`` default to ``lineinfo=True`` for kernels (not device functions, nor
+    with ``debug``, which numba does not combine with it); call before hexcore compiles."""
+    jit = cuda.jit
+
+    def jit_with_lineinfo(*args, **kwargs):
+        if not kwargs.get("device") and not kwargs.get("debug"):
+            kwargs.setdefault("lineinfo", True)
+        return jit(*args, **kwargs)
+
+    cuda.jit = jit_with_lineinfo
+
+
+def main(argv: list[str]) -> None:
+    if "--lineinfo" in argv:
+        argv = [a for a in argv if a != "--lineinfo"]
+        with_lineinfo()
+    from benchmarks.bench_decode import SHAPES, decode_case
+
+    dtype = argv[0] if argv else "fp16"
+    shape = SHAPES[int(argv[1]) if len(argv) > 1 else 0]
     run, nbytes, _store, info = decode_case(dtype, *shape)
     for _ in range(3):
         run()
     cuda.synchronize()
     print(f"profiled {dtype} {shape} ({nbytes / 1e9:.3f} GB) {info}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
