@@ -510,11 +510,16 @@ def test_a_mask_hiding_a_cached_token_is_refused_and_changes_nothing(seed):
     cache.engine.cache.check_invariants()
 
 
-def test_chunked_prefill_of_a_ragged_batch_matches_dynamic_cache(seed):
-    # chunks of 8 over rows of 21 and 12 tokens: the short row is all padding in the first
-    # chunk, and the later chunks attend over a partial tail (Engine.prefill_attention)
-    model = tiny_model(seed, layers=1)
-    ids, mask = ragged_prompts(seed, [21, 12])
+@pytest.mark.parametrize("lengths,layers,crop", [([21, 12], 1, 2), ([21, 21], 2, 8)], ids=["ragged", "unpadded"])
+def test_chunked_prefill_of_a_batch_matches_dynamic_cache(lengths, layers, crop, seed):
+    """Chunks of 8. Ragged: the short row is all padding in the first chunk, the later
+    chunks attend over a partial tail (Engine.prefill_attention), and a crop after left
+    padding still maps positions onto each row's tokens. Unpadded: every chunk after the
+    first has every row live and every position real, so Extend stages all rows with one op
+    per buffer and returns the engine's output; a crop into sealed block 0 stores its kept
+    tokens again from the rows' journals (views of one staging)."""
+    model = tiny_model(seed, layers=layers)
+    ids, mask = ragged_prompts(seed, lengths)
     kwargs = dict(prefill_chunk_size=8)
     ref = generate(model, transformers.DynamicCache(config=model.config), ids, mask, 2, **kwargs)
     cache = make_cache(model)
@@ -522,27 +527,9 @@ def test_chunked_prefill_of_a_ragged_batch_matches_dynamic_cache(seed):
     assert torch.equal(got.sequences, ref.sequences)
     for step, (a, b) in enumerate(zip(got.logits, ref.logits)):
         assert relative_error(a, b) <= 5e-3, step
-    assert [cache.engine.seq_len(s) for s in cache.rows] == [21 + 1, 12 + 1]
-    cache.crop(-2)  # left padding across chunks still maps positions onto each row's tokens
-    assert [cache.engine.seq_len(s) for s in cache.rows] == [20, 11]
-    cache.engine.cache.check_invariants()
-
-
-def test_chunked_prefill_of_an_unpadded_batch_matches_dynamic_cache(seed):
-    # rows of one length: every chunk after the first has every row live and every position
-    # real, so Extend stages all rows with one op per buffer and returns the engine's output
-    model = tiny_model(seed, layers=2)
-    ids, mask = ragged_prompts(seed, [21, 21])
-    kwargs = dict(prefill_chunk_size=8)
-    ref = generate(model, transformers.DynamicCache(config=model.config), ids, mask, 2, **kwargs)
-    cache = make_cache(model)
-    got = generate(model, cache, ids, mask, 2, **kwargs)
-    assert torch.equal(got.sequences, ref.sequences)
-    for step, (a, b) in enumerate(zip(got.logits, ref.logits)):
-        assert relative_error(a, b) <= 5e-3, step
-    assert [cache.engine.seq_len(s) for s in cache.rows] == [21 + 1, 21 + 1]
-    cache.crop(-8)  # into sealed block 0: the rows' journals (views of one staging) store its kept tokens again
-    assert [cache.engine.seq_len(s) for s in cache.rows] == [14, 14]
+    assert [cache.engine.seq_len(s) for s in cache.rows] == [n + 1 for n in lengths]
+    cache.crop(-crop)
+    assert [cache.engine.seq_len(s) for s in cache.rows] == [n + 1 - crop for n in lengths]
     cache.engine.cache.check_invariants()
 
 
