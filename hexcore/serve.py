@@ -228,16 +228,19 @@ class Server:
     @property
     def active_blocks(self) -> int:
         """Blocks in use now (sealed and open tails), summed over every pool of a format by age."""
-        pools = self.cache.pools if self.tiered else [self.cache]
-        return sum(pool.num_active_blocks for pool in pools)
+        return sum(pool.num_active_blocks for pool in self._pools)
+
+    @property
+    def _pools(self) -> list:
+        """The block managers: a format by age's pools, or the one cache."""
+        return self.cache.pools if self.tiered else [self.cache]
 
     def _reserved_blocks(self) -> int:
         return 0 if self.tiered else self.cache.num_reserved_blocks
 
     def _kv_bytes(self) -> tuple[int, int]:
         """(bytes of the sealed blocks in use, what FP16 blocks would take), all layers."""
-        pools = self.cache.pools if self.tiered else [self.cache]
-        used = [pool.num_active_blocks for pool in pools]
+        used = [pool.num_active_blocks for pool in self._pools]
         return sum(n * size for n, size in zip(used, self._block_bytes)), sum(used) * self._fp16_block_bytes
 
     def _step_preempting(self):
