@@ -35,6 +35,43 @@ probability about ``1 - 2**-32`` per layer, except a known weakness of word-wise
 two flips of bit 31 in the same lane cancel (bit 31 of ``h ^ w`` only reaches bit 31
 of the product).
 
+The head digest
+---------------
+A second digest, per (block, layer, KV head), that any order of reading can compute (the
+decode kernel reads each KV head in its own CTA, its lanes in their own order), so a decode
+that reads a block anyway can check it too. The head's words, little-endian uint32, are
+indexed ``i = 0, 1, ...`` in this order::
+
+    key codes    BS * RW words  from k_codes word code_offset(layer, block, h, 0, ...) / 4
+    value codes  BS * RW words  from v_codes, the same offset
+    key meta     D words        from k_meta word key_meta_offset(layer, block, h, ...) / 4      (INT only)
+    value meta   BS * NG words  from v_meta word value_meta_offset(layer, block, h, 0, ...) / 4 (INT only)
+
+(``RW = D * bits / 32`` words per code row; FP16 caches' code runs hold the FP16 rows, ``RW
+= D / 2``, and have no metadata: the offsets of ``hexcore/layout.py``). That is the array
+``store.k_codes[layer, block, h]`` flattened, then ``v_codes``, ``k_meta``, ``v_meta`` the
+same. The digest is a sum of one term per word, mod 2**32::
+
+    key(i)     = (i * 0x9E3779B1 + 0x7F4A7C15) mod 2**32
+    term(i, w) = x ^ (x >> 16)  where  x = ((w ^ key(i)) * 0x85EBCA6B) mod 2**32,
+                                       x = x ^ (x >> 13),
+                                       x = (x * 0xC2B2AE35) mod 2**32
+    digest     = sum over i of term(i, w_i)  mod 2**32
+
+(:func:`head_term`, :func:`head_digests`, :func:`head_digest`). A sum is order-free: each
+lane sums the words it holds, with their indices, and a warp adds the lanes' sums.
+
+What it guarantees: ``term(i, .)`` is a bijection (XOR with a constant, multiplications
+by odd numbers and ``x ^ (x >> s)`` are each invertible), so a change of any *one* word
+changes exactly one term and the digest, with certainty -- every single-bit flip is
+detected. Several changed words escape with probability about ``2**-32`` (the mixer's
+terms behave as independent random values). Why a mixer and not the cheaper ``term = (w
+^ key(i)) * P``: flipping bit ``k`` of any word changes that term by ``+-2**k * P``, so the
+same bit flipped in two words (one 0 -> 1, the other 1 -> 0) cancels in the sum, half of
+all same-bit double flips (tested in ``tests/host/test_checksum.py``). Words that swap
+places are caught too (the key depends on the index). A block copied whole over another
+is caught by the other's recorded digest.
+
 Canary words (:func:`canary_word`) are the fixed pattern of the store's guard regions.
 """
 
@@ -195,5 +232,114 @@ def block_checksum(digests) -> int:
     return int(_fold(np.asarray(digests, np.uint32).astype(np.uint64)))
 
 
-__all__ = ["CHUNK_WORDS", "FNV32_BASIS", "FNV32_PRIME", "FNV64_BASIS", "FNV64_PRIME", "LANES", "block_checksum",
-           "canary_word", "fnv1a_32", "fnv1a_64", "fnv32_step", "layer_digest", "layer_digests"]
+
+
+# -- the head digest: order-free, per (block, layer, KV head) -----------------------------
+HEAD_K1 = 0x9E3779B1  # index key: word i is XORed with (i * HEAD_K1 + HEAD_K2) mod 2**32
+HEAD_K2 = 0x7F4A7C15
+HEAD_M1 = 0x85EBCA6B  # the mixer's multipliers (murmur3's fmix32)
+HEAD_M2 = 0xC2B2AE35
+
+
+def head_term(i, w):
+    """The term of word ``w`` at index ``i`` of a head digest (Python ints in [0, 2**32)):
+    ``x = w ^ key(i)``, ``x *= M1``, ``x ^= x >> 13``, ``x *= M2``, ``x ^= x >> 16`` (mod
+    2**32), ``key(i) = (i * HEAD_K1 + HEAD_K2) mod 2**32``. Every step is a bijection of
+    ``x``, so the term is a bijection of ``w`` for each ``i``."""
+    x = (w ^ (i * HEAD_K1 + HEAD_K2)) & MASK32
+    x = (x * HEAD_M1) & MASK32
+    x ^= x >> 13
+    x = (x * HEAD_M2) & MASK32
+    return x ^ (x >> 16)
+
+
+_HK1, _HK2 = np.uint64(HEAD_K1), np.uint64(HEAD_K2)
+_HM1, _HM2 = np.uint64(HEAD_M1), np.uint64(HEAD_M2)
+_S13, _S16 = np.uint64(13), np.uint64(16)
+
+
+@numba.njit(cache=True, inline="always")
+def _head_term(i, w):
+    # uint64 i, w; every operand uint64 (see _step), products of two words below 2**64
+    x = (w ^ ((i * _HK1 + _HK2) & _MASK)) & _MASK
+    x = (x * _HM1) & _MASK
+    x ^= x >> _S13
+    x = (x * _HM2) & _MASK
+    return x ^ (x >> _S16)
+
+
+@numba.njit(cache=True)
+def _head_sum(words, first, total):
+    # total + the terms of words[j] at indices first + j, mod 2**32 (uint64 total)
+    for j in range(words.shape[0]):
+        total = (total + _head_term(np.uint64(first + j), np.uint64(words[j]))) & _MASK
+    return total
+
+
+@numba.njit(cache=True)
+def _head_digests(k_codes, v_codes, k_meta, v_meta, has_meta, out):
+    # each argument [L, H, words] uint32; out [L, H] uint32
+    for layer in range(k_codes.shape[0]):
+        for h in range(k_codes.shape[1]):
+            total, first = np.uint64(0), 0
+            total = _head_sum(k_codes[layer, h], first, total)
+            first += k_codes.shape[2]
+            total = _head_sum(v_codes[layer, h], first, total)
+            first += v_codes.shape[2]
+            if has_meta:
+                total = _head_sum(k_meta[layer, h], first, total)
+                first += k_meta.shape[2]
+                total = _head_sum(v_meta[layer, h], first, total)
+            out[layer, h] = total
+
+
+def _head_words(name: str, array, num_layers: int, num_heads: int) -> np.ndarray:
+    array = np.ascontiguousarray(array)
+    if array.ndim < 3 or array.shape[:2] != (num_layers, num_heads) or \
+            (array.nbytes // max(1, num_layers * num_heads)) % 4:
+        from ..errors import HexcoreInvalidArgumentError
+
+        raise HexcoreInvalidArgumentError(
+            f"{name}: expected [{num_layers}, {num_heads}, ...] with a multiple of 4 bytes per head, got "
+            f"{array.dtype} {array.shape}")
+    return array.view(np.uint8).reshape(num_layers, num_heads, -1).view(np.uint32)
+
+
+def head_digests(k_codes, v_codes, k_meta=None, v_meta=None) -> np.ndarray:
+    """Head digests of one sealed block, a (layer, KV head) each (module docstring,
+    "The head digest"): uint32 ``[L, H]``.
+
+    Parameters: the block's arrays from a host copy of the store, as for
+    :func:`layer_digests` (``store.k_codes[:, block]`` is ``[L, H, block_size, row]``):
+    ``k_codes``, ``v_codes`` ``[L, H, block_size, row]`` (float16 rows for FP16 caches);
+    ``k_meta`` ``[L, H, 2, D]``, ``v_meta`` ``[L, H, block_size, 2, num_groups]`` float16,
+    or None for FP16 caches.
+    """
+    shape = np.shape(k_codes)
+    L, H = (int(shape[0]), int(shape[1])) if len(shape) >= 3 else (-1, -1)
+    words = [_head_words(n, a, L, H) for n, a in (("k_codes", k_codes), ("v_codes", v_codes))]
+    has_meta = k_meta is not None or v_meta is not None
+    if has_meta:
+        words += [_head_words(n, a, L, H) for n, a in (("k_meta", k_meta), ("v_meta", v_meta))]
+    else:
+        words += words[:2]
+    out = np.empty((L, H), np.uint32)
+    _head_digests(*words, has_meta, out)
+    return out
+
+
+def head_digest(*segments) -> int:
+    """The head digest of one (block, layer, KV head) from its segments in order (key codes,
+    value codes, then for INT caches key metadata and value metadata), each read as
+    little-endian uint32 words and indexed consecutively across the segments."""
+    total, first = np.uint64(0), 0
+    for segment in segments:
+        words = np.ascontiguousarray(segment).reshape(-1).view(np.uint32)
+        total = _head_sum(words, first, total)
+        first += words.shape[0]
+    return int(total)
+
+
+__all__ = ["CHUNK_WORDS", "FNV32_BASIS", "FNV32_PRIME", "FNV64_BASIS", "FNV64_PRIME", "HEAD_K1", "HEAD_K2", "HEAD_M1",
+           "HEAD_M2", "LANES", "block_checksum", "canary_word", "fnv1a_32", "fnv1a_64", "fnv32_step", "head_digest",
+           "head_digests", "head_term", "layer_digest", "layer_digests"]
