@@ -23,6 +23,7 @@ Helpers
 - ``shfl_idx(value, src)``: float32 ``value`` of lane ``src`` (every lane must call it).
 - ``shfl_idx_int(value, src)``: the same for an int32 ``value`` (a block id).
 - ``shfl_xor(value, mask)``: float32 ``value`` of lane ``lane ^ mask``.
+- ``shfl_xor_u32(value, mask)``: the same for a uint32 ``value`` (a digest's lane sums).
 - ``warp_any(predicate)``: whether any lane of the warp has ``predicate`` (``vote.any``);
   the branch it guards is warp-uniform.
 - ``exp2(x)``: ``2**x`` in float32 (``ex2.approx.ftz``: 2 ulp; the twin uses math.exp2).
@@ -273,6 +274,10 @@ if not SIMULATOR:
         return cuda.shfl_xor_sync(FULL_MASK, value, mask)
 
     @device_function
+    def shfl_xor_u32(value, mask):
+        return types.uint32(cuda.shfl_xor_sync(FULL_MASK, types.int32(value), mask))  # (int32: same bits)
+
+    @device_function
     def exp2(x):
         return _ex2(types.float32(x))
 
@@ -381,6 +386,15 @@ else:
     @cuda.jit(device=True)
     def shfl_xor(value, mask):
         return _exchange(value, (cuda.threadIdx.x % 32) ^ mask)
+
+    @cuda.jit(device=True)
+    def shfl_xor_u32(value, mask):
+        warp = _warp()
+        warp.int_slots[cuda.threadIdx.x % 32] = int(value)
+        warp.barrier.wait()  # every lane's value written
+        got = warp.int_slots[(cuda.threadIdx.x % 32) ^ mask]
+        warp.barrier.wait()  # every lane has read
+        return np.uint32(got)
 
     @cuda.jit(device=True)
     def exp2(x):

@@ -23,6 +23,14 @@ something is wrong): ``flags`` uint32 ``[2]`` accumulates, with atomics, the num
 (``flags[1]``); mismatch ``k`` (the value ``flags[0]`` had) also writes ``(block, layer)``
 into row ``k`` of ``found`` int32 ``[F, 2]`` when ``k < F``. The kernel never clears them:
 the reader does, after reading a non-zero count. Empty ``flags`` (the default) turn this off.
+
+Head digests (``hexcore.host.checksum``, "The head digest": per (block, layer, KV head),
+order-free): ``head_record_launch`` records them into ``head_sums`` uint32 ``[num_blocks, L,
+H]``, grid ``(n, L, ceil(H / W))``, ``W = min(WARPS, H)`` warps a CTA, warp ``w`` of CTA ``(i,
+layer, y)`` taking head ``y * W + w`` of block ``block_ids[i]`` (lane ``j`` sums the terms of
+16-byte chunks ``j, j + 32, ...`` of each segment, the warp adds the lanes' sums). The
+decode kernel checks sampled blocks against them as it reads them (``attention/kernel.py``,
+``verify``); ``head_key``, ``head_mix`` and ``head_add`` are the device functions both use.
 """
 
 from __future__ import annotations
@@ -35,9 +43,9 @@ from numba import cuda, uint32, uint64
 from ..config import KVCacheConfig
 from ..errors import HexcoreInvalidArgumentError
 from .._checks import as_int
-from ..host.checksum import FNV32_BASIS, FNV32_PRIME, LANES, canary_word
+from ..host.checksum import FNV32_BASIS, FNV32_PRIME, HEAD_K1, HEAD_K2, HEAD_M1, HEAD_M2, LANES, canary_word
 from .arrays import checked, checked_ids, checked_store, device_only
-from .device import load_u32x4
+from .device import load_u32x4, shfl_xor_u32
 from .device_layout import code_offset, key_meta_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch
 from .store import GUARD_WORDS, DeviceKVStore
@@ -49,6 +57,8 @@ WARPS = 4  # layers per CTA, a warp each
 _canary = cuda.jit(device=True)(canary_word)
 _PRIME = np.uint64(FNV32_PRIME)
 _MASK = np.uint64(0xFFFFFFFF)
+_K1, _K2, _M1, _M2 = np.uint64(HEAD_K1), np.uint64(HEAD_K2), np.uint64(HEAD_M1), np.uint64(HEAD_M2)
+_KEY1, _KEY2, _KEY3 = (np.uint32((j * HEAD_K1) & 0xFFFFFFFF) for j in (1, 2, 3))  # key(i + j) - key(i)
 
 
 @cuda.jit(device=True, inline=True)
@@ -73,6 +83,120 @@ def _absorb(h, pool, start, words, lane):
         a0, a1, a2, a3 = load_u32x4(pool, start + 4 * c)
         h = _step(_step(_step(_step(h, a0), a1), a2), a3)
     return h
+
+
+@cuda.jit(device=True, inline=True)
+def head_key(i):
+    """``key(i) = (i * HEAD_K1 + HEAD_K2) mod 2**32`` of word index ``i`` (``0 <= i < 2**32``)."""
+    return uint32((uint64(i) * _K1 + _K2) & _MASK)
+
+
+@cuda.jit(device=True, inline=True)
+def head_mix(x):
+    """The term of a word whose ``w ^ key(i)`` is ``x`` (uint32; ``checksum.head_term``)."""
+    x = uint32((uint64(x) * _M1) & _MASK)
+    x = x ^ (x >> uint32(13))
+    x = uint32((uint64(x) * _M2) & _MASK)
+    return x ^ (x >> uint32(16))
+
+
+@cuda.jit(device=True, inline=True)
+def head_add(total, x):
+    """``total + x mod 2**32`` (uint32; in 64 bits then truncated, as ``_step``)."""
+    return uint32((uint64(total) + uint64(x)) & _MASK)
+
+
+@cuda.jit(device=True, inline=True)
+def head_chunk(total, a0, a1, a2, a3, key):
+    """``total`` plus the terms of four consecutive words whose first index has ``key``."""
+    total = head_add(total, head_mix(a0 ^ key))
+    total = head_add(total, head_mix(a1 ^ head_add(key, _KEY1)))
+    total = head_add(total, head_mix(a2 ^ head_add(key, _KEY2)))
+    return head_add(total, head_mix(a3 ^ head_add(key, _KEY3)))
+
+
+@cuda.jit(device=True, inline=True)
+def warp_sum_u32(x):
+    """The sum mod 2**32 of ``x`` over the warp's 32 lanes, in every lane (every lane calls it)."""
+    for mask in (16, 8, 4, 2, 1):
+        x = head_add(x, shfl_xor_u32(x, mask))
+    return x
+
+
+@cuda.jit(device=True, inline=True)
+def _head_segment(total, pool, start, words, first, lane):
+    # the terms of chunks lane, lane + 32, ... of pool[start:start + words], word j of the
+    # segment at index first + j
+    for c in range(lane, words // 4, LANES):
+        a0, a1, a2, a3 = load_u32x4(pool, start + 4 * c)
+        total = head_chunk(total, a0, a1, a2, a3, head_key(first + 4 * c))
+    return total
+
+
+@functools.cache
+def _head_record_kernel(cfg: KVCacheConfig):
+    L, H, BS, D, NG, row = cfg.num_layers, cfg.num_kv_heads, cfg.block_size, cfg.head_dim, cfg.num_groups, cfg.row_bytes
+    quantized = cfg.kv_dtype.is_quantized
+    CODE = BS * row // 4  # words of one (layer, block, head) code run
+    W = _head_warps(cfg)
+
+    @cuda.jit
+    def kernel(pool, k_at, v_at, km_at, vm_at, block_ids, num_blocks, head_sums):
+        # pool: the store's uint32 words; *_at: word offsets of its arrays; block_ids [n]
+        # int32 (ids outside [0, num_blocks) skipped); head_sums [num_blocks, L, H] uint32
+        layer = cuda.blockIdx.y
+        h = cuda.blockIdx.z * W + cuda.threadIdx.x // LANES
+        lane = cuda.threadIdx.x % LANES
+        block = block_ids[cuda.blockIdx.x]
+        if block < 0 or block >= num_blocks or h >= H:  # warp-uniform
+            return
+        total = uint32(0)
+        at = code_offset(layer, block, h, 0, num_blocks, H, BS, row) // 4
+        total = _head_segment(total, pool, k_at + at, CODE, 0, lane)
+        total = _head_segment(total, pool, v_at + at, CODE, CODE, lane)
+        if quantized:
+            total = _head_segment(total, pool, km_at + key_meta_offset(layer, block, h, num_blocks, H, D) // 4, D,
+                                  2 * CODE, lane)
+            total = _head_segment(total, pool, vm_at + value_meta_offset(layer, block, h, 0, num_blocks, H, BS, NG)
+                                  // 4, BS * NG, 2 * CODE + D, lane)
+        total = warp_sum_u32(total)
+        if lane == 0:
+            head_sums[block, layer, h] = total
+
+    return kernel
+
+
+def _head_warps(cfg: KVCacheConfig) -> int:
+    """Warps (KV heads) of one CTA of the head-digest kernel."""
+    return min(WARPS, cfg.num_kv_heads)
+
+
+def head_record_launch(store: DeviceKVStore, block_ids, head_sums) -> Launch:
+    """Validate a head-digest RECORD launch: ``head_sums[block, layer, h]`` = the head digest
+    of every (layer, KV head) of each block of ``block_ids`` (int32 ``[n]``; host ids are
+    range-checked, device ids outside the store -- -1 padding -- are skipped).
+    ``head_sums``: device uint32 ``[num_blocks, L, H]``."""
+    cfg = checked_store(store).config
+    ids = checked_ids(block_ids, "block_ids", None, store.num_blocks)
+    L, H = cfg.num_layers, cfg.num_kv_heads
+    head_sums = checked(head_sums, "head_sums", np.uint32, (store.num_blocks, L, H), align=4, output=True)
+    offsets = store.word_offsets
+    W = _head_warps(cfg)
+    return Launch(_head_record_kernel(cfg), (ids.shape[0], L, -(-H // W)), W * LANES, (
+        store.pool, offsets["k_codes"], offsets["v_codes"], offsets.get("k_meta", 0), offsets.get("v_meta", 0), ids,
+        store.num_blocks, head_sums))
+
+
+def prepare_head_record(store: DeviceKVStore, block_ids, head_sums) -> PreparedLaunch:
+    """``head_record_launch`` bound to fixed device buffers (capture-safe, as
+    :func:`prepare_checksum`); rows of ``block_ids`` set to -1 are padding."""
+    device_only(block_ids=block_ids, head_sums=head_sums)
+    return head_record_launch(store, block_ids, head_sums).prepare()
+
+
+def record_head_sums(store: DeviceKVStore, block_ids, head_sums, stream=None) -> None:
+    """Record the head digests of ``block_ids`` into ``head_sums`` (enqueued on ``stream``)."""
+    head_record_launch(store, block_ids, head_sums).run(resolve_stream(stream, block_ids, head_sums))
 
 
 @functools.cache
@@ -289,4 +413,5 @@ def _xor_pool_byte(store, at: int, mask: int) -> None:
 
 
 __all__ = ["COMPUTE", "MODES", "RECORD", "VERIFY", "check_guards", "checksum_blocks", "checksum_launch",
-           "clobber_guard", "flip_bits", "prepare_checksum"]
+           "clobber_guard", "flip_bits", "head_record_launch", "prepare_checksum", "prepare_head_record",
+           "record_head_sums"]
