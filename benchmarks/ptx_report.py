@@ -2,8 +2,11 @@
 and the hot loop's size and opcodes (``sass_loop``); with ``--seal``, the quantizing seal
 kernels instead (plain and with fitted keys).
 
-    python -m benchmarks.ptx_report [--sass] [--dump DIR] [--only BITS,D,BS,G]
+    python -m benchmarks.ptx_report [--sass] [--dump DIR] [--only BITS,D,BS,G] [--verify]
     python -m benchmarks.ptx_report --seal
+
+``--verify``: each shape's line is followed by one for the decode kernel's verify variant
+(``decode_kernel(verify=True)``: sampled blocks checked against their head digests).
 
 Needs numba-cuda's NVVM (``numba-cuda[cu13]``) and, for registers and SASS, ptxas and
 cuobjdump on PATH (Triton's wheel carries cuobjdump). No GPU is used: the compute
@@ -35,13 +38,15 @@ from hexcore.cuda.attention.shape import DecodeShape  # noqa: E402
 U32, I32, I64, F32 = types.uint32[::1], types.int32[::1], types.int64, types.float32[::1]
 DECODE_SIG = (U32, I64, I64, I64, I64, I64, I64, U32, types.int32[:, ::1], I32, I32, types.float16[::1], F32, F32,
               I32, I64, I64, I64, I64, I64, types.float32)
+VERIFY_SIG = DECODE_SIG + (types.uint32[:, :, ::1], I32, U32, types.int32[:, ::1])  # head_sums, vctl, flags, found
 SHAPES = [(16, 128, 32, 1), (16, 128, 32, 4), (16, 128, 16, 8), (16, 64, 32, 1),
           (4, 128, 32, 1), (4, 128, 32, 4), (4, 128, 16, 8), (4, 64, 32, 3),
           (2, 128, 32, 4), (2, 128, 64, 8), (2, 64, 16, 1)]
 
 
-def ptx_of(shape: DecodeShape) -> str:
-    ptx, _ = cuda.compile_ptx(decode_kernel(shape).py_func, DECODE_SIG, cc=(9, 0))
+def ptx_of(shape: DecodeShape, verify: bool = False) -> str:
+    kernel = decode_kernel(shape, verify=verify).py_func
+    ptx, _ = cuda.compile_ptx(kernel, VERIFY_SIG if verify else DECODE_SIG, cc=(9, 0))
     return ptx
 
 
@@ -70,20 +75,22 @@ def ptxas(ptx: str, sass: bool = False, dump: str | None = None, name: str = "k"
         return info if res.returncode == 0 else res.stderr[-500:]
 
 
-def report(sass: bool = False, dump: str | None = None, only: str | None = None) -> None:
-    """One line per shape of SHAPES (or only ``only``, "bits,head_dim,block_size,group")."""
+def report(sass: bool = False, dump: str | None = None, only: str | None = None, verify: bool = False) -> None:
+    """One line per shape of SHAPES (or only ``only``, "bits,head_dim,block_size,group"); with
+    ``verify``, one more per shape for the verify variant."""
     shapes = [tuple(int(x) for x in only.split(","))] if only else SHAPES
     for bits, head_dim, block_size, group in shapes:
         shape = DecodeShape(bits, 8, head_dim, block_size, group, 64)
-        ptx = ptx_of(shape)
-        name = f"decode_b{bits}_d{head_dim}_bs{block_size}_g{group}"
-        if dump:
-            os.makedirs(dump, exist_ok=True)
-            with open(os.path.join(dump, f"{name}.ptx"), "w") as f:
-                f.write(ptx)
-        print(f"decode bits={bits:2} D={head_dim} BS={block_size} G={group}: mma {ptx.count('mma.sync')}, "
-              f"v4 loads {ptx.count('ld.global.v4')}, local {ptx.count('.local')}, "
-              f"cvt.s64 {ptx.count('cvt.rn.f32.s64')} | {ptxas(ptx, sass, dump, name)}", flush=True)
+        for variant in (False, True) if verify else (False,):
+            ptx = ptx_of(shape, variant)
+            name = f"decode_b{bits}_d{head_dim}_bs{block_size}_g{group}" + ("_verify" if variant else "")
+            if dump:
+                os.makedirs(dump, exist_ok=True)
+                with open(os.path.join(dump, f"{name}.ptx"), "w") as f:
+                    f.write(ptx)
+            print(f"decode{' verify' if variant else ''} bits={bits:2} D={head_dim} BS={block_size} G={group}: "
+                  f"mma {ptx.count('mma.sync')}, v4 loads {ptx.count('ld.global.v4')}, local {ptx.count('.local')}, "
+                  f"cvt.s64 {ptx.count('cvt.rn.f32.s64')} | {ptxas(ptx, sass, dump, name)}", flush=True)
 
 
 SEAL_SIG = (U32, U32, U32, U32, types.float16[::1], types.float16[::1], I32, I32, I64, I64, I64,
@@ -108,4 +115,4 @@ if __name__ == "__main__":
     if "--seal" in sys.argv:
         seal_report()
     else:
-        report(sass="--sass" in sys.argv, dump=_arg("--dump"), only=_arg("--only"))
+        report(sass="--sass" in sys.argv, dump=_arg("--dump"), only=_arg("--only"), verify="--verify" in sys.argv)

@@ -53,3 +53,77 @@ def test_record_bad_arguments_raise_typed_errors(rng):
             integrity.head_record_launch(store, ids, sums)
     with pytest.raises(HexcoreInvalidArgumentError, match="head_sums"):
         integrity.prepare_head_record(store, cuda.to_device(np.zeros(1, np.int32)), np.zeros((5, 2, 2), np.uint32))
+
+
+# -- the decode kernel's verify variant -----------------------------------------------
+from hexcore.cuda import DecodePlan, paged_decode  # noqa: E402
+from hexcore.cuda.attention import DecodeVerify  # noqa: E402
+from tests.cuda.fill import random_cache  # noqa: E402
+
+LAYER = 1  # the decoded layer (of two): a flip in layer 0 of the same block is not this launch's
+SEGMENTS = {"fp16": ("k_codes", "v_codes"), "int4": ("k_codes", "v_codes", "k_meta", "v_meta"),
+            "int2": ("k_codes", "v_codes", "k_meta", "v_meta")}
+
+
+def verify_case(rng, kv_dtype, block_size, group_size=64):
+    """A 2-layer cache (layer 1 filled, one KV head), every block's head digests recorded;
+    a verifying DecodePlan over device buffers, the plain kernel's output, the verify
+    buffers, and four sealed blocks that only one sequence reads."""
+    cfg = KVCacheConfig(num_layers=2, num_kv_heads=1, head_dim=64, block_size=block_size, kv_dtype=kv_dtype,
+                        group_size=group_size)
+    seq_lens = [3 * block_size + 5, 3 * block_size]
+    store, tables, tails, _, _ = random_cache(cfg, seq_lens, rng, layer=LAYER)
+    head_sums = cuda.to_device(np.zeros((store.num_blocks, 2, 1), np.uint32))
+    integrity.record_head_sums(store, np.arange(store.num_blocks, dtype=np.int32), head_sums)
+    q = rng.standard_normal((2, 4, 64)).astype(np.float16)
+    lens = np.array(seq_lens, np.int32)
+    plain = paged_decode(q, store, LAYER, tables, lens, tails).copy_to_host()
+    verify = DecodeVerify(head_sums, cuda.to_device(np.array([1, 0], np.int32)),
+                          cuda.to_device(np.zeros(1, np.uint32)), cuda.to_device(np.full((8, 2), -1, np.int32)))
+    d = [cuda.to_device(a) for a in (q, tables, lens, tails)]
+    plan = DecodePlan(d[0], store, d[1], d[2], d[3], int(lens.max()), verify=verify)
+    own = [int(tables[0, 1]), int(tables[0, 2]), int(tables[1, 1]), int(tables[1, 2])]  # (block 0 is shared)
+    return store, plan, plain, verify, own
+
+
+def run_verify(plan, verify, every, phase):
+    """One verifying decode with (every, phase) written into vctl: (out, flags[0], found rows)."""
+    verify.vctl.copy_to_device(np.array([every, phase], np.int32))
+    verify.flags.copy_to_device(np.zeros(1, np.uint32))
+    verify.found.copy_to_device(np.full((8, 2), -1, np.int32))
+    out = plan.run(LAYER).copy_to_host()
+    n = int(verify.flags.copy_to_host()[0])
+    return out, n, sorted(tuple(r) for r in verify.found.copy_to_host()[:min(n, 8)].tolist())
+
+
+def flip(store, rng, name, layer, block):
+    """One random bit of (layer, block)'s run of ``name`` flipped; returns how to undo it."""
+    array = store.arrays[name]
+    run = array.nbytes // (array.shape[0] * array.shape[1])
+    byte, mask = int(rng.integers(run)), 1 << int(rng.integers(8))
+    integrity.flip_bits(store, name, layer, block, byte, mask)
+    return name, layer, block, byte, mask
+
+
+# (fp16; int4 with two chunks per block: the sum carried across chunks; int2 with 16 words
+# of value metadata per chunk, fewer than the warp's lanes)
+@pytest.mark.parametrize("kv_dtype,block_size", [("fp16", 16), ("int4", 64), ("int2", 16)])
+def test_decode_verify_finds_flips_in_sampled_blocks_only(rng, kv_dtype, block_size):
+    """Outputs equal the plain kernel's; every block checked and clean: no alarm; a bit
+    flipped in each segment of four blocks (key codes, value codes, key and value metadata)
+    is found with its (block, layer), a flip in layer 0 (not decoded) is not; sampling one
+    block finds its flip only (the sample is honoured); every 0 checks nothing."""
+    store, plan, plain, verify, own = verify_case(rng, kv_dtype, block_size)
+    out, n, _ = run_verify(plan, verify, 1, 0)  # every sealed block checked
+    assert np.array_equal(out.view(np.uint16), plain.view(np.uint16)) and n == 0
+    segments = SEGMENTS[kv_dtype]
+    flips = [flip(store, rng, segments[i % len(segments)], LAYER, block) for i, block in enumerate(own)]
+    flip(store, rng, "k_codes", 0, own[0])  # layer 0 of a flipped block: not this launch's
+    out, n, found = run_verify(plan, verify, 1, 0)
+    assert (n, found) == (4, sorted((block, LAYER) for block in own)), flips
+    assert np.isfinite(out.astype(np.float32)).all()
+    every = 64  # above every block id: (block + phase) % 64 == 0 for one block only
+    _, n, found = run_verify(plan, verify, every, every - own[1])
+    assert (n, found) == (1, [(own[1], LAYER)]), flips
+    _, n, _ = run_verify(plan, verify, 0, 0)  # every 0: nothing checked
+    assert n == 0

@@ -35,10 +35,12 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
+from ...host.checksum import HEAD_K1
 from ..device import (SHARED_ALIGN16, SIMULATOR, cp_async_commit, cp_async_wait_all, cp_async_wait_one,
-                      device_function, exp2, load_cg_f32, load_cg_f32x4, prefetch_l2, shfl_idx_int, shfl_xor, syncwarp,
-                      thread_index_volatile)
+                      device_function, exp2, ld, load_cg_f32, load_cg_f32x4, load_u32x4, prefetch_l2, shfl_idx_int,
+                      shfl_xor, syncwarp, thread_index_volatile)
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
+from ..integrity import head_add, head_chunk, head_key, head_mix, warp_sum_u32
 from .fragments import NEG_INF, warp_functions
 from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape
 
@@ -61,16 +63,30 @@ else:
 
 @functools.cache
 def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
-                  joint_softmax: bool = True, partials: bool = False):
+                  joint_softmax: bool = True, partials: bool = False, verify: bool = False):
     """The decode kernel of ``shape``, compiled on first launch (cached); the other
     arguments are DecodeOptions fields of the same names (``max_registers`` None: 128). One CTA per work item: the grid
     ``(splits, num_kv_heads * head_groups, batch)`` names the item's split, KV head and head
     group, and sequence (``decode_item_function``). ``partials``: the kernel of one pool of a
-    format by age (``decode_item_function``)."""
-    decode_item = decode_item_function(shape, l2_prefetch, joint_softmax, partials)
+    format by age (``decode_item_function``). ``verify``: the variant that checks sampled
+    sealed blocks against their head digests as it reads them, with four more arguments
+    (``head_sums, vctl, flags, found``: ``decode_item_function``)."""
+    decode_item = decode_item_function(shape, l2_prefetch, joint_softmax, partials, verify=verify)
     HG = shape.head_groups
     cap = GRID_REGISTERS if max_registers is None else max_registers
     options = {} if SIMULATOR else {"max_registers": cap}
+
+    if verify:
+        @cuda.jit(**options)
+        def verify_kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens,
+                          tail_slots, out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks,
+                          max_splits, scale, head_sums, vctl, flags, found):
+            decode_item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens,
+                        tail_slots, out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks,
+                        max_splits, scale, cuda.blockIdx.x, cuda.blockIdx.y // HG, cuda.blockIdx.y % HG,
+                        cuda.blockIdx.z, head_sums, vctl, flags, found)
+
+        return verify_kernel
 
     @cuda.jit(**options)
     def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots, out,
@@ -84,7 +100,7 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
 
 @functools.cache
 def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_softmax: bool = True,
-                         partials: bool = False, volatile_tid: bool = False):
+                         partials: bool = False, volatile_tid: bool = False, verify: bool = False):
     """``decode_item(<the decode kernel's arguments>, split, h, hg, b)``: one work item, done by
     the whole CTA (every thread calls it, and every thread returns from it together): the
     split ``split`` of sequence ``b`` for KV head ``h`` and its query heads of head group
@@ -100,7 +116,20 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     ``volatile_tid``: the item reads its thread index with ``thread_index_volatile``, for a
     caller that runs items in a loop with the item inlined (``persistent.py``, the FP16
     pool in ``tiered.py``'s merge): what the item derives from the index is then recomputed
-    per item, not held across the loop."""
+    per item, not held across the loop.
+
+    ``verify`` (a specialisation; without it the item's code is the plain one): the item
+    takes four more arguments, ``head_sums`` uint32 ``[num_blocks, L, H]`` (the head digests
+    of ``hexcore.host.checksum``), ``vctl`` int32 ``[2]`` = (every, phase), ``flags`` uint32
+    ``[>= 1]`` and ``found`` int32 ``[F, 2]``, and checks each sealed block ``block`` it reads
+    with ``every > 0`` and ``(block + phase) % every == 0`` (``0 <= phase``): the warp that
+    reads the block sums the terms of the KV head's words (the quantized path from the
+    shared ring once each chunk's copies have landed, the FP16 path by re-reading the
+    block's rows, L1/L2 hits, after computing them), then lane 0 compares the sum with
+    ``head_sums[block, layer, h]``; a mismatch adds 1 to ``flags[0]`` (atomic) and, as
+    mismatch ``k < F``, writes (block, layer) into ``found[k]``. Nothing else changes: the
+    outputs are the plain item's. Tails are never checked (they are not sealed)."""
+    VERIFY = verify
     load_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish = warp_functions(shape, joint_softmax)
     H, D, BS, G = shape.H, shape.D, shape.BS, shape.G
     HG, NG, MT = shape.head_groups, shape.num_groups, shape.m_tiles
@@ -115,6 +144,61 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     merge_splits = merge_function(D)
     PREFETCH = l2_prefetch == "all" or (l2_prefetch == "quantized" and QUANTIZED)
     RUN_BYTES, META_BYTES = BS * RW * 4, (4 * D, 4 * BS * NG)  # a block's code run; key, value metadata
+    RING_K, RING_V, RING_VM = shape.ring_regions
+    CODE = BS * RW  # words of a head's code run (the head digest's indices: checksum.py)
+    # the head digest's index of a chunk's first word of each ring region, per chunk `sub`:
+    # key codes sub * RING_K, value codes CODE + sub * RING_V, key metadata 2 * CODE (its D
+    # words, copied with every chunk, counted with chunk 0 only), value metadata
+    # 2 * CODE + D + sub * RING_VM
+
+    @cuda.jit(device=True)
+    def ring_terms(total, ring, at, words, first, lane):
+        # total + the terms of ring[at:at + words] (word p at index first + p); lane takes p
+        # = lane, lane + 32, ... (one conflict-free LDS each); words a compile-time constant
+        key = head_key(first + lane)
+        for j in range(-(-words // 32)):
+            if words % 32 == 0 or lane + 32 * j < words:
+                total = head_add(total, head_mix(ld(ring, at + lane + 32 * j) ^ head_add(key, uint32(
+                    (32 * j * HEAD_K1) & 0xFFFFFFFF))))
+        return total
+
+    @cuda.jit(device=True)
+    def chunk_terms(total, ring, stage, sub, lane):
+        # total + the terms of the KV head's words in the ring stage of chunk `sub`
+        total = ring_terms(total, ring, stage, RING_K, sub * RING_K, lane)
+        total = ring_terms(total, ring, stage + RING_K, RING_V, CODE + sub * RING_V, lane)
+        if sub == 0:
+            total = ring_terms(total, ring, stage + KMETA, D, 2 * CODE, lane)
+        return ring_terms(total, ring, stage + KMETA + D, RING_VM, 2 * CODE + D + sub * RING_VM, lane)
+
+    @cuda.jit(device=True)
+    def row_terms(pool, krun, vrun, lane):
+        # the terms of an FP16 block's key and value rows of the KV head (words krun.., vrun..)
+        total = uint32(0)
+        for c in range(lane, CODE // 4, 32):
+            a0, a1, a2, a3 = load_u32x4(pool, krun + 4 * c)
+            total = head_chunk(total, a0, a1, a2, a3, head_key(4 * c))
+        for c in range(lane, CODE // 4, 32):
+            a0, a1, a2, a3 = load_u32x4(pool, vrun + 4 * c)
+            total = head_chunk(total, a0, a1, a2, a3, head_key(CODE + 4 * c))
+        return total
+
+    @cuda.jit(device=True)
+    def sampled(block, every, phase):
+        # whether the launch checks sealed block `block` (in range): every > 0 and
+        # (block + phase) % every == 0, in unsigned arithmetic (phase >= 0); every and phase
+        # are read once per item (a loop-invariant divisor: its reciprocal is hoisted)
+        return every > 0 and uint32(block + phase) % uint32(every) == 0
+
+    @cuda.jit(device=True)
+    def check_block(total, head_sums, block, layer, h, flags, found, lane):
+        # the warp's lane sums added up; lane 0 compares with the recorded head digest
+        total = warp_sum_u32(total)
+        if lane == 0 and total != head_sums[block, layer, h]:
+            k = cuda.atomic.add(flags, 0, uint32(1))
+            if k < found.shape[0]:
+                found[k, 0] = block
+                found[k, 1] = layer
 
     @cuda.jit(device=True)
     def prefetch_block(pool, offsets, block, h, layer, num_blocks, lane):
@@ -160,7 +244,8 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     @device_function
     def decode_item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots,
                     out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale,
-                    split, h, hg, b):
+                    split, h, hg, b, *check):
+        # check: (head_sums, vctl, flags, found) with VERIFY, empty otherwise.
         # pool: every store array as uint32 words; k_codes..v_tails: their word offsets.
         # q: [B, Hq, D] f16 as words; out: [B, Hq, D] f16 flat; part_o: [B*Hq, max_splits, D]
         # f32 flat; part_ml: [B*Hq, max_splits, 2] f32 flat; counters: [B * H * HG] int32
@@ -225,6 +310,9 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                       k_codes, v_codes, k_meta, v_meta, lane)
             cp_async_commit()
             corr_lo = corr_hi = float32(0)
+            if VERIFY:
+                every, phase = check[1][0], check[1][1]
+                checking, digest = False, uint32(0)
             c, sub = 0, 0
             while c < count:
                 upcoming, c_next, sub_next = block, c, sub + 1  # the next chunk
@@ -239,6 +327,13 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                 cp_async_wait_one()
                 syncwarp()  # this chunk is in the ring, every lane's copies
                 if in_range(block, num_blocks):
+                    if VERIFY:  # (block, sub and the sample are warp-uniform)
+                        if sub == 0:
+                            checking, digest = sampled(block, every, phase), uint32(0)
+                        if checking:
+                            digest = chunk_terms(digest, ring, stage, sub, lane)
+                            if sub == CPB - 1:
+                                check_block(digest, check[0], block, layer, h, check[2], check[3], lane)
                     if sub == 0:
                         corr_lo, corr_hi = fold_keys(ring, stage + KMETA, lane, qh, qs)
                     chunk_codes(ring, stage, qs, corr_lo, corr_hi, sc, o, stats, state, lane)
@@ -247,6 +342,8 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                 block, c, sub = upcoming, c_next, sub_next
             cp_async_wait_all()
         else:
+            if VERIFY:
+                every, phase = check[1][0], check[1][1]
             for vb in range(vb0 + warp, min(vb1, n_sealed), WARPS):
                 if PREFETCH and vb + WARPS < min(vb1, n_sealed):  # the warp's next block, one block ahead
                     prefetch_block(pool, (k_codes, v_codes, k_meta, v_meta), block_tables[b, vb + WARPS], h, layer,
@@ -257,6 +354,10 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                 rows = code_offset(layer, block, h, 0, num_blocks, H, BS, RW * 4) // 4
                 for k in range(KSB):
                     kstep_rows(pool, k_codes + rows, v_codes + rows, k, BS, lane, qh, kw, vw, sc, o, stats, state)
+                if VERIFY:
+                    if sampled(block, every, phase):  # (the block id is warp-uniform)
+                        check_block(row_terms(pool, k_codes + rows, v_codes + rows, lane), check[0], block, layer, h,
+                                    check[2], check[3], lane)
         tail = n_virtual - 1  # the tail, when there is one, is the sequence's last virtual block
         slot = tail_slots[b]
         if tail >= n_sealed and vb0 <= tail < vb1 and (tail - vb0) % WARPS == warp and in_range(slot, max_seqs):

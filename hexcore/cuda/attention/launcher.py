@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda
@@ -25,6 +26,48 @@ from .shape import THREADS, DecodeShape, unsupported_reason
 @functools.cache
 def _num_sms() -> int:
     return 1 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
+
+
+class DecodeVerify(NamedTuple):
+    """The buffers of a decode that checks sampled sealed blocks as it reads them (the verify
+    variant of ``kernel.decode_kernel``; docs/fault-tolerance.md, "Verification inside the
+    decode kernel").
+
+    - ``head_sums``: uint32 ``[num_blocks, num_layers, num_kv_heads]``, the recorded head
+      digests (``integrity.head_record_launch``); read only.
+    - ``vctl``: int32 ``[2]`` = (every, phase): sealed block ``b`` is checked iff ``every >
+      0`` and ``(b + phase) % every == 0``; ``every`` 0 checks none. A device array, so a
+      captured graph can change the phase per step; a host array is checked (``every >= 0``,
+      ``0 <= phase``) and copied once.
+    - ``flags``: uint32 ``[>= 1]``: ``flags[0]`` counts mismatches (atomic adds; never
+      cleared by the kernel).
+    - ``found``: int32 ``[F, 2]``: mismatch ``k < F`` writes its (block, layer) into row ``k``.
+    """
+
+    head_sums: object
+    vctl: object
+    flags: object
+    found: object
+
+
+def checked_verify(verify, store) -> tuple:
+    """The four device arrays of ``verify`` (a DecodeVerify) checked against ``store``."""
+    if not isinstance(verify, DecodeVerify):
+        raise HexcoreInvalidArgumentError(f"verify: expected a DecodeVerify or None, got {type(verify).__name__}")
+    cfg = store.config
+    head_sums = checked(verify.head_sums, "verify.head_sums", np.uint32,
+                        (store.num_blocks, cfg.num_layers, cfg.num_kv_heads), align=4, output=False)
+    vctl = verify.vctl
+    if isinstance(vctl, np.ndarray) and vctl.dtype == np.int32 and vctl.shape == (2,) and \
+            (vctl[0] < 0 or vctl[1] < 0):
+        raise HexcoreInvalidArgumentError(
+            f"verify.vctl: expected (every >= 0, phase >= 0), got ({int(vctl[0])}, {int(vctl[1])})")
+    vctl = checked(vctl, "verify.vctl", np.int32, (2,), align=4, output=False)
+    flags = checked(verify.flags, "verify.flags", np.uint32, (None,), align=4, output=True)
+    if flags.shape[0] < 1:
+        raise HexcoreInvalidArgumentError(f"verify.flags: expected shape (n >= 1,), got {tuple(flags.shape)}")
+    found = checked(verify.found, "verify.found", np.int32, (None, 2), align=4, output=True)
+    return head_sums, vctl, flags, found
 
 
 class Workspace:
@@ -76,7 +119,7 @@ def split_blocks_for(items: int, max_virtual: int, ctas_per_sm: int, options: De
 
 def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, tail_slots, out=None,
                  scale: float | None = None, max_seq_len: int | None = None, stream=None,
-                 options: DecodeOptions | None = None):
+                 options: DecodeOptions | None = None, verify: DecodeVerify | None = None):
     """Decode attention of one new query token per sequence over its paged KV cache.
 
     Each sequence ``b`` attends over its ``seq_lens[b] // block_size`` sealed blocks
@@ -97,6 +140,8 @@ def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, ta
     stream : the stream to launch on (``streams.resolve_stream``: by default torch's
         current stream when any argument is a torch tensor, else the default stream).
     options : DecodeOptions (split policy, register cap).
+    verify : DecodeVerify or None: check the sampled sealed blocks against their head
+        digests while reading them (the kernel's verify variant; outputs unchanged).
 
     Returns ``out``. Host (numpy) index arrays are range-checked before the launch; device
     arrays are trusted (checking them would synchronise): kernels never read outside the
@@ -104,7 +149,7 @@ def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, ta
     arguments (tens of us of host time); :class:`DecodePlan` does that once.
     """
     launch, out = decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len,
-                                options or DEFAULT_OPTIONS, _workspace)
+                                options or DEFAULT_OPTIONS, _workspace, verify)
     launch.run(resolve_stream(stream, q, block_tables, seq_lens, tail_slots, out))
     return out
 
@@ -117,13 +162,21 @@ class DecodePlan:
     and ``tail_slots`` between runs, never the arrays; every ``seq_lens`` entry must stay
     at most ``max_seq_len``. All arrays must be device arrays or CUDA tensors (a host
     array would be copied once and later changes to it ignored). ``workspace`` holds the
-    split partials (default: the module's, shared with ``paged_decode``).
+    split partials (default: the module's, shared with ``paged_decode``). ``verify``: a
+    DecodeVerify of device arrays (every layer's launch checks its sampled blocks; change
+    ``vctl``'s contents between runs to move the sample).
     """
 
     def __init__(self, q, store: DeviceKVStore, block_tables, seq_lens, tail_slots, max_seq_len: int, out=None,
                  scale: float | None = None, workspace: Workspace | None = None,
-                 options: DecodeOptions | None = None):
+                 options: DecodeOptions | None = None, verify: DecodeVerify | None = None):
         device_only(q=q, block_tables=block_tables, seq_lens=seq_lens, tail_slots=tail_slots, out=out)
+        if verify is not None:
+            if not isinstance(verify, DecodeVerify):
+                raise HexcoreInvalidArgumentError(
+                    f"verify: expected a DecodeVerify or None, got {type(verify).__name__}")
+            device_only(**{f"verify.{name}": a for name, a in verify._asdict().items()})
+        self._verify = verify
         if workspace is not None and not isinstance(workspace, Workspace):
             raise HexcoreInvalidArgumentError(
                 f"workspace: expected a Workspace or None, got {type(workspace).__name__}")
@@ -131,7 +184,7 @@ class DecodePlan:
         self._inputs = (q, block_tables, seq_lens, tail_slots)
         self._scale, self._max_seq_len, self._workspace = scale, max_seq_len, workspace or _workspace
         _, self.out = decode_launch(q, store, 0, block_tables, seq_lens, tail_slots, out, scale, max_seq_len,
-                                    self.options, self._workspace)
+                                    self.options, self._workspace, verify)
         self._torch = next((a for a in (*self._inputs, out) if type(a).__module__.startswith("torch")), None)
         self._layers: dict = {}
 
@@ -144,7 +197,7 @@ class DecodePlan:
             prepared = self._layers.get(layer)
         if prepared is None:
             launch, _ = decode_launch(self._inputs[0], self.store, layer, *self._inputs[1:], self.out, self._scale,
-                                      self._max_seq_len, self.options, self._workspace)
+                                      self._max_seq_len, self.options, self._workspace, self._verify)
             prepared = self._layers[layer] = launch.prepare(self.options.launch_path)
         return prepared
 
@@ -159,8 +212,11 @@ class DecodePlan:
 
 
 def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len,
-                  options: DecodeOptions, workspace: Workspace) -> tuple[Launch, object]:
-    """Validate paged_decode's arguments; returns (the launch, out)."""
+                  options: DecodeOptions, workspace: Workspace, verify: DecodeVerify | None = None
+                  ) -> tuple[Launch, object]:
+    """Validate paged_decode's arguments; returns (the launch, out). ``verify``: a
+    DecodeVerify picks the kernel's verify variant (its four arrays appended to the
+    arguments)."""
     cfg = checked_store(store).config
     if not isinstance(options, DecodeOptions):
         raise HexcoreInvalidArgumentError(f"options: expected DecodeOptions, got {type(options).__name__}")
@@ -189,17 +245,21 @@ def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scal
         out = cuda.device_array((batch, num_q_heads, cfg.head_dim), np.float16)
     out = checked(out, "out", np.float16, (batch, num_q_heads, cfg.head_dim), output=True)
     check_outside_store(store, out=out)
+    checks = () if verify is None else checked_verify(verify, store)
+    if checks:
+        check_outside_store(store, **{f"verify.{n}": a for n, a in zip(("flags", "found"), checks[2:])})
 
     shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
                         num_q_heads // cfg.num_kv_heads, cfg.group_size)
-    kernel = decode_kernel(shape, options.max_registers, options.l2_prefetch, options.joint_softmax)
+    kernel = decode_kernel(shape, options.max_registers, options.l2_prefetch, options.joint_softmax,
+                           verify=bool(checks))
     items = batch * cfg.num_kv_heads * shape.head_groups
     max_virtual = max(1, -(-max_seq_len // cfg.block_size))
     part_o, part_ml, counters = workspace.get(1, 1, 1, 1)  # placeholders to size the kernel's occupancy
     args = [store.pool, *(store.word_offsets.get(n, 0) for n in ("k_codes", "v_codes", "k_meta", "v_meta",
                                                                    "k_tails", "v_tails")),
             flat_words(q), block_tables, seq_lens, tail_slots, out.reshape(out.size), part_o, part_ml, counters,
-            int(layer), store.num_blocks, store.max_seqs, 1, 1, np.float32(scale)]
+            int(layer), store.num_blocks, store.max_seqs, 1, 1, np.float32(scale), *checks]
     ctas_per_sm = options.ctas_per_sm or _ctas_per_sm(kernel, args)
     split_blocks = split_blocks_for(items, max_virtual, ctas_per_sm, options, cfg.kv_dtype.bits)
     splits = -(-max_virtual // split_blocks)
