@@ -24,6 +24,8 @@ Helpers
 - ``shfl_idx_int(value, src)``: the same for an int32 ``value`` (a block id).
 - ``shfl_xor(value, mask)``: float32 ``value`` of lane ``lane ^ mask``.
 - ``shfl_xor_u32(value, mask)``: the same for a uint32 ``value`` (a digest's lane sums).
+- ``warp_ballot(predicate)``: uint32 mask of the lanes with ``predicate`` (``vote.ballot``),
+  the same in every lane.
 - ``warp_any(predicate)``: whether any lane of the warp has ``predicate`` (``vote.any``);
   the branch it guards is warp-uniform.
 - ``exp2(x)``: ``2**x`` in float32 (``ex2.approx.ftz``: 2 ulp; the twin uses math.exp2).
@@ -250,6 +252,10 @@ if not SIMULATOR:
         return cuda.any_sync(FULL_MASK, predicate)
 
     @device_function
+    def warp_ballot(predicate):
+        return types.uint32(cuda.ballot_sync(FULL_MASK, predicate))
+
+    @device_function
     def load_cg_f32(array, index):
         return _load_cg(array, index)
 
@@ -370,6 +376,15 @@ else:
         got = bool(warp.slots.any())
         warp.barrier.wait()  # every lane has read
         return got
+
+    @cuda.jit(device=True)
+    def warp_ballot(predicate):
+        warp = _warp()
+        warp.int_slots[cuda.threadIdx.x % 32] = 1 if predicate else 0
+        warp.barrier.wait()  # every lane's predicate written
+        got = int((warp.int_slots << np.arange(32, dtype=np.int64)).sum())
+        warp.barrier.wait()  # every lane has read
+        return np.uint32(got)
 
     @cuda.jit(device=True)
     def shfl_idx(value, src):

@@ -38,7 +38,7 @@ from numba import cuda, float32, int32, uint32
 from ...host.checksum import HEAD_K1
 from ..device import (SHARED_ALIGN16, SIMULATOR, cp_async_commit, cp_async_wait_all, cp_async_wait_one,
                       device_function, exp2, ld, load_cg_f32, load_cg_f32x4, load_u32x4, prefetch_l2, shfl_idx_int,
-                      shfl_xor, syncwarp, thread_index_volatile)
+                      shfl_xor, syncwarp, thread_index_volatile, warp_ballot)
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 from ..integrity import head_add, head_chunk, head_key, head_mix, warp_sum_u32
 from .fragments import NEG_INF, warp_functions
@@ -184,11 +184,24 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
         return total
 
     @cuda.jit(device=True)
-    def sampled(block, every, phase):
+    def sampled(block, vctl):
         # whether the launch checks sealed block `block` (in range): every > 0 and
-        # (block + phase) % every == 0, in unsigned arithmetic (phase >= 0); every and phase
-        # are read once per item (a loop-invariant divisor: its reciprocal is hoisted)
-        return every > 0 and uint32(block + phase) % uint32(every) == 0
+        # (block + phase) % every == 0, in unsigned arithmetic (phase >= 0); vctl read here
+        # (L1 hits), not held in registers across the loop
+        every = vctl[0]
+        return every > 0 and uint32(block + vctl[1]) % uint32(every) == 0
+
+    @cuda.jit(device=True)
+    def warp_block_sampled(block_tables, b, first, count, c, lane, ids, picks, num_blocks, vctl):
+        # warp_block, and whether the launch checks that block: when the ids are read (once
+        # per 32 blocks) each lane tests its own block and a ballot keeps the 32 answers in
+        # picks[0], so a block's test is a shift, not a division
+        if c & 31 == 0:
+            i = c + lane
+            block = block_tables[b, first + WARPS * i] if i < count else -1
+            ids[0] = block
+            picks[0] = warp_ballot(in_range(block, num_blocks) and sampled(block, vctl))
+        return shfl_idx_int(ids[0], c & 31), (picks[0] >> uint32(c & 31)) & uint32(1) != 0
 
     @cuda.jit(device=True)
     def check_block(total, head_sums, block, layer, h, flags, found, lane):
@@ -304,22 +317,31 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
             head_row = (layer * num_blocks) * H + h
             ids = cuda.local.array(1, int32)
             stage, spare = warp * 2 * STAGE, warp * 2 * STAGE + STAGE  # computed, being filled
-            block = warp_block(block_tables, b, first, count, 0, lane, ids) if count > 0 else -1
+            if VERIFY:  # the blocks' ids, and whether each is checked (`checking`: block's)
+                picks = cuda.local.array(1, uint32)
+                block, checking = warp_block_sampled(block_tables, b, first, count, 0, lane, ids, picks, num_blocks,
+                                                     check[1]) if count > 0 else (-1, False)
+                digest = uint32(0)
+            else:
+                block = warp_block(block_tables, b, first, count, 0, lane, ids) if count > 0 else -1
             if count > 0:
                 issue(pool, ring, stage, 0, block, head_row, first, last, b, h, layer, num_blocks, block_tables,
                       k_codes, v_codes, k_meta, v_meta, lane)
             cp_async_commit()
             corr_lo = corr_hi = float32(0)
-            if VERIFY:
-                every, phase = check[1][0], check[1][1]
-                checking, digest = False, uint32(0)
             c, sub = 0, 0
             while c < count:
                 upcoming, c_next, sub_next = block, c, sub + 1  # the next chunk
+                if VERIFY:
+                    upcoming_checked = checking
                 if sub_next == CPB:
                     c_next, sub_next = c + 1, 0
                     if c_next < count:
-                        upcoming = warp_block(block_tables, b, first, count, c_next, lane, ids)
+                        if VERIFY:
+                            upcoming, upcoming_checked = warp_block_sampled(block_tables, b, first, count, c_next,
+                                                                            lane, ids, picks, num_blocks, check[1])
+                        else:
+                            upcoming = warp_block(block_tables, b, first, count, c_next, lane, ids)
                 if c_next < count:
                     issue(pool, ring, spare, sub_next, upcoming, head_row, first + WARPS * c_next, last, b, h,
                           layer, num_blocks, block_tables, k_codes, v_codes, k_meta, v_meta, lane)
@@ -328,10 +350,8 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                 syncwarp()  # this chunk is in the ring, every lane's copies
                 if in_range(block, num_blocks):
                     if VERIFY:  # (block, sub and the sample are warp-uniform)
-                        if sub == 0:
-                            checking, digest = sampled(block, every, phase), uint32(0)
                         if checking:
-                            digest = chunk_terms(digest, ring, stage, sub, lane)
+                            digest = chunk_terms(digest if sub else uint32(0), ring, stage, sub, lane)
                             if sub == CPB - 1:
                                 check_block(digest, check[0], block, layer, h, check[2], check[3], lane)
                     if sub == 0:
@@ -340,10 +360,10 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                 syncwarp()  # every lane has read the stage before it is refilled
                 stage, spare = spare, stage
                 block, c, sub = upcoming, c_next, sub_next
+                if VERIFY:
+                    checking = upcoming_checked
             cp_async_wait_all()
         else:
-            if VERIFY:
-                every, phase = check[1][0], check[1][1]
             for vb in range(vb0 + warp, min(vb1, n_sealed), WARPS):
                 if PREFETCH and vb + WARPS < min(vb1, n_sealed):  # the warp's next block, one block ahead
                     prefetch_block(pool, (k_codes, v_codes, k_meta, v_meta), block_tables[b, vb + WARPS], h, layer,
@@ -355,7 +375,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                 for k in range(KSB):
                     kstep_rows(pool, k_codes + rows, v_codes + rows, k, BS, lane, qh, kw, vw, sc, o, stats, state)
                 if VERIFY:
-                    if sampled(block, every, phase):  # (the block id is warp-uniform)
+                    if sampled(block, check[1]):  # (the block id is warp-uniform)
                         check_block(row_terms(pool, k_codes + rows, v_codes + rows, lane), check[0], block, layer, h,
                                     check[2], check[3], lane)
         tail = n_virtual - 1  # the tail, when there is one, is the sequence's last virtual block
