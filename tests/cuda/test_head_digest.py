@@ -127,3 +127,32 @@ def test_decode_verify_finds_flips_in_sampled_blocks_only(rng, kv_dtype, block_s
     assert (n, found) == (1, [(own[1], LAYER)]), flips
     _, n, _ = run_verify(plan, verify, 0, 0)  # every 0: nothing checked
     assert n == 0
+
+
+def test_decode_verify_bad_arguments_raise_typed_errors(rng):
+    cfg = KVCacheConfig(num_layers=2, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="int4")
+    store = DeviceKVStore(cfg, 4, 2)
+    q = np.zeros((1, 2, 64), np.float16)
+    tables, lens, tails = np.zeros((1, 2), np.int32), np.array([20], np.int32), np.zeros(1, np.int32)
+    good = dict(head_sums=cuda.device_array((4, 2, 1), np.uint32), vctl=cuda.to_device(np.array([16, 3], np.int32)),
+                flags=cuda.device_array(1, np.uint32), found=cuda.device_array((4, 2), np.int32))
+    cases = [(dict(head_sums=cuda.device_array((4, 2), np.uint32)), r"verify\.head_sums: expected shape \(4, 2, 1\)"),
+             (dict(head_sums=cuda.device_array((4, 2, 1), np.int32)), r"verify\.head_sums: expected dtype uint32"),
+             (dict(vctl=cuda.device_array(3, np.int32)), r"verify\.vctl: expected shape \(2,\)"),
+             (dict(vctl=np.array([16.0, 0.0])), r"verify\.vctl: expected dtype int32"),
+             (dict(vctl=np.array([-1, 0], np.int32)), r"verify\.vctl: expected \(every >= 0, phase >= 0\), got \(-1, 0\)"),
+             (dict(vctl=np.array([16, -2], np.int32)), r"got \(16, -2\)"),
+             (dict(flags=cuda.device_array(0, np.uint32)), r"verify\.flags: expected shape \(n >= 1,\), got \(0,\)"),
+             (dict(flags=np.zeros(1, np.uint32)), r"verify\.flags: an output must be"),
+             (dict(found=cuda.device_array((4, 3), np.int32)), r"verify\.found: expected shape"),
+             (dict(found=store.pool[:8].view(np.int32).reshape(4, 2)), r"verify\.found")]
+    for change, text in cases:
+        with pytest.raises(HexcoreInvalidArgumentError, match=text):
+            paged_decode(q, store, 0, tables, lens, tails, verify=DecodeVerify(**{**good, **change}))
+    with pytest.raises(HexcoreInvalidArgumentError, match="verify: expected a DecodeVerify or None, got tuple"):
+        paged_decode(q, store, 0, tables, lens, tails, verify=tuple(good.values()))
+    d = [cuda.to_device(a) for a in (q, tables, lens, tails)]
+    with pytest.raises(HexcoreInvalidArgumentError, match="verify: expected a DecodeVerify or None, got dict"):
+        DecodePlan(d[0], store, d[1], d[2], d[3], 20, verify=good)
+    with pytest.raises(HexcoreInvalidArgumentError, match=r"verify\.vctl"):  # a plan takes device arrays only
+        DecodePlan(d[0], store, d[1], d[2], d[3], 20, verify=DecodeVerify(**{**good, "vctl": np.array([1, 0], np.int32)}))
