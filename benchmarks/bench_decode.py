@@ -13,7 +13,11 @@ grid and arguments, every split's partial written, nothing merged): the fused me
 of the plain row is ``1 - nomerge / plain`` (issue 12 asks it under 3% at B=1).
 
 ``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, softmax per 16 tokens, the
-split policy without its merge term, a format's FP16 pool inside the merge launch); ``--shapes
+split policy without its merge term, a format's FP16 pool inside the merge launch) and the
+decode kernel's verify variant (``verify 1/16``: every block's head digests recorded, the
+blocks with ``block % 16 == 0`` checked as they are read, issue 14's sampled verification
+inside the decode; ``verify every=0``: the variant checking nothing, its fixed cost; the rows
+carry ``verify_flags``, the mismatches found, which must be 0); ``--shapes
 b1`` is the two B=1 shapes (the only ones whose split count the merge term changes); ``--name``
 names the JSON
 (decode_<name>.json under $OUT). The hexcore rows use only the API older versions share
@@ -46,12 +50,24 @@ def kv_bytes(cfg: KVCacheConfig, batch: int, ctx: int) -> int:
     return batch * (sealed * cfg.block_bytes_per_layer + tail * 2 * cfg.num_kv_heads * cfg.head_dim * 2)
 
 
+class VerifySample:
+    """A ``--variants`` entry: the decode kernel's verify variant checking blocks with ``block
+    % every == 0`` (``every`` 0: none) against their head digests; options: DecodeOptions."""
+
+    def __init__(self, every: int, options=None):
+        self.every, self.options = every, options
+
+
 def decode_case(dtype: str, batch: int, num_q_heads: int, num_kv_heads: int, ctx: int, options=None):
     """(run, bytes, store, kernel info) for one shape: a filled store, shuffled block tables."""
     from numba import cuda
 
     from benchmarks.gpu_common import fill_store
     from hexcore.cuda import DecodePlan, DeviceKVStore
+
+    sample = options if isinstance(options, VerifySample) else None
+    if sample is not None:
+        options = sample.options
 
     merge = not dtype.endswith("-nomerge")
     dtype = dtype.removesuffix("-nomerge")
@@ -65,8 +81,26 @@ def decode_case(dtype: str, batch: int, num_q_heads: int, num_kv_heads: int, ctx
     slots = cuda.to_device(np.arange(batch, dtype=np.int32))
     q = cuda.to_device(rng.standard_normal((batch, num_q_heads, D)).astype(np.float16))
     kwargs = {} if options is None else {"options": options}
+    if sample is not None:
+        from hexcore.cuda.attention import DecodeVerify
+        from hexcore.cuda.integrity import record_head_sums
+
+        head_sums = cuda.device_array((store.num_blocks, 1, num_kv_heads), np.uint32)
+        record_head_sums(store, np.arange(store.num_blocks, dtype=np.int32), head_sums)
+        kwargs["verify"] = DecodeVerify(head_sums, cuda.to_device(np.array([sample.every, 0], np.int32)),
+                                        cuda.to_device(np.zeros(1, np.uint32)), cuda.device_array((16, 2), np.int32))
     plan = DecodePlan(q, store, tables, lens, slots, max_seq_len=ctx, **kwargs)
     plan.run(0)
+    if sample is not None:
+        flags = kwargs["verify"].flags
+
+        def run():
+            plan.run(0)
+
+        info = kernel_info(plan)
+        info["verify_every"] = sample.every
+        info["verify_flags"] = lambda: int(flags.copy_to_host()[0])  # read after the timing
+        return run, kv_bytes(cfg, batch, ctx), store, info
     if not merge:
         launch = without_merge(plan, cfg, num_q_heads, options)
         return launch.run, kv_bytes(cfg, batch, ctx), store, kernel_info(plan)
@@ -218,8 +252,11 @@ def rows_for(shape, dtypes=("fp16", "int4", "int2"), variants=None, peers=True, 
     for dtype in dtypes:
         for name, options in (variants or {"": None}).items():
             case = tiered_case if dtype.endswith(("-aged", "+merge")) else decode_case
+            if isinstance(options, VerifySample) and case is tiered_case:
+                continue  # (the verify variant is the grid decode kernel's)
             run, nbytes, store, info = case(dtype, *shape, options=options)
             seconds = time_gpu(run)
+            info = {k: v() if callable(v) else v for k, v in info.items()}
             rows.append(_row(f"hexcore {dtype}{name}", shape, seconds, nbytes, nbytes, sdpa_seconds, **info))
             del store
             gc.collect()
@@ -242,7 +279,8 @@ def option_variants():
             " prefetch=all": DecodeOptions(l2_prefetch="all"), " no register cap": DecodeOptions(max_registers=255),
             " per-16 softmax": DecodeOptions(joint_softmax=False),
             " no merge term": DecodeOptions(split_merge_cost=0),
-            " fp16 in merge": DecodeOptions(tiered_fp16="merge")}  # formats by age only
+            " fp16 in merge": DecodeOptions(tiered_fp16="merge"),  # formats by age only
+            " verify 1/16": VerifySample(16), " verify every=0": VerifySample(0)}
 
 
 def main(argv) -> None:

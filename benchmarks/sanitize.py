@@ -1,6 +1,7 @@
 """Every kernel once on small shapes, for compute-sanitizer (memcheck, racecheck,
 initcheck, synccheck): append, seal (from tails and from rows), copy (blocks, tails), dequantize, the layout check,
-paged decode (every dtype, MHA and GQA, one split and many, a head group of 9), a
+paged decode (every dtype, MHA and GQA, one split and many, a head group of 9; the verify
+variant checking every block against head digests the head-digest kernel recorded), a
 DecodeGraph step (and one that verifies blocks against their digests inside the step), prefill over a cached prefix (gather and extend kernels, one sequence and a batch), block
 checksums and guard words, the persistent decode (several slices), and a format by age's
 kernels (the seal with fitted keys, re-seals between pools, the partials decode and its merge).
@@ -21,7 +22,8 @@ from hexcore.cuda import (DecodeGraph, DecodeOptions, DeviceKVStore, PersistentD
                           copy_tails, dequantize_blocks, layout_agrees, nonfinite_flags, paged_decode,
                           persistent_decode, prefill_attention, prefill_attention_batch, reseal_blocks, seal, seal_rows,
                           tiered_decode)
-from hexcore.cuda.integrity import check_guards, checksum_blocks
+from hexcore.cuda.attention import DecodeVerify
+from hexcore.cuda.integrity import check_guards, checksum_blocks, record_head_sums
 
 SPLIT = DecodeOptions(ctas_per_sm=64, min_split_blocks=1)
 
@@ -49,6 +51,7 @@ def run_dtype(dtype: str, rng, only_new: bool = False) -> None:
                            options=options)
         cuda.synchronize()
         assert not np.isnan(out.copy_to_host()).any(), (dtype, group)
+    run_verify_decode(store, tables, rng)
     run_new_kernels(store, tables, rng)
     graph = DecodeGraph(store, 8, max_blocks_per_seq=3, batch_buckets=(2,), backend="driver")
     views = graph.buffers(2)
@@ -78,6 +81,25 @@ def run_dtype(dtype: str, rng, only_new: bool = False) -> None:
                        np.array([0, 1], np.int32), verify_blocks=np.array([5, 6], np.int32))
         cuda.synchronize()
     assert verifying.verify_results().ok, dtype
+
+
+def run_verify_decode(store, tables, rng) -> None:
+    """The head-digest RECORD kernel (a -1 padding row), then the decode kernel's verify
+    variant checking every sealed block (one split and many): no mismatch, and the same
+    output as the plain kernel."""
+    cfg = store.config
+    head_sums = cuda.to_device(np.zeros((store.num_blocks, cfg.num_layers, cfg.num_kv_heads), np.uint32))
+    record_head_sums(store, cuda.to_device(np.array([5, -1, 6], np.int32)), head_sums)
+    verify = DecodeVerify(head_sums, cuda.to_device(np.array([1, 0], np.int32)),
+                          cuda.to_device(np.zeros(1, np.uint32)), cuda.to_device(np.zeros((4, 2), np.int32)))
+    q = rng.standard_normal((2, 8, 128)).astype(np.float16)
+    for options in (None, SPLIT):
+        args = (q, store, 0, tables, np.array([35, 32], np.int32), np.array([0, 1], np.int32))
+        plain = paged_decode(*args, options=options).copy_to_host()
+        checked = paged_decode(*args, options=options, verify=verify).copy_to_host()
+        cuda.synchronize()
+        assert np.array_equal(plain.view(np.uint16), checked.view(np.uint16)), store.config.kv_dtype
+    assert verify.flags.copy_to_host()[0] == 0, store.config.kv_dtype
 
 
 def run_new_kernels(store, tables, rng) -> None:
