@@ -94,6 +94,7 @@ def head_key(i):
 @cuda.jit(device=True, inline=True)
 def head_mix(x):
     """The term of a word whose ``w ^ key(i)`` is ``x`` (uint32; ``checksum.head_term``)."""
+    x = x ^ (x >> uint32(16))
     x = uint32((uint64(x) * _M1) & _MASK)
     x = x ^ (x >> uint32(13))
     x = uint32((uint64(x) * _M2) & _MASK)
