@@ -11,8 +11,9 @@ heads, 32 query heads, head_dim 128, block 32), ``--batch`` sequences of about
 ``--context`` tokens (staggered so their tails differ); each step is ``engine.step`` and
 ``run()``. Printed: host ms per step, with ``--profile N`` cProfile's N hexcore functions
 by cumulative time, and with ``--count`` what a step asks of numba-cuda (:func:`per_step_counts`:
-host-to-device copies, device allocations, launches prepared, eager launches, prepared runs),
-the same on the simulator as on a GPU.
+host-to-device copies, device allocations, launches prepared, eager launches, prepared runs,
+set_array calls, device array objects made, and on a GPU arguments marshalled by numba),
+the same on the simulator as on a GPU (but the last, a GPU's only).
 
 What it measures: the block manager's step and every check, table, plan and launch
 description hexcore makes for a step. What it leaves out: numba-cuda's own cost per launch
@@ -112,22 +113,29 @@ COUNTED = {  # what per_step_counts counts: (module path, attribute) -> its name
     ("hexcore.cuda.launch", "PreparedLaunch.__init__"): "prepare",
     ("hexcore.cuda.launch", "Launch.run"): "eager launch",
     ("hexcore.cuda.launch", "PreparedLaunch.run"): "prepared run",
+    ("hexcore.cuda.launch", "PreparedLaunch.set_array"): "set_array",
+    # every device array object made (a slice, reshape, view or allocation: on a GPU each is
+    # tens of us of numba's Python, and a fresh one is typed and marshalled anew by a launch):
+    # a GPU's class, or the simulator's (the same module path there); the one that exists counts
+    ("numba.cuda.cudadrv.devicearray", "DeviceNDArrayBase.__init__"): "device array objects",
+    ("numba.cuda.cudadrv.devicearray", "FakeCUDAArray.__init__"): "device array objects",
+    # a GPU only: numba's marshalling of one kernel argument (eager launches, set_array)
+    ("numba.cuda.dispatcher", "_Kernel._prepare_args"): "arguments marshalled",
 }
 
 
 def per_step_counts(engine, seqs, steps: int) -> dict:
     """Calls per ``engine.step(seqs).run()`` (averaged over ``steps``, after the caller's
-    warm-up) of each function in :data:`COUNTED`, wrapped for the steps and restored after."""
-    import importlib
-
-    calls = dict.fromkeys(COUNTED.values(), 0)
+    warm-up) of each function in :data:`COUNTED` that exists here (a name none of whose
+    functions exists is left out), wrapped for the steps and restored after."""
+    calls: dict = {}
     saved = []
     for (module, path), name in COUNTED.items():
-        owner = importlib.import_module(module)
-        *outer, attr = path.split(".")
-        for part in outer:
-            owner = getattr(owner, part)
-        original = getattr(owner, attr)
+        owner, attr = _owner(module, path)
+        if owner is None:
+            continue
+        calls.setdefault(name, 0)
+        original = owner.__dict__[attr]  # (a method of the class itself: restored as it was)
         saved.append((owner, attr, original))
 
         def counting(*args, _original=original, _name=name, **kwargs):
@@ -142,6 +150,23 @@ def per_step_counts(engine, seqs, steps: int) -> dict:
         for owner, attr, original in saved:
             setattr(owner, attr, original)
     return {name: n / steps for name, n in calls.items()}
+
+
+def _owner(module: str, path: str) -> tuple:
+    """(the class or module defining ``path``'s last attribute, its name), or (None, None)
+    where the module, class or attribute does not exist (the simulator's or a GPU's only)."""
+    import importlib
+
+    try:
+        owner = importlib.import_module(module)
+    except ImportError:
+        return None, None
+    *outer, attr = path.split(".")
+    for part in outer:
+        owner = getattr(owner, part, None)
+    if owner is None or attr not in getattr(owner, "__dict__", {}):
+        return None, None
+    return owner, attr
 
 
 def main(argv=None) -> float:
