@@ -19,7 +19,10 @@ records an event on the previous step's stream (all its launches are queued by t
 takes the other turn, waiting on the event recorded after the step that used it last: no
 copy overwrites an array that a queued kernel still reads, on any stream, and the host
 runs at most one step ahead. Each array starts on a 16-byte boundary; the views have the
-arrays' shapes.
+arrays' shapes. A view is kept per (buffer, offset, shape) (``views.memo``): a serving loop
+puts the same shapes at the same offsets of a turn step after step, and gets the same view
+objects, which a prepared launch rebinding them finds unchanged (numba makes a view in
+Python, tens of us on the H200; a new buffer, after growth, has none yet).
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ import numpy as np
 from numba import cuda
 
 from ..errors import HexcoreInvalidArgumentError
+from .arrays import device_pointer
 from .device import SIMULATOR
 from .streams import resolve_stream
+from .views import memo
 
 WORDS = 4  # int32 words per 16 bytes: every packed array starts at a multiple
 
@@ -55,9 +60,16 @@ def pack(stage: np.ndarray, arrays: Sequence[np.ndarray], offsets: list[int]) ->
 
 
 def device_views(buffer, arrays: Sequence[np.ndarray], offsets: list[int]) -> list:
-    """Views of device int32 ``buffer`` shaped like ``arrays``, starting at ``offsets``."""
-    return [buffer[at:at + a.size].reshape(a.shape) if a.ndim != 1 else buffer[at:at + a.size]
+    """Views of device int32 ``buffer`` shaped like ``arrays``, starting at ``offsets`` (each
+    kept on ``buffer``: the same object for the same offset and shape)."""
+    return [memo(buffer, ("upload", at, a.shape), lambda b, at=at, shape=a.shape: _view(b, at, shape))
             for a, at in zip(arrays, offsets)]
+
+
+def _view(buffer, at: int, shape: tuple):
+    size = int(np.prod(shape, dtype=np.int64))
+    view = buffer[at:at + size]
+    return view if len(shape) == 1 else view.reshape(shape)
 
 
 def upload_once(arrays: Sequence[np.ndarray]) -> list:
@@ -117,6 +129,7 @@ class _Turn:
     def _alloc(self, words: int) -> None:
         self.host = cuda.pinned_array(words, np.int32)
         self.device = cuda.device_array(words, np.int32)
+        self.address = None if SIMULATOR else device_pointer(self.device)  # where a copy goes, from its offset
         self.used = 0
         self.retired = []  # outgrown buffers a queued copy may still read
 
@@ -135,7 +148,8 @@ class _Turn:
             self._scratch, self._scratch_used = cuda.device_array(max(2 * have, size, 1 << 20), np.uint8), 0
         at = self._scratch_used
         self._scratch_used += size
-        return self._scratch[at:at + nbytes].view(dtype).reshape(shape)
+        return memo(self._scratch, ("scratch", at, dtype.str, shape),
+                    lambda s: s[at:at + nbytes].view(dtype).reshape(shape))
 
     def put(self, arrays: Sequence[np.ndarray], stream) -> list:
         offsets, words = packed_offsets(arrays)
@@ -148,26 +162,27 @@ class _Turn:
         pack(self.host, arrays, offsets)
         self.used += words
         if words:
-            _copy(self.device[first:first + words], self.host[first:first + words], stream)
+            self._copy(first, words, stream)
         return device_views(self.device, arrays, offsets)
+
+    def _copy(self, first: int, words: int, stream) -> None:
+        """Words ``first .. first + words`` host to device, asynchronous on ``stream`` (a
+        resolved Stream) on a GPU: through the driver from the buffer's address (no device
+        view made), since numba copies synchronously on the default stream."""
+        host = self.host[first:first + words]
+        if SIMULATOR:  # the numpy array under the simulator's: no view made here either (as counted)
+            self.device._ary[first:first + words] = host
+            return
+        from cuda.bindings import driver
+
+        from .steps.capture import check
+        from .streams import stream_handle
+
+        check(driver.cuMemcpyHtoDAsync(driver.CUdeviceptr(self.address + 4 * first), host.ctypes.data, host.nbytes,
+                                       stream_handle(stream)), "cuMemcpyHtoDAsync")
 
     def record(self, stream) -> None:
         if self._event is not None:
             self._event.record(stream.numba)
             self._recorded = True
 
-
-def _copy(device, host, stream) -> None:
-    """Host to device, asynchronous on ``stream`` (a resolved Stream) on a GPU: the default
-    stream's copy goes through the driver, since numba copies synchronously there."""
-    if SIMULATOR:
-        device.copy_to_device(host)
-        return
-    from cuda.bindings import driver
-
-    from .arrays import device_pointer
-    from .steps.capture import check
-    from .streams import stream_handle
-
-    check(driver.cuMemcpyHtoDAsync(driver.CUdeviceptr(device_pointer(device)), host.ctypes.data, host.nbytes,
-                                   stream_handle(stream)), "cuMemcpyHtoDAsync")

@@ -95,3 +95,22 @@ def test_a_turn_is_not_overwritten_while_another_stream_reads_it_gpu(rng):
     cuda.synchronize()
     np.testing.assert_array_equal(out.copy_to_host(), a)
     np.testing.assert_array_equal(view_c.copy_to_host(), c)
+
+
+def test_a_turn_gives_the_same_views_for_the_same_shapes_and_new_ones_after_growth(rng):
+    """A serving loop puts the same shapes every step: two steps apart (the same turn) the
+    views are the same objects (numba makes each in Python; a prepared launch finds them
+    unchanged), with the new step's values; a grown buffer gives new views, right too."""
+    uploads = Uploads(words=64)
+    steps = []
+    for step in range(4):
+        uploads.begin()
+        arrays = arrays_of(rng, [(5,), (3, 7)] + ([(80,)] if step == 3 else []))  # step 3 grows turn 1
+        steps.append((uploads.put(arrays), uploads.scratch((2, 8), np.float16)))
+        for a, view in zip(arrays, steps[-1][0]):
+            np.testing.assert_array_equal(view.copy_to_host(), a, err_msg=f"step {step}")
+    (views0, scratch0), (views1, scratch1), (views2, scratch2), (views3, scratch3) = steps
+    assert all(a is b for a, b in zip(views0, views2)) and scratch0 is scratch2  # turn 0, twice
+    assert not any(a is b for a, b in zip(views0, views1))  # the other turn's buffer
+    assert not any(a is b for a, b in zip(views1, views3[:2]))  # turn 1 grew: a new buffer
+    assert scratch1 is scratch3  # (its scratch did not grow)
