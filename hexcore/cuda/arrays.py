@@ -33,6 +33,8 @@ from numba import cuda
 
 from .._checks import as_int
 from ..errors import HexcoreInvalidArgumentError
+from .device import SIMULATOR
+from .views import memo
 
 OUTPUTS = frozenset({"out"})  # argument names `checked` treats as outputs (written by the launch)
 
@@ -118,7 +120,15 @@ def device_only(**arrays) -> None:
 
 
 def device_pointer(x) -> int | None:
-    """The device address of ``x``'s first element, or None where it has none (simulator)."""
+    """The device address of ``x``'s first element, or None where it has none (simulator).
+    A numba array's is kept on it (``views.memo``; its interface is rebuilt per call: a
+    context-free but Python-heavy dict, asked for by every check of every launch)."""
+    if is_numba_array(x) and not SIMULATOR:
+        return memo(x, ("pointer",), _pointer)
+    return _pointer(x)
+
+
+def _pointer(x) -> int | None:
     iface = getattr(x, "__cuda_array_interface__", None)
     return None if iface is None else int(iface["data"][0])
 

@@ -12,6 +12,7 @@ from ..errors import HexcoreConfigError, HexcoreInvalidArgumentError
 from ..host.checksum import canary_word
 from .arrays import as_device_array
 from .device import SIMULATOR
+from .views import memo
 
 FP16_NAN_BITS = 0x7E00
 CODE_POISON = 0xFF
@@ -137,8 +138,12 @@ def flat_words(array):
 
     Axes of extent 1 may carry any stride (numpy gives ``x[None]`` a stride of 0, and
     ``cuda.to_device`` keeps it), which numba's ``reshape`` on a real GPU refuses as
-    "requires copying": such an array gets a flat view of the same memory instead."""
-    array = as_device_array(array)
+    "requires copying": such an array gets a flat view of the same memory instead. Kept on a
+    numba array (``views.memo``): a step's launches ask for the same arrays' words every step."""
+    return memo(as_device_array(array), ("flat_words",), _flat_words)
+
+
+def _flat_words(array):
     try:
         flat = array.reshape(array.size)
     except NotImplementedError:

@@ -18,6 +18,7 @@ from ..device import SIMULATOR
 from ..launch import Launch
 from ..store import DeviceKVStore, flat_words
 from ..streams import resolve_stream
+from ..views import flat
 from .kernel import decode_kernel
 from .options import DEFAULT_OPTIONS, DecodeOptions
 from .shape import THREADS, DecodeShape, unsupported_reason
@@ -258,7 +259,7 @@ def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scal
     part_o, part_ml, counters = workspace.get(1, 1, 1, 1)  # placeholders to size the kernel's occupancy
     args = [store.pool, *(store.word_offsets.get(n, 0) for n in ("k_codes", "v_codes", "k_meta", "v_meta",
                                                                    "k_tails", "v_tails")),
-            flat_words(q), block_tables, seq_lens, tail_slots, out.reshape(out.size), part_o, part_ml, counters,
+            flat_words(q), block_tables, seq_lens, tail_slots, flat(out), part_o, part_ml, counters,
             int(layer), store.num_blocks, store.max_seqs, 1, 1, np.float32(scale), *checks]
     ctas_per_sm = options.ctas_per_sm or _ctas_per_sm(kernel, args)
     split_blocks = split_blocks_for(items, max_virtual, ctas_per_sm, options, cfg.kv_dtype.bits)

@@ -34,6 +34,7 @@ from ..streams import resolve_stream
 from ..device import SIMULATOR
 from .kernel import GRID_REGISTERS, decode_item_function, decode_kernel, merge_function
 from ..uploads import upload_once
+from ..views import flat, layer_of, sliced
 from .launcher import Workspace, check_host_index, decode_launch
 from .options import DEFAULT_OPTIONS, DecodeOptions
 from .shape import HEADS_PER_CTA, THREADS, DecodeShape
@@ -106,7 +107,7 @@ class TieredDecodePlan:
         if q is None:
             if self._buffers is None:
                 raise HexcoreInvalidArgumentError("q: needed by a plan made without buffers, got None")
-            q, out = self._buffers[0][layer], self._buffers[1][layer]
+            q, out = layer_of(self._buffers[0], layer), layer_of(self._buffers[1], layer)  # (kept: every step's)
         elif self._launches is not None:
             q = checked(q, "q", np.float16, self._shape)
             out = checked(out, "out", np.float16, self._shape, output=True)
@@ -120,7 +121,7 @@ class TieredDecodePlan:
                                                              for launch in launches]
             self._shape = tuple(q.shape)
         else:
-            q_words, out_flat = flat_words(q), out.reshape(out.size)
+            q_words, out_flat = flat_words(q), flat(out)
             for launch, is_merge in self._launches:
                 _for_layer(launch, is_merge, q_words, out_flat, layer)
         stream = resolve_stream(stream, q, out)
@@ -206,14 +207,14 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
     group = num_q_heads // cfg.num_kv_heads
     shapes = [DecodeShape(store.config.kv_dtype.bits, cfg.num_kv_heads, head_dim, bs, group, cfg.group_size)
               for store in stores]
-    runs = [_partials(launch, shape, options, part_o[bases[p] * head_dim:], part_ml[bases[p] * 2:], total)
-            for p, (launch, shape) in enumerate(zip(launches, shapes))]
+    runs = [_partials(launch, shape, options, sliced(part_o, bases[p] * head_dim), sliced(part_ml, bases[p] * 2),
+                      total) for p, (launch, shape) in enumerate(zip(launches, shapes))]
     grid = (launches[0].grid[1], batch)
     if options.tiered_fp16 == "merge" and shapes[0].bits == 16:  # pool 0's items in the merge launch
         kernel = fused_merge_kernel(shapes[0], options.max_registers, options.l2_prefetch, options.joint_softmax)
         return runs[1:] + [Launch(kernel, grid, THREADS, (*runs[0].args, seq_lens, launches[0].grid[0]))], out
     merge = Launch(merge_kernel(cfg.num_kv_heads, group, head_dim), grid, THREADS,
-                   (part_o, part_ml, out.reshape(out.size), seq_lens, total))
+                   (part_o, part_ml, flat(out), seq_lens, total))
     return runs + [merge], out
 
 
