@@ -33,6 +33,7 @@ from ..errors import HexcoreCudaError, HexcoreInvalidArgumentError
 from .arrays import is_numba_array
 from .device import SIMULATOR
 from .streams import resolve_stream, stream_handle
+from .views import memo
 
 PATHS = ("raw", "core")  # cuLaunchKernel, or cuda.core.launch
 
@@ -124,28 +125,30 @@ class PreparedLaunch:
         runs that follow: a device array of the same numba type (dtype, dimensions, layout)
         at another address, such as another layer's view of one buffer. Its shape may
         differ (it is part of the marshalled values); the launch keeps ``array`` alive. Runs
-        already enqueued keep the array they had."""
+        already enqueued keep the array they had. An array's numba type and marshalled values
+        are kept on it (:func:`marshalled`): setting the same array objects again, as a
+        step's layers do, costs no numba call."""
         old = self._args[index] if 0 <= index < len(self._args) else None
         if not (is_numba_array(old) and is_numba_array(array)):
             raise HexcoreInvalidArgumentError(f"index: argument {index} is not a device array argument of this "
                                               f"launch, or the new value is not a numba device array")
+        if array is old:
+            return  # (its values are in place)
         if SIMULATOR:
             if np.dtype(array.dtype) != np.dtype(old.dtype) or array.ndim != old.ndim:
                 raise HexcoreInvalidArgumentError(f"array: expected {old.dtype} with {old.ndim} dimensions like "
                                                   f"argument {index}, got {array.dtype} with {array.ndim}")
         else:
-            argtype = self._dispatcher.typeof_pyval(array)
+            argtype, values, plain = marshalled(self._dispatcher, self._kernel, array)
             if argtype != self._argtypes[index]:
                 raise HexcoreInvalidArgumentError(f"array: expected {self._argtypes[index]} like argument {index}, "
                                                   f"got {argtype}")
-            values: list = []
-            self._kernel._prepare_args(argtype, array, 0, [], values)  # the same marshalling as at prepare
             at = self._first[index]
-            for j, value in enumerate(values):
-                if self._core is not None:
-                    self._core[2][at + j] = value
-                else:
-                    self._keep[0][at + j].value = _as_ctypes(value, at + j).value
+            if self._core is not None:
+                self._core[2][at:at + len(values)] = values
+            else:
+                for cell, value in zip(self._keep[0][at:at + len(plain)], plain):
+                    cell.value = value
         self._args = self._args[:index] + (array,) + self._args[index + 1:]
 
     def matches(self, launch: Launch) -> bool:
@@ -203,6 +206,23 @@ class PreparedLaunch:
                                    f"{getattr(err, 'name', err)} ({int(err)})")
 
 
+def marshalled(dispatcher, kernel, array) -> tuple:
+    """(numba type, marshalled values, their plain Python values) of device ``array`` as an
+    argument of ``kernel``, the compiled kernel of ``dispatcher`` (its ``typeof_pyval`` and
+    numba's ``_prepare_args``, as at prepare: meminfo, parent, nitems, itemsize, data,
+    shape..., strides...; the plain values are what :func:`kernel_params`' ctypes cells
+    hold), kept on ``array`` (``views.memo``): they depend only on its layout, which never
+    changes, unless the kernel has argument extensions (then made anew)."""
+    def make(a):
+        argtype, values = dispatcher.typeof_pyval(a), []
+        kernel._prepare_args(argtype, a, 0, [], values)
+        return argtype, tuple(values), tuple(_as_ctypes(v, i).value for i, v in enumerate(values))
+
+    if getattr(kernel, "extensions", None):
+        return make(array)
+    return memo(array, ("marshalled",), make)
+
+
 def kernel_params(values) -> tuple[tuple, int]:
     """ctypes storage for marshalled kernel parameters and their ``void*`` array.
 
@@ -250,9 +270,14 @@ def _remember_stream(stream) -> tuple:
 
 
 def _layout(array) -> tuple:
-    """(address, shape, strides, dtype) of a device array (the simulator's: its object)."""
+    """(address, shape, strides, dtype) of a device array (the simulator's: its object), kept
+    on the array (``views.memo``)."""
     if SIMULATOR:
         return (id(array),)
+    return memo(array, ("layout",), _interface_layout)
+
+
+def _interface_layout(array) -> tuple:
     iface = array.__cuda_array_interface__
     return iface["data"][0], iface["shape"], iface["strides"], iface["typestr"]
 

@@ -157,7 +157,13 @@ def check_set_array(rng, path=None):
     _mixed[3, 128](expect, other, *args[1:])
     np.testing.assert_array_equal(out2.copy_to_host(), expect.copy_to_host())
     assert np.isnan(got.copy_to_host()).all()  # the old output is no longer written
-    for index, value, message in ((1, cuda.to_device(np.zeros((4, 4), np.float32)), "array: expected"),
+    prepared.set_array(0, got)  # back to the first output (on a GPU: its values as kept on it)
+    prepared.set_array(0, got)  # (the same array again: nothing changes)
+    prepared.run()
+    cuda.synchronize()
+    np.testing.assert_array_equal(got.copy_to_host(), expect.copy_to_host())
+    wrong = cuda.to_device(np.zeros((4, 4), np.float32))
+    for index, value, message in ((1, wrong, "array: expected"), (1, wrong, "array: expected"),  # kept: refused again
                                   (1, cuda.to_device(np.zeros(8)), "array: expected"),
                                   (3, other, "not a device array argument"), (9, other, "not a device array")):
         with pytest.raises(HexcoreInvalidArgumentError, match=message):
@@ -172,6 +178,28 @@ def test_set_array_changes_an_array_argument_for_later_runs(rng):
 @pytest.mark.parametrize("path", ["raw", "core"])
 def test_set_array_gpu(path, rng):
     check_set_array(rng, path)
+
+
+@pytest.mark.gpu
+def test_set_array_marshals_each_array_once_gpu(rng, monkeypatch):
+    """An array's numba type and marshalled values are kept on it (``launch.marshalled``):
+    a step's layers set the same views again and again, each marshalled by numba once."""
+    from numba.cuda.dispatcher import _Kernel
+
+    args = _mixed_args(rng)
+    first, second = cuda.to_device(np.full(300, np.nan)), cuda.to_device(np.full(300, np.nan))
+    prepared = Launch(_mixed, 3, 128, (first, *args)).prepare()
+    calls, original = [], _Kernel._prepare_args
+    monkeypatch.setattr(_Kernel, "_prepare_args", lambda self, *a: calls.append(a[1]) or original(self, *a))
+    for out in (second, first, second, first, second):
+        prepared.set_array(0, out)
+    assert [id(a) for a in calls] == [id(second), id(first)]
+    prepared.run()
+    expect = cuda.device_array(300)
+    _mixed[3, 128](expect, *args)
+    cuda.synchronize()
+    np.testing.assert_array_equal(second.copy_to_host(), expect.copy_to_host())
+    assert np.isnan(first.copy_to_host()).all()
 
 
 def check_rebind(rng):
