@@ -2,7 +2,7 @@
 stubbed out on numba's CUDA simulator (no kernel body runs), or on a GPU with real launches.
 
     NUMBA_ENABLE_CUDASIM=1 python -m benchmarks.host_step [--dtype int2-aged] [--layers 4] [--batch 63]
-        [--context 600] [--steps 20] [--profile 25] [--count]
+        [--context 600] [--steps 20] [--profile 25] [--count] [--fresh-views]
     python -m benchmarks.host_step ...        (on a GPU: the same steps, launches real)
 
 ``--dtype`` is a kv_dtype (``fp16``, ``int4``, ``int2``: the Engine's graph step) or a format
@@ -13,7 +13,9 @@ heads, 32 query heads, head_dim 128, block 32), ``--batch`` sequences of about
 by cumulative time, and with ``--count`` what a step asks of numba-cuda (:func:`per_step_counts`:
 host-to-device copies, device allocations, launches prepared, eager launches, prepared runs,
 set_array calls, device array objects made, and on a GPU arguments marshalled by numba),
-the same on the simulator as on a GPU (but the last, a GPU's only).
+the same on the simulator as on a GPU (but the last, a GPU's only). ``--fresh-views`` makes
+every device view afresh (``hexcore.cuda.views.KEEP`` off), as the step did before it kept
+them: one run on a GPU gives both (``scripts/host-step-views``).
 
 What it measures: the block manager's step and every check, table, plan and launch
 description hexcore makes for a step. What it leaves out: numba-cuda's own cost per launch
@@ -178,15 +180,28 @@ def main(argv=None) -> float:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="also print cProfile's top N")
     parser.add_argument("--count", action="store_true", help="also print numba-cuda calls per step")
+    parser.add_argument("--fresh-views", action="store_true",
+                        help="make every device view afresh (hexcore.cuda.views.KEEP off), as before views were kept")
     args = parser.parse_args(argv)
+    from hexcore.cuda import views
+
+    keep, views.KEEP = views.KEEP, not args.fresh_views
+    try:
+        return _main(args)
+    finally:
+        views.KEEP = keep
+
+
+def _main(args) -> float:
     simulator = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
     with stubbed_launches() if simulator else contextlib.nullcontext():
         engine, seqs = make_engine(args.dtype, args.layers, args.batch, args.context)
         ms = host_ms_per_step(engine, seqs, args.steps, profile=args.profile)
         counts = per_step_counts(engine, seqs, args.steps) if args.count else None
     how = "kernel launches stubbed" if simulator else "launches on the GPU, one synchronisation after the last step"
+    fresh = ", views made afresh" if args.fresh_views else ""
     print(f"{args.dtype}: {ms:.3f} host ms per step ({args.layers} layers, B={args.batch}, about {args.context} "
-          f"tokens; {how})")
+          f"tokens; {how}{fresh})")
     if counts is not None:
         print("per step: " + ", ".join(f"{name} {n:g}" for name, n in counts.items()))
     return ms

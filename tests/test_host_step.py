@@ -67,3 +67,17 @@ def test_a_warm_format_step_makes_no_device_array_object():
         counts = host_step.per_step_counts(engine, seqs, 4)
     assert counts["device array objects"] == 0, counts
     assert counts["set_array"] == 12, counts
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="stubs the CUDA simulator's launches")
+def test_fresh_views_makes_views_per_step_as_before_and_is_restored(capsys):
+    """--fresh-views (``views.KEEP`` off for the run): the step makes its views again (the
+    counter sees them), and keeping is back on afterwards."""
+    from hexcore.cuda import views
+
+    host_step.main(["--dtype", "int2-aged", "--layers", "2", "--batch", "3", "--context", "70", "--steps", "2",
+                    "--count", "--fresh-views"])
+    text = capsys.readouterr().out
+    assert "views made afresh" in text and views.KEEP is True
+    fresh = float(text.split("device array objects ")[1].split()[0].rstrip(","))
+    assert fresh > 20, text

@@ -27,11 +27,14 @@ from __future__ import annotations
 
 ATTR = "_hexcore_views"  # the attribute of a device array holding its views: {key: view}
 MAX_VIEWS = 256  # views kept per array; past it the array's views are dropped and made anew
+KEEP = True  # False: every view made afresh, as before this module (``benchmarks.host_step --fresh-views``)
 
 
 def memo(array, key, make):
     """``make(array)``, made once per (``array``, ``key``) and kept on ``array``; made each
-    time for an object that cannot hold attributes (no ``__dict__``)."""
+    time for an object that cannot hold attributes (no ``__dict__``), or when not :data:`KEEP`."""
+    if not KEEP:
+        return make(array)
     try:
         views = vars(array).get(ATTR)
     except TypeError:
