@@ -202,6 +202,39 @@ def test_set_array_marshals_each_array_once_gpu(rng, monkeypatch):
     assert np.isnan(first.copy_to_host()).all()
 
 
+def check_relaunch(rng, monkeypatch):
+    """Relaunch: a launch of a kept kernel, grid, block and scalars runs through the launch
+    prepared the first time (its arrays put in), one with other scalars or another grid
+    gets its own; each equals the eager launch; an empty grid runs nothing."""
+    from hexcore.cuda.launch import Relaunch
+
+    prepares = []
+    init = PreparedLaunch.__init__
+    monkeypatch.setattr(PreparedLaunch, "__init__", lambda self, *a, **k: prepares.append(1) or init(self, *a, **k))
+    relaunch, args = Relaunch(), _mixed_args(rng)
+    other = cuda.to_device(rng.standard_normal((7, 18)))[:, ::3]
+    runs = [(3, (other, *args[1:])), (3, args), (3, (other, *args[1:3], 2**40 + 6, *args[4:])), (2, args),
+            (3, (other, *args[1:]))]
+    for step, (grid, inputs) in enumerate(runs):
+        got, expect = cuda.to_device(np.full(300, np.nan)), cuda.to_device(np.full(300, np.nan))
+        relaunch.run(Launch(_mixed, grid, 128, (got, *inputs)))
+        _mixed[grid, 128](expect, *inputs)
+        cuda.synchronize()
+        np.testing.assert_array_equal(got.copy_to_host(), expect.copy_to_host(), err_msg=f"run {step}")
+    assert len(prepares) == 3  # the first run, another scalar, another grid
+    relaunch.run(Launch(_mixed, (0, 1), 128, (got, *args)))  # nothing to launch
+    assert len(prepares) == 3
+
+
+def test_relaunch_runs_alike_launches_through_one_prepared_launch(rng, monkeypatch):
+    check_relaunch(rng, monkeypatch)
+
+
+@pytest.mark.gpu
+def test_relaunch_gpu(rng, monkeypatch):
+    check_relaunch(rng, monkeypatch)
+
+
 def check_rebind(rng):
     """matches/rebind: a launch of the same kernel, grid, block and scalars is run by the
     prepared one after rebind (its arrays put in); any other difference does not match."""
