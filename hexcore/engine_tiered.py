@@ -15,7 +15,10 @@ a step written once:
 A step's index arrays (tables, lengths, slots, seal and re-seal ids) are built on the host
 and go to the device in three asynchronous copies from pinned memory (``cuda.uploads``);
 the re-seals' rows use the uploads' scratch; a step's attention plan takes over the
-prepared launches of the plan two steps before where they match (only arrays changed).
+prepared launches of the plan two steps before where they match (only arrays changed), and
+its appends, seals and re-seals run through prepared launches kept across steps
+(``TieredParts.relaunch``). The views all of these read are kept (``cuda.views``): a step
+at unchanged shapes makes no device array object.
 No CUDA graph yet: correct, not yet the serving path's speed. Not with the prefix cache,
 speculative allocation, fault tolerance, truncation or the prefill attention helpers
 (typed errors from ``Engine``).
@@ -39,6 +42,7 @@ class TieredParts:
     def __init__(self, config: KVCacheConfig, fmt, pool_blocks: dict, max_seqs: int, num_q_heads: int,
                  max_seq_len: int | None, scale, options):
         from .cuda import DeviceKVStore
+        from .cuda.launch import Relaunch
 
         self.cache = TieredKVCache(config, fmt, pool_blocks, max_seqs, max_seq_len=max_seq_len)
         self.stores = [DeviceKVStore(dataclasses.replace(config, kv_dtype=kind), pool.num_blocks, max_seqs)
@@ -48,6 +52,7 @@ class TieredParts:
         self._forks: list = []  # (pool, parent, child) tail copies not yet made
         self._uploads = None  # cuda.uploads.Uploads, made at the first step
         self.plans: list = []  # the last two steps' TieredDecodePlans (a step reuses the launches of two before)
+        self._relaunch = (Relaunch(), Relaunch())  # per turn of the uploads (see relaunch)
 
     @property
     def uploads(self):
@@ -58,6 +63,13 @@ class TieredParts:
 
             self._uploads = Uploads()
         return self._uploads
+
+    @property
+    def relaunch(self):
+        """The ``Relaunch`` the current step's appends, seals and re-seals run through: one
+        per turn of the uploads, so that a launch is rebound to the index views of the step
+        two before, the same objects where the shapes are the same (nothing to put in)."""
+        return self._relaunch[self.uploads.turn]
 
     def fork(self, parent: int) -> int:
         """The child sequence; its tail copy (in the store that holds the parent's tail) runs
@@ -226,7 +238,7 @@ class TieredEngineStep:
             self._upload_writes()
             parts.copy_forks(stream, self._forks)
             run_tiered_ops(parts.stores, self._reseals, parts.cache.format.fitted_keys, stream=stream,
-                           upload=parts.uploads.put, scratch=parts.uploads.scratch)
+                           upload=parts.uploads.put, scratch=parts.uploads.scratch, launch=parts.relaunch.run)
             self._resealed = True
         return stream
 
@@ -241,18 +253,20 @@ class TieredEngineStep:
 
     def _write(self, layer: int | None, stream) -> None:
         """The new tokens' K/V into their pools' tails, then the step's seals, a launch per
-        pool: of ``layer``, or of every layer when it is None."""
-        from .cuda import append, seal
+        pool: of ``layer``, or of every layer when it is None (through ``TieredParts.relaunch``:
+        the same launches every step, their views kept, run prepared)."""
+        from .cuda.views import layer_of
+        from .cuda.write import append_launch, seal_launch
 
-        stores = self.parts.stores
+        stores, run = self.parts.stores, self.parts.relaunch.run
         k, v = self._arrays[1], self._arrays[2]
         if layer is not None:
-            k, v = k[layer], v[layer]
+            k, v = layer_of(k, layer), layer_of(v, layer)
         for store, slots in zip(stores, self._slots):
             if slots is not None:
-                append(store, k, v, slots, self._positions, layer=layer, stream=stream)
+                run(append_launch(store, k, v, slots, self._positions, layer), stream)
         for kind, slots, blocks, fitted in self._seals:
-            seal(stores[kind], slots, blocks, layer=layer, fitted_keys=fitted, stream=stream)
+            run(seal_launch(stores[kind], slots, blocks, layer, fitted_keys=fitted), stream)
 
 
 def seal_lists(parts: TieredParts, seals: np.ndarray) -> list:

@@ -219,7 +219,7 @@ def dequantize_blocks(store: DeviceKVStore, layer: int, block_ids, stream=None):
 
 
 def reseal_blocks(src: DeviceKVStore, src_ids, dst: DeviceKVStore, dst_ids, fitted_keys: bool = False,
-                  stream=None, scratch=None) -> None:
+                  stream=None, scratch=None, launch=None) -> None:
     """Re-seal blocks of one store into blocks of another kind (formats by age,
     ``docs/formats.md``): every layer of block ``src_ids[i]`` of ``src`` is unsealed to FP16
     rows, ``float16(float32(scale) * code + float32(min))`` (an FP16 block's rows as they
@@ -229,8 +229,10 @@ def reseal_blocks(src: DeviceKVStore, src_ids, dst: DeviceKVStore, dst_ids, fitt
     ``src_ids``, ``dst_ids``: int32 ``[n]`` (host arrays are range-checked), distinct
     destinations. The two stores must be alike but for their ``kv_dtype``. ``scratch``:
     ``(shape, dtype) -> device array`` for the rows (``Uploads.scratch``; default: allocated).
+    ``launch``: how the two launches run, ``launch(Launch, stream)`` (``Relaunch.run``;
+    default: eagerly). Both are checked before either runs.
     """
-    from .write import seal_rows
+    from .write import seal_rows_launch
 
     a, b = checked_store(src).config, checked_store(dst).config
     if (a.num_layers, a.num_kv_heads, a.head_dim, a.block_size) != (b.num_layers, b.num_kv_heads, b.head_dim,
@@ -255,12 +257,18 @@ def reseal_blocks(src: DeviceKVStore, src_ids, dst: DeviceKVStore, dst_ids, fitt
     codes = (w["k_codes"], w["v_codes"], f["k_meta"], f["v_meta"]) if a.kv_dtype.is_quantized else (
         f["k_codes"], f["v_codes"], f["k_codes"], f["v_codes"])  # (FP16: no meta, the slots unused)
     grid = (-(-n * H * BS * D // THREADS), a.num_layers)
-    _dequantize_kernel(a, rows=True)[grid, THREADS, stream.numba](*codes, ids, 0, src.num_blocks, k_rows, v_rows)
-    seal_rows(dst, k_rows, v_rows, 0, dst_ids, fitted_keys=fitted_keys, stream=stream)
+    unseal = Launch(_dequantize_kernel(a, rows=True), grid, THREADS, (*codes, ids, 0, src.num_blocks, k_rows, v_rows))
+    launches = (unseal, seal_rows_launch(dst, k_rows, v_rows, 0, dst_ids, fitted_keys=fitted_keys))
+    for one in launches:
+        (launch or _eager)(one, stream)
+
+
+def _eager(launch: Launch, stream) -> None:
+    launch.run(stream)
 
 
 def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, rows=None, stream=None,
-                   upload=None, scratch=None) -> None:
+                   upload=None, scratch=None, launch=None) -> None:
     """Run a ``TieredKVCache`` step's operations (``TieredStep.ops``, int32 ``[n, 6]``) on its
     pools' stores (``stores[k]`` for pool ``k``), in order, a run of alike operations at a
     time: a seal seals tail slot ``seq_id`` of ``stores[kind]`` into ``block``; a re-seal is
@@ -274,8 +282,9 @@ def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, row
     ``rows`` are torch tensors, else the default stream). ``upload`` (without ``rows``): the
     runs' id arrays go to the device in one call of it (a list of host int32 arrays ->
     device views, ``Uploads.put``), checked here on the host first; ``scratch``: the
-    re-seals' (``reseal_blocks``)."""
-    from .write import seal, seal_rows
+    re-seals' (``reseal_blocks``); ``launch`` (without ``rows``): how the seals' and
+    re-seals' launches run, ``launch(Launch, stream)`` (``Relaunch.run``; default: eagerly)."""
+    from .write import seal, seal_launch, seal_rows
 
     from ..host.tiered import OP_BLOCK, OP_LOGICAL, OP_SEQ, OP_SRC_BLOCK
 
@@ -300,10 +309,13 @@ def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, row
             seal(stores[kind], first[:1], blocks[:1], fitted_keys=fit, stream=stream)
             seal_rows(stores[kind], rows[0], rows[1], int(run[1, OP_LOGICAL]) * bs - rows[2], blocks[1:],
                       fitted_keys=fit, stream=stream)
+        elif src < 0 and launch is not None:
+            launch(seal_launch(stores[kind], first, blocks, fitted_keys=fit), stream)
         elif src < 0:
             seal(stores[kind], first, blocks, fitted_keys=fit, stream=stream)
         else:
-            reseal_blocks(stores[src], first, stores[kind], blocks, fitted_keys=fit, stream=stream, scratch=scratch)
+            reseal_blocks(stores[src], first, stores[kind], blocks, fitted_keys=fit, stream=stream, scratch=scratch,
+                          launch=None if rows is not None else launch)
 
 
 def _check_tiered_ops(stores: list, ops: np.ndarray) -> None:

@@ -100,6 +100,13 @@ class Uploads:
         self._turns[self._turn].wait()
         self._stream = resolve_stream(stream)
 
+    @property
+    def turn(self) -> int:
+        """The current step's turn (0 or 1): the step two before had the same buffers, and
+        the same shapes at the same offsets give the same views (what a caller keeping
+        prepared launches per turn finds unchanged)."""
+        return self._turn
+
     def put(self, arrays: Sequence[np.ndarray]) -> list:
         """Device views of host int32 ``arrays``, copied asynchronously on the step's stream."""
         if self._stream is None:
