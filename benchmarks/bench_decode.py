@@ -113,14 +113,12 @@ def without_merge(plan, cfg: KVCacheConfig, num_q_heads: int, options=None):
     from hexcore.cuda.attention.kernel import decode_kernel
     from hexcore.cuda.attention.options import DEFAULT_OPTIONS
     from hexcore.cuda.attention.shape import DecodeShape
-    from hexcore.cuda.launch import PreparedLaunch
 
     o = options or DEFAULT_OPTIONS
     shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
                         num_q_heads // cfg.num_kv_heads, cfg.group_size)
     kernel = decode_kernel(shape, o.max_registers, o.l2_prefetch, o.joint_softmax, partials=True)
-    launch = plan.launch(0)
-    return PreparedLaunch(kernel, launch._griddim, launch._blockdim, launch._args)
+    return plan.launch(0).as_launch()._replace(kernel=kernel).prepare()
 
 
 def tiered_case(name: str, batch: int, num_q_heads: int, num_kv_heads: int, ctx: int, options=None):
@@ -171,9 +169,9 @@ def tiered_case(name: str, batch: int, num_q_heads: int, num_kv_heads: int, ctx:
 def kernel_info(plan) -> dict:
     """Registers, local memory and resident CTAs per SM of the plan's kernel (new API only)."""
     try:
-        launch = plan.launch(0)
-        kernel = launch._dispatcher
-        compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in launch._args))
+        launch = plan.launch(0).as_launch()
+        kernel = launch.kernel
+        compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in launch.args))
         from numba import cuda
 
         sms = cuda.get_current_device().MULTIPROCESSOR_COUNT

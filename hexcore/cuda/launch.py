@@ -102,6 +102,12 @@ class PreparedLaunch:
         self._head = (driver.CUfunction(int(function.handle)), *self.grid, *self.block, 0)
         self._launch = driver.cuLaunchKernel
 
+    def as_launch(self) -> Launch:
+        """The :class:`Launch` this replays, with its arguments as they are now (after any
+        ``set_array`` / ``set_scalar`` / ``rebind``): to compile, inspect or re-prepare it,
+        e.g. with another kernel of the same arguments (``launch._replace(kernel=k)``)."""
+        return Launch(self._dispatcher, self.grid, self.block, self._args)
+
     def set_scalar(self, index: int, value: int) -> None:
         """Argument ``index``, an int the launch was prepared with, becomes ``value`` for the
         runs that follow (a layer index: one prepared launch serves every layer). Runs

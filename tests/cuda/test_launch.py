@@ -141,6 +141,21 @@ def test_set_scalar_changes_an_int_argument_for_later_runs(rng):
             prepared.set_scalar(index, 1)
 
 
+def test_as_launch_gives_the_arguments_as_they_are_now(rng):
+    """as_launch: the launch a prepared one replays, after set_scalar/set_array, so another
+    kernel of the same arguments can be prepared from it (bench_decode's partials variant)."""
+    args = _mixed_args(rng)
+    got, other_out = cuda.device_array(40), cuda.device_array(40)
+    prepared = PreparedLaunch(_mixed, 2, 32, (got, *args))
+    prepared.set_scalar(4, 17)
+    prepared.set_array(0, other_out)
+    launch = prepared.as_launch()
+    assert launch.kernel is _mixed and launch.grid == (2, 1, 1) and launch.block == (32, 1, 1)
+    assert launch.args[0] is other_out and launch.args[4] == 17 and launch.args[1] is args[0]
+    swapped = launch._replace(kernel=_other_kernel).prepare()
+    assert swapped.as_launch().kernel is _other_kernel and swapped.as_launch().args == launch.args
+
+
 def check_set_array(rng, path=None):
     """set_array: another address and shape of the same type (another strided view, another
     output) for later runs; a wrong type or a non-array argument refused."""

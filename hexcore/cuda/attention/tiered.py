@@ -117,7 +117,8 @@ class TieredDecodePlan:
             launches, out = tiered_decode_launches(q, *self._index, layer=layer, out=out, scale=self._scale,
                                                    options=self._options, upload=self._upload)
             launches = [launch for launch in launches if not launch.empty]
-            self._launches = self._taken_over(launches, layer) or [(launch.prepare(), len(launch.args) == MERGE_ARGS)
+            merge = _plain_merge(stores[0].config, q.shape)
+            self._launches = self._taken_over(launches, layer) or [(launch.prepare(), launch.kernel is merge)
                                                              for launch in launches]
             self._shape = tuple(q.shape)
         else:
@@ -170,7 +171,13 @@ def _for_layer(launch, is_merge: bool, q_words, out_flat, layer: int) -> None:
         launch.set_scalar(LAYER_ARG, layer)
 
 
-MERGE_ARGS = 5  # merge_kernel's (part_o, part_ml, out, seq_lens, total)
+def _plain_merge(config, q_shape: tuple):
+    """The :func:`merge_kernel` a step of ``q_shape`` ``[B, Hq, D]`` launches last unless the
+    FP16 pool is fused into it (whose ``out`` is its argument 2, not the decode kernel's)."""
+    _, num_q_heads, head_dim = q_shape
+    return merge_kernel(config.num_kv_heads, num_q_heads // config.num_kv_heads, head_dim)
+
+
 Q_ARG, OUT_ARG, LAYER_ARG = 7, 11, 15  # in the decode and partials kernels' arguments
 
 
