@@ -119,9 +119,10 @@ def test_decode_verify_finds_flips_in_sampled_blocks_only(rng, kv_dtype, block_s
     segments = SEGMENTS[kv_dtype]
     flips = [flip(store, rng, segments[i % len(segments)], LAYER, block) for i, block in enumerate(own)]
     flip(store, rng, "k_codes", 0, own[0])  # layer 0 of a flipped block: not this launch's
-    out, n, found = run_verify(plan, verify, 1, 0)
+    _, n, found = run_verify(plan, verify, 1, 0)
     assert (n, found) == (4, sorted((block, LAYER) for block in own)), flips
-    assert np.isfinite(out.astype(np.float32)).all()
+    # (no claim on `out`: a flipped exponent bit of a metadata scale can make it inf or NaN,
+    # which is what the alarm is for; seed 1083692207636696137 flips one, int2 block 16)
     every = 64  # above every block id: (block + phase) % 64 == 0 for one block only
     _, n, found = run_verify(plan, verify, every, every - own[1])
     assert (n, found) == (1, [(own[1], LAYER)]), flips
