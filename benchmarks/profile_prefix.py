@@ -25,7 +25,7 @@ Beside the profiled figures, per case: ``--repeats`` more turns timed without an
 and median, so hit and miss compare without the profilers' overhead; and one more turn
 under :func:`counted_launches`: its kernel launches, the host (numpy) arrays among their
 arguments (numba copies each to the device, synchronously, at every launch) and its
-host-to-device copies (``numba.cuda.to_device``; of int arrays: ids). Note that the
+host-to-device copies (``numba.cuda.to_device``; of int32 arrays: ids). Note that the
 ``to_device`` of the calls-per-turn line is every function of that name, numba's
 ``ArgHint.to_device`` too: numba calls it for every array argument of a launch it
 marshals, a device array included (a view, no copy).
@@ -75,8 +75,9 @@ def counted_launches():
     eager launches and prepared runs), ``host array arguments`` (numpy arrays among their
     arguments, or a prepared launch's: numba copies each to the device, synchronously),
     ``host-to-device copies`` (``numba.cuda.to_device`` calls) and ``of id arrays`` (those of
-    an integer array); ``sites`` maps each host array argument's kernel and hexcore call
-    site to its count. The functions wrapped are restored on exit."""
+    an int32 array: hexcore's ids, tables and lengths); ``sites`` maps each host array
+    argument's kernel and hexcore call site to its count. The functions wrapped are restored
+    on exit."""
     from numba import cuda
 
     from hexcore.cuda.device import SIMULATOR
@@ -129,7 +130,7 @@ def _hexcore_site() -> str:
 def _counting_copies(original, found: dict):
     def to_device(obj, *args, **kwargs):
         found["host-to-device copies"] += 1
-        found["of id arrays"] += isinstance(obj, np.ndarray) and obj.dtype.kind in "iu"
+        found["of id arrays"] += isinstance(obj, np.ndarray) and obj.dtype == np.int32
         return original(obj, *args, **kwargs)
 
     return to_device
