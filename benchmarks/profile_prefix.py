@@ -91,13 +91,15 @@ def counted_launches():
         wrapped.append((simulator.FakeCUDAKernel, "__call__", lambda original: _counting_simulated(
             original, found, simulator)))
     else:
-        from numba.cuda.dispatcher import _LaunchConfiguration
+        from numba.cuda import dispatcher
 
         from hexcore.cuda.launch import PreparedLaunch
 
-        wrapped += [(_LaunchConfiguration, "__call__", lambda original: _counting_eager(original, found)),
-                    (PreparedLaunch, "__init__", lambda original: _counting_prepare(original, found)),
+        wrapped += [(PreparedLaunch, "__init__", lambda original: _counting_prepare(original, found)),
                     (PreparedLaunch, "run", lambda original: _counting_run(original, found))]
+        eager = getattr(dispatcher, "_LaunchConfiguration", None)  # numba-cuda 0.68's kernel[grid, block]
+        if eager is not None:
+            wrapped.append((eager, "__call__", lambda original: _counting_eager(original, found)))
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in wrapped]
     try:
         for (owner, name, make), (_, _, original) in zip(wrapped, saved):
