@@ -19,6 +19,16 @@ script, the figures mean nothing). ``--stub`` (simulator only) stubs the kernel 
 as ``benchmarks.host_step`` does: no kernel runs, so a turn takes seconds rather than
 minutes and the counts show the simulator's host path (its arrays are host arrays, copied
 per call, unlike a GPU's); the outputs mean nothing.
+
+Beside the profiled figures, per case: ``--repeats`` more turns timed without any profiler
+(each after its own turn 1, synchronised on a GPU: ``bench_hf.first_token``), their best
+and median, so hit and miss compare without the profilers' overhead; and one more turn
+under :func:`counted_launches`: its kernel launches, the host (numpy) arrays among their
+arguments (numba copies each to the device, synchronously, at every launch) and its
+host-to-device copies (``numba.cuda.to_device``; of int32 arrays: ids). Note that the
+``to_device`` of the calls-per-turn line is every function of that name, numba's
+``ArgHint.to_device`` too: numba calls it for every array argument of a launch it
+marshals, a device array included (a view, no copy).
 """
 
 from __future__ import annotations
@@ -28,7 +38,11 @@ import contextlib
 import cProfile
 import io
 import pstats
+import statistics
+import sys
 import time
+
+import numpy as np
 
 from benchmarks.bench_hf import PROMPTS, after_turn_one, chat_ids, first_token, load, prefix_cache
 from benchmarks.host_step import stubbed_launches
@@ -52,6 +66,125 @@ def profiled(run) -> dict:
     cpu = sum(e.self_cpu_time_total for e in events)
     gpu = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in events)
     return dict(wall_ms=1e3 * wall, torch_cpu_ms=cpu / 1e3, gpu_ms=gpu / 1e3, stats=pstats.Stats(profile))
+
+
+@contextlib.contextmanager
+def counted_launches():
+    """Counts of what the code run inside does, a dict filled while open: ``launches``
+    (kernel launches from the host: on the simulator every one, eager or prepared; on a GPU
+    eager launches and prepared runs), ``host array arguments`` (numpy arrays among their
+    arguments, or a prepared launch's: numba copies each to the device, synchronously),
+    ``host-to-device copies`` (``numba.cuda.to_device`` calls) and ``of id arrays`` (those of
+    an int32 array: hexcore's ids, tables and lengths); ``sites`` maps each host array
+    argument's kernel and hexcore call site to its count. The functions wrapped are restored
+    on exit."""
+    from numba import cuda
+
+    from hexcore.cuda.device import SIMULATOR
+
+    found = dict.fromkeys(("launches", "host array arguments", "host-to-device copies", "of id arrays"), 0)
+    found["sites"] = {}
+    wrapped = [(cuda, "to_device", lambda original: _counting_copies(original, found))]
+    if SIMULATOR:
+        from numba.cuda.simulator import kernel as simulator
+
+        wrapped.append((simulator.FakeCUDAKernel, "__call__", lambda original: _counting_simulated(
+            original, found, simulator)))
+    else:
+        from numba.cuda import dispatcher
+
+        from hexcore.cuda.launch import PreparedLaunch
+
+        wrapped += [(PreparedLaunch, "__init__", lambda original: _counting_prepare(original, found)),
+                    (PreparedLaunch, "run", lambda original: _counting_run(original, found))]
+        eager = getattr(dispatcher, "_LaunchConfiguration", None)  # numba-cuda 0.68's kernel[grid, block]
+        if eager is not None:
+            wrapped.append((eager, "__call__", lambda original: _counting_eager(original, found)))
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in wrapped]
+    try:
+        for (owner, name, make), (_, _, original) in zip(wrapped, saved):
+            setattr(owner, name, make(original))
+        yield found
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+def _count_host_arguments(found: dict, kernel, args) -> None:
+    hosts = sum(isinstance(a, np.ndarray) for a in args)
+    if hosts:
+        found["host array arguments"] += hosts
+        key = f"{getattr(getattr(kernel, 'py_func', kernel), '__name__', kernel)} at {_hexcore_site()}"
+        found["sites"][key] = found["sites"].get(key, 0) + hosts
+
+
+def _hexcore_site() -> str:
+    """file:line of the innermost hexcore frame that is not the launch machinery."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if "hexcore/" in path and not path.endswith(("cuda/launch.py", "profile_prefix.py")):
+            return f"{_short(path)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+def _counting_copies(original, found: dict):
+    def to_device(obj, *args, **kwargs):
+        found["host-to-device copies"] += 1
+        found["of id arrays"] += isinstance(obj, np.ndarray) and obj.dtype == np.int32
+        return original(obj, *args, **kwargs)
+
+    return to_device
+
+
+def _counting_simulated(original, found: dict, simulator):
+    def call(self, *args):
+        if not (self._device or simulator._kernel_context):  # a launch from the host
+            found["launches"] += 1
+            _count_host_arguments(found, self, args)
+        return original(self, *args)
+
+    return call
+
+
+def _counting_eager(original, found: dict):
+    def call(self, *args):
+        found["launches"] += 1
+        _count_host_arguments(found, self.dispatcher, args)
+        return original(self, *args)
+
+    return call
+
+
+def _counting_prepare(original, found: dict):
+    def init(self, dispatcher, griddim, blockdim, args, *rest, **kwargs):
+        _count_host_arguments(found, dispatcher, args)
+        return original(self, dispatcher, griddim, blockdim, args, *rest, **kwargs)
+
+    return init
+
+
+def _counting_run(original, found: dict):
+    def run(self, *args, **kwargs):
+        found["launches"] += 1
+        return original(self, *args, **kwargs)
+
+    return run
+
+
+def launch_line(found: dict) -> str:
+    """One line of :func:`counted_launches`' counts, then a line per host array argument's site."""
+    shown = ", ".join(f"{name} {found[name]}" for name in found if name != "sites")
+    return "\n".join([f"-- one more turn, counted: {shown}",
+                      *(f"   host array argument {n}: {site}" for site, n in sorted(found["sites"].items()))])
+
+
+def unprofiled_line(seconds: list) -> str:
+    """The best and median of turns timed with no profiler (wall seconds, synchronised)."""
+    ms = [1e3 * s for s in seconds]
+    return (f"-- unprofiled: best {min(ms):.2f} ms, median {statistics.median(ms):.2f} ms of {len(ms)} turns "
+            f"(no profiler, synchronised)")
 
 
 COUNTED = ("checked", "as_device_array", "to_device", "device_array")  # array checks, host-to-device copies
@@ -108,10 +241,15 @@ def counts(stats: pstats.Stats) -> str:
 
 
 def report(name: str, result: dict, top: int) -> str:
-    """The case's totals, :func:`counts` and its ``top`` functions by cumulative time
-    (hexcore's, then all)."""
+    """The case's totals, its unprofiled times and launch counts where it has them,
+    :func:`counts` and its ``top`` functions by cumulative time (hexcore's, then all)."""
     lines = [f"== {name}: wall {result['wall_ms']:.2f} ms (under both profilers), torch ops' CPU "
-             f"{result['torch_cpu_ms']:.2f} ms, GPU {result['gpu_ms']:.2f} ms", counts(result["stats"])]
+             f"{result['torch_cpu_ms']:.2f} ms, GPU {result['gpu_ms']:.2f} ms"]
+    if result.get("unprofiled"):
+        lines.append(unprofiled_line(result["unprofiled"]))
+    if result.get("launches"):
+        lines.append(launch_line(result["launches"]))
+    lines.append(counts(result["stats"]))
     for title, pattern in (("hexcore", "hexcore"), ("everything", "")):
         text = io.StringIO()
         stats = result["stats"]
@@ -133,6 +271,49 @@ def tiny_turns(model, prompt_tokens: int):
         model.device)
 
 
+def turn_two(model, cache_name, first, follow, new_tokens, pad) -> tuple:
+    """(a cache after turn 1, turn 2's ids, a fresh cache for them): a hit's and a miss's start."""
+    cache, ids, longest = after_turn_one(model, cache_name, first, follow, new_tokens, pad)
+    return cache, ids, prefix_cache(model, cache_name, longest)
+
+
+def warm_up(model, cache_name, first, follow, new_tokens, pad) -> None:
+    """A hit and a miss, untimed: every kernel compiled."""
+    cache, ids, fresh = turn_two(model, cache_name, first, follow, new_tokens, pad)
+    first_token(model, cache, ids, pad)
+    first_token(model, fresh, ids, pad)
+
+
+def unprofiled(turn: tuple, repeats: int, cached: int) -> dict:
+    """{"hit", "miss": wall seconds of ``repeats`` turns each, no profiler}; each hit after
+    its own turn 1, finding ``cached`` tokens as the profiled one did."""
+    model, pad, times = turn[0], turn[-1], {"hit": [], "miss": []}
+    for _ in range(repeats):
+        cache, ids, fresh = turn_two(*turn)
+        seconds, found = first_token(model, cache, ids, pad)
+        _check_cached(found, cached)
+        times["hit"].append(seconds)
+        times["miss"].append(first_token(model, fresh, ids, pad)[0])
+    return times
+
+
+def counted(turn: tuple, cached: int) -> dict:
+    """{"hit", "miss": :func:`counted_launches`' counts of one turn}."""
+    model, pad, found = turn[0], turn[-1], {}
+    cache, ids, fresh = turn_two(*turn)
+    for name, on in (("hit", cache), ("miss", fresh)):
+        with counted_launches() as found[name]:
+            hit = first_token(model, on, ids, pad)[1]
+        if name == "hit":
+            _check_cached(hit, cached)
+    return found
+
+
+def _check_cached(found: int, cached: int) -> None:
+    if found != cached:
+        raise RuntimeError(f"a repeated turn 2 found {found} tokens cached, the profiled one {cached}")
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", nargs="?", help="a folder with a GGUF file or a transformers checkpoint")
@@ -145,7 +326,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--layers", type=int, help="--tiny: decoder layers (default 2)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--stub", action="store_true", help="simulator only: kernel launches stubbed (host path)")
+    parser.add_argument("--repeats", type=int, default=5, help="turns of each case timed with no profiler (best of)")
     args = parser.parse_args(argv)
+    if args.repeats < 0:
+        parser.error(f"--repeats: expected a count >= 0, got {args.repeats}")
     with stubbed_launches() if args.stub else contextlib.nullcontext():
         return run(parser, args)
 
@@ -165,17 +349,16 @@ def run(parser, args) -> dict:
     else:
         parser.error("a model folder or --tiny")
     results = {}
-    for attempt in range(2):  # the first compiles every kernel
-        cache, ids, longest = after_turn_one(model, args.cache, first, follow, args.new_tokens, pad)
-        fresh = prefix_cache(model, args.cache, longest)
-        if attempt == 0:
-            first_token(model, cache, ids, pad)
-            first_token(model, fresh, ids, pad)
-            continue
-        cached = []
-        results["hit"] = profiled(lambda: cached.append(first_token(model, cache, ids, pad)[1]))
-        results["miss"] = profiled(lambda: first_token(model, fresh, ids, pad))
-        print(f"turn 2: {ids.shape[1]} tokens, {cached[0]} cached ({args.cache})")
+    turn = (model, args.cache, first, follow, args.new_tokens, pad)
+    warm_up(*turn)  # compiles every kernel
+    cache, ids, fresh = turn_two(*turn)
+    cached = []
+    results["hit"] = profiled(lambda: cached.append(first_token(model, cache, ids, pad)[1]))
+    results["miss"] = profiled(lambda: first_token(model, fresh, ids, pad))
+    print(f"turn 2: {ids.shape[1]} tokens, {cached[0]} cached ({args.cache})")
+    timed, found = unprofiled(turn, args.repeats, cached[0]), counted(turn, cached[0])
+    for name in results:
+        results[name].update(unprofiled=timed[name], launches=found[name])
     for name, result in results.items():
         print(report(name, result, args.top))
     return results

@@ -206,7 +206,8 @@ class Engine:
         length) raises before the store or the tables change.
         """
         from .cuda import append, seal, seal_rows
-        from .cuda.arrays import checked
+        from .cuda.arrays import check_distinct, check_id_range, checked
+        from .cuda.uploads import upload_once
 
         n = _rows(k, v, self.config)
         if self._tiered is not None:
@@ -220,24 +221,20 @@ class Engine:
         start = self.cache.seq_len(seq_id)
         self._copy_forks(stream)
         blocks = np.asarray(self._owner.grow_sequence(seq_id, start + n, tokens), np.int32)  # raises first
-        bs, slot = cfg.block_size, np.array([seq_id], np.int32)
-        pos = start % bs
-        head = min(n, (bs - pos) % bs)  # rows that complete the open tail (none when it is empty)
-        full = (n - head) // bs  # whole blocks sealed straight from the rows
-        sealed = 0
+        plan = _prefill_plan(seq_id, start, n, cfg.block_size, blocks)
+        check_id_range(blocks, "block_ids", None, self.store.num_blocks)  # as the seals checked their host ids
+        check_distinct(blocks, "block_ids")
+        ids = dict(zip(plan, upload_once(list(plan.values())))) if plan else {}  # one copy of every id array
+        head, rest = len(plan.get("head_slots", ())), len(plan.get("rest_slots", ()))
         if head:
-            append(self.store, k, v, np.full(head, seq_id, np.int32), np.arange(pos, pos + head, dtype=np.int32),
-                   stream=stream, rows=(0, head))
-            if pos + head == bs:
-                seal(self.store, slot, blocks[:1], stream=stream)
-                sealed = 1
-        if full:
-            seal_rows(self.store, k, v, head, blocks[sealed:sealed + full], stream=stream)
-            sealed += full
-        rest = n - head - full * bs  # into the tail
+            append(self.store, k, v, ids["head_slots"], ids["head_positions"], stream=stream, rows=(0, head))
+        if "seal_block" in ids:
+            seal(self.store, ids["seal_slot"], ids["seal_block"], stream=stream)
+        if "row_blocks" in ids:
+            seal_rows(self.store, k, v, head, ids["row_blocks"], stream=stream)
         if rest:
-            append(self.store, k, v, np.full(rest, seq_id, np.int32), np.arange(rest, dtype=np.int32),
-                   stream=stream, rows=(n - rest, rest))
+            append(self.store, k, v, ids["rest_slots"], ids["rest_positions"], stream=stream, rows=(n - rest, rest))
+        sealed = len(plan.get("seal_block", ())) + len(plan.get("row_blocks", ()))
         if sealed and self.faults is not None:
             self.faults.record(blocks[:sealed], stream)  # their digests, for the steps' checks
 
@@ -487,6 +484,33 @@ def _options(name: str, value, allowed: tuple, owner: str) -> dict | None:
     if unknown:
         raise HexcoreInvalidArgumentError(f"{name}: unknown option(s) {unknown}; expected some of {list(allowed)}")
     return dict(value)
+
+
+def _prefill_plan(seq_id: int, start: int, n: int, block_size: int, blocks: np.ndarray) -> dict:
+    """The host int32 id arrays of :meth:`Engine.prefill`'s launches for ``n`` rows after the
+    ``start`` that sequence ``seq_id`` holds, ``blocks`` the blocks its growth seals, in
+    order (``grow_sequence``'s): ``head_slots``,
+    ``head_positions`` ``[head]`` (the rows completing the open tail), ``seal_slot``,
+    ``seal_block`` ``[1]`` (when they fill it), ``row_blocks`` ``[full]`` (whole blocks sealed
+    from the rows), ``rest_slots``, ``rest_positions`` ``[rest]`` (the rows left in the new
+    tail); a part with no rows is left out. Each comes from the engine's own state, so is in
+    range and distinct by construction (the launches' host checks have nothing to find)."""
+    pos = start % block_size
+    head = min(n, (block_size - pos) % block_size)
+    full = (n - head) // block_size
+    rest = n - head - full * block_size
+    first, plan = 0, {}
+    if head:
+        plan.update(head_slots=np.full(head, seq_id, np.int32),
+                    head_positions=np.arange(pos, pos + head, dtype=np.int32))
+        if pos + head == block_size:
+            plan.update(seal_slot=np.array([seq_id], np.int32), seal_block=blocks[first:first + 1])
+            first += 1
+    if full:
+        plan["row_blocks"] = blocks[first:first + full]
+    if rest:
+        plan.update(rest_slots=np.full(rest, seq_id, np.int32), rest_positions=np.arange(rest, dtype=np.int32))
+    return plan
 
 
 def _rows(k, v, config: KVCacheConfig) -> int:

@@ -132,6 +132,27 @@ def test_prefill_onto_a_partial_tail_and_after_a_fork(rng):
     run_steps(engine, mirror, [a, b], rng, 1)
 
 
+def test_a_prefill_copies_its_ids_to_the_device_once(rng, monkeypatch):
+    # a prefill that completes the tail (append, seal), seals whole blocks from its rows and
+    # leaves a rest (append): every id array of its four launches in one copy (before: seven)
+    engine, mirror = make_engine("int4"), Mirror()
+    engine.prefill(engine.add(), *random_kv(rng, engine, 16))  # a seal first (its one-time constants made)
+    a = engine.add()
+    k, v = random_kv(rng, engine, 5)
+    engine.prefill(a, k, v)
+    mirror.add(a, k, v)
+    ids = []
+    to_device = cuda.to_device
+    monkeypatch.setattr(cuda, "to_device", lambda x, *args, **kw: (
+        ids.append(x) if np.asarray(x).dtype.kind in "iu" else None) or to_device(x, *args, **kw))
+    k, v = random_kv(rng, engine, 11 + 2 * 16 + 4)
+    engine.prefill(a, k, v)
+    mirror.add(a, k, v)
+    assert len(ids) == 1 and engine.seq_len(a) == 52
+    monkeypatch.undo()
+    run_steps(engine, mirror, [a], rng, 1)  # what it stored is what the reference holds
+
+
 @pytest.mark.parametrize("dtype", ["fp16", "int4"])
 def test_prefill_in_pieces_stores_what_token_by_token_stores(dtype, rng):
     # pieces that start mid-tail, seal whole blocks from the rows and leave a remainder

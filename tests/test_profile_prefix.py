@@ -1,6 +1,7 @@
 """benchmarks.profile_prefix on a tiny random Llama (CPU, the CUDA simulator; skipped
 without transformers): the hit finds its prefix cached and both cases are reported."""
 
+import numpy as np
 import pytest
 
 
@@ -9,7 +10,7 @@ def test_profile_prefix_reports_a_hit_and_a_miss(capsys):
     from benchmarks import profile_prefix
 
     results = profile_prefix.main(["--tiny", "--device", "cpu", "--prompt-tokens", "40", "--new-tokens", "2",
-                                   "--top", "5"])
+                                   "--top", "5", "--repeats", "1"])
     out = capsys.readouterr().out
     assert set(results) == {"hit", "miss"}
     assert "32 cached" in out  # one whole block of turn 1 found again
@@ -27,7 +28,7 @@ def test_a_hit_checks_and_copies_once_per_turn_whatever_its_layers(capsys):
     found = {}
     for layers in (2, 4):
         results = profile_prefix.main(["--tiny", "--device", "cpu", "--stub", "--layers", str(layers),
-                                       "--prompt-tokens", "40", "--new-tokens", "2", "--top", "1"])
+                                       "--prompt-tokens", "40", "--new-tokens", "2", "--top", "1", "--repeats", "1"])
         found[layers] = {name: profile_prefix.call_counts(result["stats"]) for name, result in results.items()}
         assert profile_prefix.attention_per_layer(results["hit"]["stats"])[0] == layers
     out = capsys.readouterr().out
@@ -35,3 +36,49 @@ def test_a_hit_checks_and_copies_once_per_turn_whatever_its_layers(capsys):
     for name in ("checked", "to_device"):
         assert found[2]["hit"][name] == found[4]["hit"][name], (name, found)
         assert found[4]["hit"][name] <= found[4]["miss"][name] + 2, (name, found)
+
+
+def test_a_hit_launches_no_host_array_and_copies_its_ids_once_per_forward_and_once_per_commit(capsys):
+    # --stub on the simulator, one counted turn each: no launch takes a host (numpy) array
+    # (numba would copy it per launch); the hit's ids go up in two copies, its rows' at the
+    # first layer and its prefill's at the commit (before: four, tables, packed rows, slots
+    # and positions each), the miss's in one (before: three); timed turns without a profiler
+    pytest.importorskip("transformers")
+    from benchmarks import profile_prefix
+
+    results = profile_prefix.main(["--tiny", "--device", "cpu", "--stub", "--prompt-tokens", "40", "--new-tokens",
+                                   "2", "--top", "1", "--repeats", "3"])
+    out = capsys.readouterr().out
+    hit, miss = results["hit"], results["miss"]
+    assert hit["launches"]["launches"] > 0 and hit["launches"]["host array arguments"] == 0
+    assert miss["launches"]["host array arguments"] == 0
+    assert (hit["launches"]["of id arrays"], miss["launches"]["of id arrays"]) == (2, 1)
+    assert len(hit["unprofiled"]) == len(miss["unprofiled"]) == 3 and min(hit["unprofiled"]) > 0
+    assert out.count("-- unprofiled: best ") == 2 and out.count("-- one more turn, counted: launches ") == 2
+
+
+def test_the_launch_counter_finds_a_host_array_argument():
+    # counted_launches itself: a host array given to a launch is counted with its kernel
+    # and call site (none in hexcore here), a device array is not, and nothing is counted
+    # once it is closed
+    from numba import cuda
+
+    from benchmarks import profile_prefix
+    from hexcore.cuda.store import _fill_words_kernel
+
+    words = np.zeros(8, np.uint32)
+    with profile_prefix.counted_launches() as found:
+        _fill_words_kernel[1, 32](words, np.uint32(7))
+        _fill_words_kernel[1, 32](cuda.to_device(words), np.uint32(7))
+        cuda.to_device(np.zeros(4, np.int32))
+    assert (found["launches"], found["host array arguments"], found["host-to-device copies"]) == (2, 1, 2)
+    assert found["of id arrays"] == 1 and found["sites"] == {"_fill_words_kernel at ?": 1}
+    _fill_words_kernel[1, 32](words, np.uint32(7))
+    assert found["launches"] == 2
+
+
+def test_repeats_must_not_be_negative():
+    from benchmarks import profile_prefix
+
+    with pytest.raises(SystemExit):
+        profile_prefix.main(["--tiny", "--device", "cpu", "--repeats", "-1"])

@@ -34,6 +34,7 @@ from ..arrays import (as_device_array, check_outside_store, checked, checked_lay
                       is_numba_array)
 from ..launch import Launch
 from ..store import flat_words
+from ..uploads import upload_once
 from ..streams import resolve_stream, torch_current_stream, torch_stream, torch_with_cuda
 from .prefill_kernels import (EXTEND_THREADS, GATHER_THREADS, extend_grid, extend_kernel, gather_batch_kernel,
                               gather_grid, gather_kernel)
@@ -265,7 +266,7 @@ class BatchRows:
     (host int32), every entry it reads range-checked here (HexcoreInvalidArgumentError).
     Holds the host ``prefix_lens``, ``tail_slots``, ``n_new`` ``[B]``, ``S_max`` (the longest
     ``prefix_lens[r] + n_new[r]``), the device ``tables`` ``[B, W]`` and ``packed``
-    ``[3, B]`` (prefix_lens, tail_slots, n_new: one copy).
+    ``[3, B]`` (prefix_lens, tail_slots, n_new), both in one copy (``uploads.upload_once``).
 
     What every layer of a forward shares is also made once, at the first call that needs
     it: the SDPA mask, the gather's scratch (reused by the calls on one stream, each of
@@ -277,10 +278,9 @@ class BatchRows:
 
     def __init__(self, store, batch: int, n_max: int, block_tables, prefix_lens, tail_slots, n_new):
         self.store, self.batch, self.n_max = checked_store(store), as_int("batch", batch, 0), as_int("n_max", n_max, 0)
-        self.prefix_lens, self.tail_slots, self.n_new, self.tables = _checked_rows(
+        self.prefix_lens, self.tail_slots, self.n_new, tables = _checked_rows(
             store, self.batch, self.n_max, block_tables, prefix_lens, tail_slots, n_new)
-        self.packed = checked(np.stack([self.prefix_lens, self.tail_slots, self.n_new]), "rows", np.int32, (3, None),
-                              align=4)
+        self.tables, self.packed = upload_once([tables, np.stack([self.prefix_lens, self.tail_slots, self.n_new])])
         self.S_max = int((self.prefix_lens + self.n_new).max()) if self.batch else 0
         self._lengths = self._mask = self._scratch = self._gather = self._zeros = None
         self._checked: dict = {}  # name -> (given, their fingerprints, check's result): reuse()
@@ -577,8 +577,9 @@ def _checked_prefix(store, block_table, prefix_len, tail_slot):
 
 
 def _checked_rows(store, B: int, n_max: int, block_tables, prefix_lens, tail_slots, n_new):
-    """Host int32 (prefix_lens, tail_slots, n_new) [B] and the device tables [B, >= 1] of
-    :func:`prefill_attention_batch`, every entry it reads range-checked."""
+    """Host int32 (prefix_lens, tail_slots, n_new) [B] and tables [B, >= 1] (contiguous, the
+    entries not read zeroed) of :func:`prefill_attention_batch`, every entry it reads
+    range-checked."""
     cfg = store.config
     arrays = []
     for name, x in (("prefix_lens", prefix_lens), ("tail_slots", tail_slots), ("n_new", n_new)):
@@ -610,9 +611,7 @@ def _checked_rows(store, B: int, n_max: int, block_tables, prefix_lens, tail_slo
         r, j = bad[0]
         raise HexcoreInvalidArgumentError(f"block_tables[{r}, {j}] = {block_tables[r, j]} is outside "
                                           f"[0, {store.num_blocks}) for prefix_lens[{r}] = {prefix_lens[r]}")
-    tables = checked(np.ascontiguousarray(np.where(used, block_tables, 0)), "block_tables", np.int32,
-                     (B, None), align=4)
-    return prefix_lens, tail_slots, n_new, tables
+    return prefix_lens, tail_slots, n_new, np.ascontiguousarray(np.where(used, block_tables, 0), np.int32)
 
 
 def _checked_new(cfg, k_new, v_new):

@@ -238,6 +238,21 @@ def test_rows_of_another_batch_are_refused(make, match, rng):
     assert np.isnan(out.copy_to_host()).all()
 
 
+def test_rows_go_to_the_device_in_one_copy(rng, monkeypatch):
+    # BatchRows' tables and packed (prefix_lens, tail_slots, n_new) share one upload: a copy
+    # per forward (before: one each, two synchronous copies)
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="fp16")
+    store, tables, tails, *_ = batch_case(cfg, [35, 16], [3, 2], 1, rng)
+    copies = []
+    to_device = cuda.to_device
+    monkeypatch.setattr(cuda, "to_device", lambda x, *a, **k: copies.append(x) or to_device(x, *a, **k))
+    rows = BatchRows(store, 2, 3, tables, np.array([35, 16], np.int32), tails, np.array([3, 2], np.int32))
+    assert len(copies) == 1
+    np.testing.assert_array_equal(rows.packed.copy_to_host(), [[35, 16], tails, [3, 2]])
+    np.testing.assert_array_equal(rows.tables.copy_to_host()[0, :2], tables[0, :2])
+    assert (rows.tables.copy_to_host()[1, 1:] == 0).all()  # entries past a row's sealed blocks: zeroed
+
+
 def rows_case(rng):
     """Two rows (one padded) of a 2-layer int4 store: (store, rows' host args, q, k_new, v_new)."""
     cfg = KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
