@@ -121,21 +121,11 @@ def run_demo(shape: DemoShape, num_requests: int, seed: int = 0, max_steps: int 
     workload = synthetic_workload(num_requests, rng, shape.prompt_mean, shape.prompt_max, shape.output_mean,
                                   shape.output_max, shape.arrivals_per_step)
     fault = shape.format is None and _fault_tolerance_available()
-    bar = _Progress(int(workload.output_lens.sum()), progress)
-    try:
-        with compiles.recording() as log:
-            seconds = _timed(warm_up, shape, seed) if warmup else 0.0
-            server = _server(shape, workload, seed, bar, fault)
-            graphs = 0
-            if warmup:
-                graphs, capture_seconds = _timed(capture_graphs, server, shape, result=True)
-                seconds += capture_seconds
-            warm = WarmUp(warmup, seconds, log.since(0), graphs)
-            mark = log.mark()
-            report = server.run(max_steps)
+    with compiles.recording() as log:
+        server, warm = _prepared(shape, workload, seed, fault, warmup, log)
+        mark = log.mark()
+        report = _served(server, int(workload.output_lens.sum()), progress, max_steps)
         warm = warm._replace(in_run=tuple(log.since(mark)))
-    finally:
-        bar.close()
     if not fault:
         note = "not with a format by age" if shape.format else "hexcore.fault is not in this build"
         return summarize(shape, report, {"available": False, "note": note}, warm)
@@ -143,6 +133,29 @@ def run_demo(shape: DemoShape, num_requests: int, seed: int = 0, max_steps: int 
                                      "detected": report.corruptions_detected,
                                      "migrated": report.sequences_migrated, "blocks_verified": report.blocks_verified,
                                      "sample_every": shape.sample_every}, warm)
+
+
+def _prepared(shape: DemoShape, workload: Workload, seed: int, fault: bool, warmup: bool, log) -> tuple:
+    """(the run's Server, its :class:`WarmUp`): with ``warmup``, :func:`warm_up` before the
+    Server is made and :func:`capture_graphs` after, both timed (``log``: the open
+    ``compiles.recording()``, whose entries so far are the warm-up's)."""
+    seconds = _timed(warm_up, shape, seed) if warmup else 0.0
+    server = _server(shape, workload, seed, None, fault)
+    graphs = 0
+    if warmup:
+        graphs, capture_seconds = _timed(capture_graphs, server, shape, result=True)
+        seconds += capture_seconds
+    return server, WarmUp(warmup, seconds, log.since(0), graphs)
+
+
+def _served(server: Server, tokens: int, progress: bool, max_steps: int | None) -> ServeReport:
+    """``server.run(max_steps)`` under a progress bar over ``tokens``."""
+    bar = _Progress(tokens, progress)
+    server.on_step = bar
+    try:
+        return server.run(max_steps)
+    finally:
+        bar.close()
 
 
 def _timed(function, *args, result: bool = False):
@@ -193,7 +206,8 @@ def warmup_workload(shape: DemoShape) -> Workload:
       re-seal as a block ages).
 
     Batches of 1 (the first step) and of several; every check and (plain dtype) the fault
-    drill's injection, detection and recompute at the run's settings."""
+    drill's injection, detection and recompute at the run's settings. Arrivals, prompt and
+    output lengths: int64 ``[3]``, or ``[4]`` with the long prompt."""
     bs = shape.config.block_size
     prompts, outputs = [1, 2 * bs, bs + bs // 2], [bs + 1, bs + 1, 2]
     horizon = _format_horizon(shape)
