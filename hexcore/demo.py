@@ -139,13 +139,15 @@ def _prepared(shape: DemoShape, workload: Workload, seed: int, fault: bool, warm
     """(the run's Server, its :class:`WarmUp`): with ``warmup``, :func:`warm_up` before the
     Server is made and :func:`capture_graphs` after, both timed (``log``: the open
     ``compiles.recording()``, whose entries so far are the warm-up's)."""
+    from .cuda.device import SIMULATOR
+
     seconds = _timed(warm_up, shape, seed) if warmup else 0.0
     server = _server(shape, workload, seed, None, fault)
     graphs = 0
     if warmup:
         graphs, capture_seconds = _timed(capture_graphs, server, shape, result=True)
         seconds += capture_seconds
-    return server, WarmUp(warmup, seconds, log.since(0), graphs)
+    return server, WarmUp(warmup, seconds, log.since(0), graphs, simulated=SIMULATOR)
 
 
 def _served(server: Server, tokens: int, progress: bool, max_steps: int | None) -> ServeReport:
@@ -170,14 +172,15 @@ class WarmUp(NamedTuple):
     """What came before the timed run: whether the warm-up ran, its ``seconds`` (the
     throwaway run and the graph captures), the kernels compiled
     then (``compiled``: ``hexcore.cuda.compiles.Compile`` entries), the decode graphs
-    captured (``graphs``), and the kernels compiled during the timed run (``in_run``: none
-    when the warm-up covered the run; on the simulator, first launches)."""
+    captured (``graphs``), and what compiled during the timed run (``in_run``: none when the
+    warm-up covered the run; on the simulator, ``simulated``, kernels' first launches)."""
 
     ran: bool
     seconds: float
     compiled: list
     graphs: int
     in_run: tuple = ()
+    simulated: bool = False  # numba's CUDA simulator: first launches stand for compilations
 
 
 def _server(shape: DemoShape, workload, seed: int, on_step, fault: bool, max_seqs: int | None = None,
@@ -314,7 +317,7 @@ def summarize(shape: DemoShape, report: ServeReport, fault: dict, warm: WarmUp |
         "fault_tolerance": fault,
         "checked_outputs": report.checked_outputs,
         "attention_error_mean": report.mean_error, "attention_error_max": report.max_error,
-        "warmup": warm.ran, "warmup_seconds": warm.seconds, "warmup_kernels_compiled": len(warm.compiled),
+        "simulated": warm.simulated, "warmup": warm.ran, "warmup_seconds": warm.seconds, "warmup_kernels_compiled": len(warm.compiled),
         "warmup_compile_seconds": sum(c.seconds for c in warm.compiled), "warmup_graphs_captured": warm.graphs,
         "kernels_compiled_in_run": len(warm.in_run), "compile_seconds_in_run": sum(c.seconds for c in warm.in_run),
         "compiled_in_run": sorted({c.name for c in warm.in_run}),
@@ -356,16 +359,16 @@ def _warmup_figure(s: dict) -> str:
     """The warm-up's row: its time and compilations, and what compiled during the run anyway."""
     late = s["kernels_compiled_in_run"]
     if not s["warmup"]:
-        if s["compile_seconds_in_run"] == 0:  # the simulator: nothing compiles
-            return f"none (nothing compiles on the simulator; {late} kernels first launched during the run)"
-        return (f"none: {late} kernels compiled during the run, {s['compile_seconds_in_run']:.1f} s counted in "
+        if s["simulated"]:
+            return f"none (no kernel compiles on the simulator; {late} first launched or compiled during the run)"
+        return (f"none: {late} compiled during the run, {s['compile_seconds_in_run']:.1f} s counted in "
                 f"its steps")
     graphs = f", {s['warmup_graphs_captured']} decode graphs captured" if s["warmup_graphs_captured"] else ""
     during = ("none compiled during the run" if not late else
               f"{late} compiled during the run ({s['compile_seconds_in_run']:.1f} s in its steps: "
               f"{', '.join(s['compiled_in_run'][:4])})")
     return (f"{s['warmup_seconds']:.1f} s before the run, not in the figures above ({s['warmup_kernels_compiled']} "
-            f"kernels compiled in {s['warmup_compile_seconds']:.1f} s{graphs}); {during}")
+            f"compiled in {s['warmup_compile_seconds']:.1f} s{graphs}); {during}")
 
 
 def _rate(per_s: float) -> str:
