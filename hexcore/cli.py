@@ -212,7 +212,8 @@ def _serve_report(args) -> str:
     pool = f"last pool of {shape.num_blocks} blocks" if args.format else f"pool of {shape.num_blocks} blocks"
     print(f"serving {requests} requests ({args.format or shape.config.kv_dtype.value}, {shape.where}; {pool}, "
           f"{shape.max_seqs} sequence slots)", flush=True)
-    summary = run_demo(shape, requests, seed=args.seed, max_steps=args.steps, progress=not args.no_progress)
+    summary = run_demo(shape, requests, seed=args.seed, max_steps=args.steps, progress=not args.no_progress,
+                       warmup=False if args.no_warmup else None)
     if args.json:
         write_json(summary, args.json)
     return format_summary(summary)
@@ -254,6 +255,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="stop after this many steps (default: when every request is served; 0: no serving)")
     demo.add_argument("--json", type=_json_path, default=None, metavar="PATH", help="write the summary as JSON")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    demo.add_argument("--no-warmup", action="store_true",
+                      help="no warm-up before the timed run (on a GPU the kernels then compile in the steps that "
+                           "first use them, counted in the summary; the simulator never warms up)")
     plan = sub.add_parser("plan", help="capacity planner: what fits a memory budget")
     _add_capacity_args(plan)
     plan.add_argument("--memory", type=_memory, default=None, metavar="SIZE",

@@ -15,12 +15,14 @@ import dataclasses
 import json
 import math
 import sys
+import time
+from typing import NamedTuple
 
 import numpy as np
 
 from .config import PRESETS, KVCacheConfig
 from .serve import Server, ServeReport
-from .serve_workload import synthetic_workload
+from .serve_workload import Workload, synthetic_workload
 
 DEMO_LAYERS = 4  # layers of the GPU run (a full model has 32: the shapes per layer are the real ones)
 MIB = 1 << 20
@@ -102,29 +104,180 @@ class _Progress:
 
 
 def run_demo(shape: DemoShape, num_requests: int, seed: int = 0, max_steps: int | None = None,
-             progress: bool = True) -> dict:
+             progress: bool = True, warmup: bool | None = None) -> dict:
     """Serve ``num_requests`` synthetic requests at ``shape``; the summary as a dict (see
-    :func:`summary_rows` for what each entry means)."""
+    :func:`summary_rows` for what each entry means).
+
+    ``warmup`` (default: on a GPU, not on the simulator, which compiles nothing): first
+    :func:`warm_up` (a throwaway run that compiles every kernel the run will use) and, for a
+    plain dtype, capture the run's decode graphs (:func:`capture_graphs`), timed apart from
+    the run. Kernels compiled during the run itself are counted either way
+    (``hexcore.cuda.compiles``)."""
+    from .cuda import compiles
+    from .cuda.device import SIMULATOR
+
+    warmup = not SIMULATOR if warmup is None else warmup
     rng = np.random.default_rng(seed)
     workload = synthetic_workload(num_requests, rng, shape.prompt_mean, shape.prompt_max, shape.output_mean,
                                   shape.output_max, shape.arrivals_per_step)
-    bar = _Progress(int(workload.output_lens.sum()), progress)
-    try:
-        fault = shape.format is None and _fault_tolerance_available()
-        server = Server(shape.config, shape.num_q_heads, shape.num_blocks, shape.max_seqs, workload, seed=seed,
-                        check_every=shape.check_every, check_seqs=shape.check_seqs,
-                        batch_buckets=shape.batch_buckets, on_step=bar, fault_tolerance=fault,
-                        sample_every=shape.sample_every, inject_at=3, format=shape.format)
-        report = server.run(max_steps)
-    finally:
-        bar.close()
+    fault = shape.format is None and _fault_tolerance_available()
+    with compiles.recording() as log:
+        server, warm = _prepared(shape, workload, seed, fault, warmup, log)
+        mark = log.mark()
+        report = _served(server, int(workload.output_lens.sum()), progress, max_steps)
+        warm = warm._replace(in_run=tuple(log.since(mark)))
     if not fault:
         note = "not with a format by age" if shape.format else "hexcore.fault is not in this build"
-        return summarize(shape, report, {"available": False, "note": note})
+        return summarize(shape, report, {"available": False, "note": note}, warm)
     return summarize(shape, report, {"available": True, "injected": report.corruptions_injected,
                                      "detected": report.corruptions_detected,
                                      "migrated": report.sequences_migrated, "blocks_verified": report.blocks_verified,
-                                     "sample_every": shape.sample_every})
+                                     "sample_every": shape.sample_every}, warm)
+
+
+def _prepared(shape: DemoShape, workload: Workload, seed: int, fault: bool, warmup: bool, log) -> tuple:
+    """(the run's Server, its :class:`WarmUp`): with ``warmup``, :func:`warm_up` before the
+    Server is made and :func:`capture_graphs` after, both timed (``log``: the open
+    ``compiles.recording()``, whose entries so far are the warm-up's)."""
+    from .cuda.device import SIMULATOR
+
+    seconds = _timed(warm_up, shape, seed) if warmup else 0.0
+    server = _server(shape, workload, seed, None, fault)
+    graphs = 0
+    if warmup:
+        graphs, capture_seconds = _timed(capture_graphs, server, shape, result=True)
+        seconds += capture_seconds
+    return server, WarmUp(warmup, seconds, log.since(0), graphs, simulated=SIMULATOR)
+
+
+def _served(server: Server, tokens: int, progress: bool, max_steps: int | None) -> ServeReport:
+    """``server.run(max_steps)`` under a progress bar over ``tokens``."""
+    bar = _Progress(tokens, progress)
+    server.on_step = bar
+    try:
+        return server.run(max_steps)
+    finally:
+        bar.close()
+
+
+def _timed(function, *args, result: bool = False):
+    """Seconds ``function(*args)`` took; with ``result``, (its result, the seconds)."""
+    start = time.perf_counter()
+    value = function(*args)
+    seconds = time.perf_counter() - start
+    return (value, seconds) if result else seconds
+
+
+class WarmUp(NamedTuple):
+    """What came before the timed run: whether the warm-up ran, its ``seconds`` (the
+    throwaway run and the graph captures), the kernels compiled
+    then (``compiled``: ``hexcore.cuda.compiles.Compile`` entries), the decode graphs
+    captured (``graphs``), and what compiled during the timed run (``in_run``: none when the
+    warm-up covered the run; on the simulator, ``simulated``, kernels' first launches)."""
+
+    ran: bool
+    seconds: float
+    compiled: list
+    graphs: int
+    in_run: tuple = ()
+    simulated: bool = False  # numba's CUDA simulator: first launches stand for compilations
+
+
+def _server(shape: DemoShape, workload, seed: int, on_step, fault: bool, max_seqs: int | None = None,
+            num_blocks: int | None = None) -> Server:
+    """A Server at ``shape`` (its pool and slots unless ``num_blocks``/``max_seqs`` are given)."""
+    return Server(shape.config, shape.num_q_heads, num_blocks or shape.num_blocks, max_seqs or shape.max_seqs,
+                  workload, seed=seed, check_every=shape.check_every, check_seqs=shape.check_seqs,
+                  batch_buckets=shape.batch_buckets, on_step=on_step, fault_tolerance=fault,
+                  sample_every=shape.sample_every, inject_at=INJECT_AT, format=shape.format)
+
+
+INJECT_AT = 3  # the step at which the fault drill flips its bit (run and warm-up alike)
+WARMUP_SEQS = 4  # sequence slots of the warm-up's throwaway Server
+
+
+def warmup_workload(shape: DemoShape) -> Workload:
+    """Requests that take every kernel path a run at ``shape`` can take, in few steps:
+
+    - a prompt shorter than a block (append only), growing past a block in decode steps
+      (a seal from the tail: the sink's FP16 block with a format by age);
+    - a prompt of two whole blocks (sealed from its rows, nothing appended), then a block
+      more of steps (a seal from the tail into the format's first tier);
+    - a prompt of a block and a half (rows sealed, the rest appended);
+    - when the run's longest request reaches past the format's oldest tier: a prompt past
+      it (blocks sealed straight into every pool) whose steps cross a block boundary (a
+      re-seal as a block ages).
+
+    Batches of 1 (the first step) and of several; every check and (plain dtype) the fault
+    drill's injection, detection and recompute at the run's settings. Arrivals, prompt and
+    output lengths: int64 ``[3]``, or ``[4]`` with the long prompt."""
+    bs = shape.config.block_size
+    prompts, outputs = [1, 2 * bs, bs + bs // 2], [bs + 1, bs + 1, 2]
+    horizon = _format_horizon(shape)
+    if horizon and shape.prompt_max + shape.output_max > horizon:
+        prompts.append(horizon + bs // 2)
+        outputs.append(bs + 1)
+    arrivals = [0] + [1] * (len(prompts) - 1)  # one sequence alone first, then a batch
+    return Workload(*(np.array(x, np.int64) for x in (arrivals, prompts, outputs)))
+
+
+def _format_horizon(shape: DemoShape) -> int:
+    """Tokens past which every block of a sequence has reached the format's oldest tier
+    (0 without a format)."""
+    if shape.format is None:
+        return 0
+    from .quant import kv_format
+
+    fmt = kv_format(shape.format)
+    return (fmt.sink_blocks + 2) * shape.config.block_size + max([t.min_age for t in fmt.tiers], default=0)
+
+
+def warm_up(shape: DemoShape, seed: int = 0) -> ServeReport:
+    """Serve :func:`warmup_workload` on a throwaway Server of ``shape``'s config, format,
+    query heads, batch buckets, checks and fault drill (its pool just large enough, at most
+    ``WARMUP_SEQS`` slots): every kernel the run at ``shape`` uses is compiled on first
+    launch, and the kernel factories (``functools.cache`` over the config, the decode shape
+    and flags, never over pool sizes) hand the run the same compiled kernels. Its report."""
+    workload = warmup_workload(shape)
+    bs = shape.config.block_size
+    num_blocks = int(sum((p + o) // bs + 2 for p, o in zip(workload.prompt_lens, workload.output_lens)))
+    fault = shape.format is None and _fault_tolerance_available()
+    server = _server(shape, workload, seed, None, fault, max_seqs=min(WARMUP_SEQS, shape.max_seqs),
+                     num_blocks=num_blocks)
+    report = server.run()
+    _synchronize()
+    return report
+
+
+def capture_graphs(server: Server, shape: DemoShape) -> int:
+    """Capture the decode graphs of ``server``'s Engine (plain dtype, a GPU) for every batch
+    bucket and every context bucket up to the run's longest request, as an engine does at
+    start-up, so that no step of the run captures one (``DecodeGraph.warmup``: runs changing
+    nothing in the store). The number captured (0 for a format by age, or eager graphs)."""
+    graph = server.engine.graph
+    if graph is None or graph.backend == "eager":
+        return 0
+    longest = min(shape.prompt_max + shape.output_max, graph.capacity)
+    contexts = sorted({graph.context_bucket(n) for n in _doublings(shape.config.block_size, longest)})
+    for batch in graph.batch_buckets:
+        for context in contexts:
+            graph.warmup(batch, context)
+    _synchronize()
+    return len(graph.batch_buckets) * len(contexts)
+
+
+def _doublings(first: int, last: int) -> list:
+    """``first``, ``2 first``, ... while below ``last``, then ``last``."""
+    out = [first]
+    while out[-1] < last:
+        out.append(min(2 * out[-1], last))
+    return out
+
+
+def _synchronize() -> None:
+    from numba import cuda
+
+    cuda.synchronize()
 
 
 def _fault_tolerance_available() -> bool:
@@ -135,9 +288,11 @@ def _fault_tolerance_available() -> bool:
     return True
 
 
-def summarize(shape: DemoShape, report: ServeReport, fault: dict) -> dict:
-    """The run's figures, JSON-ready."""
+def summarize(shape: DemoShape, report: ServeReport, fault: dict, warm: WarmUp | None = None) -> dict:
+    """The run's figures, JSON-ready. The step times and tokens/s are the timed run's;
+    ``warm`` (None: no warm-up, nothing recorded) what came before it, apart."""
     cfg = shape.config
+    warm = warm or WarmUp(False, 0.0, [], 0)
     steps = np.array(report.step_seconds) * 1e3
     step_time = float(np.sum(report.step_seconds))
     return {
@@ -162,6 +317,10 @@ def summarize(shape: DemoShape, report: ServeReport, fault: dict) -> dict:
         "fault_tolerance": fault,
         "checked_outputs": report.checked_outputs,
         "attention_error_mean": report.mean_error, "attention_error_max": report.max_error,
+        "simulated": warm.simulated, "warmup": warm.ran, "warmup_seconds": warm.seconds, "warmup_kernels_compiled": len(warm.compiled),
+        "warmup_compile_seconds": sum(c.seconds for c in warm.compiled), "warmup_graphs_captured": warm.graphs,
+        "kernels_compiled_in_run": len(warm.in_run), "compile_seconds_in_run": sum(c.seconds for c in warm.in_run),
+        "compiled_in_run": sorted({c.name for c in warm.in_run}),
     }
 
 
@@ -180,6 +339,7 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
         ("tokens/s", f"{_rate(s['decode_tokens_per_s'])} in decode steps, {_rate(s['wall_tokens_per_s'])} over "
                      f"the whole run ({s['wall_seconds']:.1f} s)"),
         ("step latency p50 / p99", f"{s['step_ms_p50']:.2f} / {s['step_ms_p99']:.2f} ms"),
+        ("compile and warm-up", _warmup_figure(s)),
         ("peak blocks", f"{s['peak_active_blocks']:,} of {s['num_blocks']:,} ({s['peak_tokens']:,} tokens live)"
          if not s.get("format") else f"{s['peak_tokens']:,} tokens live, the last pool {s['num_blocks']:,} blocks"),
         (f"KV memory at peak ({s['kv_dtype']})", f"{_size(s['peak_kv_bytes'])} in sealed blocks; FP16 would "
@@ -193,6 +353,22 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
         ("attention error vs FP16", f"mean {s['attention_error_mean']:.2e}, max {s['attention_error_max']:.2e} "
                                     f"(rel. L2, {s['checked_outputs']} outputs vs float64 over exact FP16 K/V)"),
     ]
+
+
+def _warmup_figure(s: dict) -> str:
+    """The warm-up's row: its time and compilations, and what compiled during the run anyway."""
+    late = s["kernels_compiled_in_run"]
+    if not s["warmup"]:
+        if s["simulated"]:
+            return f"none (no kernel compiles on the simulator; {late} first launched or compiled during the run)"
+        return (f"none: {late} compiled during the run, {s['compile_seconds_in_run']:.1f} s counted in "
+                f"its steps")
+    graphs = f", {s['warmup_graphs_captured']} decode graphs captured" if s["warmup_graphs_captured"] else ""
+    during = ("none compiled during the run" if not late else
+              f"{late} compiled during the run ({s['compile_seconds_in_run']:.1f} s in its steps: "
+              f"{', '.join(s['compiled_in_run'][:4])})")
+    return (f"{s['warmup_seconds']:.1f} s before the run, not in the figures above ({s['warmup_kernels_compiled']} "
+            f"compiled in {s['warmup_compile_seconds']:.1f} s{graphs}); {during}")
 
 
 def _rate(per_s: float) -> str:

@@ -35,6 +35,23 @@ def test_demo_serves_from_a_format_by_age(capsys, tmp_path):
     assert summary["fault_tolerance"] == {"available": False, "note": "not with a format by age"}
 
 
+@pytest.mark.parametrize("flag,warmup", [([], None), (["--no-warmup"], False)])
+def test_demo_passes_no_warmup_to_the_run(monkeypatch, capsys, flag, warmup):
+    """``--no-warmup`` turns the warm-up off; without it the run decides (on a GPU only)."""
+    from hexcore import cli, demo
+
+    seen = {}
+
+    def served(shape, requests, **options):
+        seen.update(options)
+        return demo.summarize(shape, demo.ServeReport(requests=requests), {"available": False, "note": "test"})
+
+    monkeypatch.setattr(cli, "_layout_report", lambda preset, block_size: "layout agreement: skipped")
+    monkeypatch.setattr(demo, "run_demo", served)
+    assert main(["demo", "--requests", "1", "--no-progress", *flag]) == 0
+    assert seen["warmup"] is warmup and "compile and warm-up" in capsys.readouterr().out
+
+
 def test_plan_prices_the_formats_by_age_at_the_context(capsys):
     from hexcore.cli import GIB
 
