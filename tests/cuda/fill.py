@@ -74,3 +74,18 @@ def _store_blocks(host, layer, ids, k, v, cfg):
     dk = ref.dequantize_keys(kc, km, bits).reshape(n, H, BS, D)
     dv = ref.dequantize_values(vc, vm, bits, gs).reshape(n, H, BS, D)
     return dk, dv
+
+
+def random_store(cfg, rng, num_blocks=5, max_seqs=2) -> DeviceKVStore:
+    """A store whose arrays hold random words (guards intact)."""
+    store = DeviceKVStore(cfg, num_blocks, max_seqs)
+    store.pool.copy_to_device(rng.integers(0, 1 << 32, store.pool.shape[0], dtype=np.uint32))
+    store.fill_guards()
+    return store
+
+
+def host_block(store, block) -> tuple:
+    """A host copy of ``block``'s sealed arrays: (k_codes, v_codes, k_meta, v_meta), each
+    ``[L, ...]`` (the metadata None for FP16), as the CPU digests take them."""
+    a = {name: array.copy_to_host()[:, block] for name, array in store.arrays.items() if "tails" not in name}
+    return a["k_codes"], a["v_codes"], a.get("k_meta"), a.get("v_meta")

@@ -13,20 +13,12 @@ from hexcore.cuda import integrity, seal
 from hexcore.cuda.store import GUARD_WORDS, DeviceKVStore
 from hexcore.errors import HexcoreInvalidArgumentError
 from hexcore.host.checksum import layer_digests
-
-
-def random_store(cfg, rng, num_blocks=5, max_seqs=2) -> DeviceKVStore:
-    """A store whose arrays hold random words (guards intact)."""
-    store = DeviceKVStore(cfg, num_blocks, max_seqs)
-    store.pool.copy_to_device(rng.integers(0, 1 << 32, store.pool.shape[0], dtype=np.uint32))
-    store.fill_guards()
-    return store
+from tests.cuda.fill import host_block, random_store
 
 
 def cpu_digests(store, block) -> np.ndarray:
     """The CPU checksum of a host copy of ``block`` (uint32 [L])."""
-    a = {name: array.copy_to_host()[:, block] for name, array in store.arrays.items() if "tails" not in name}
-    return layer_digests(a["k_codes"], a["v_codes"], a.get("k_meta"), a.get("v_meta"))
+    return layer_digests(*host_block(store, block))
 
 
 def config(kv_dtype, num_layers=2):
