@@ -115,6 +115,9 @@ def test_decode_verify_finds_flips_in_sampled_blocks_only(rng, kv_dtype, block_s
     assert (n, found) == (4, sorted((block, LAYER) for block in own)), flips
     # (no claim on `out`: a flipped exponent bit of a metadata scale can make it inf or NaN,
     # which is what the alarm is for; seed 1083692207636696137 flips one, int2 block 16)
+    if block_size > 32:
+        return  # (sampling and every = 0 are the same code for every dtype, checked by the other
+        # cases; a 64-token block costs the simulator about 15 s per decode: CI time)
     every = 64  # above every block id: (block + phase) % 64 == 0 for one block only
     _, n, found = run_verify(plan, verify, every, every - own[1])
     assert (n, found) == (1, [(own[1], LAYER)]), flips
