@@ -260,11 +260,7 @@ def reseal_blocks(src: DeviceKVStore, src_ids, dst: DeviceKVStore, dst_ids, fitt
     unseal = Launch(_dequantize_kernel(a, rows=True), grid, THREADS, (*codes, ids, 0, src.num_blocks, k_rows, v_rows))
     launches = (unseal, seal_rows_launch(dst, k_rows, v_rows, 0, dst_ids, fitted_keys=fitted_keys))
     for one in launches:
-        (launch or _eager)(one, stream)
-
-
-def _eager(launch: Launch, stream) -> None:
-    launch.run(stream)
+        (launch or Launch.run)(one, stream)
 
 
 def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, rows=None, stream=None,
@@ -298,6 +294,7 @@ def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, row
             check_distinct(blocks, "ops' destination blocks")
         staged = upload([a for pair in ids for a in pair])
         ids = list(zip(staged[0::2], staged[1::2]))
+    run_launch = launch if launch is not None and rows is None else Launch.run
     for (src, kind, run), (first, blocks) in zip(runs, ids):
         fit = fitted_keys and stores[kind].config.kv_dtype.bits == 2
         bs = stores[kind].config.block_size
@@ -309,13 +306,11 @@ def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, row
             seal(stores[kind], first[:1], blocks[:1], fitted_keys=fit, stream=stream)
             seal_rows(stores[kind], rows[0], rows[1], int(run[1, OP_LOGICAL]) * bs - rows[2], blocks[1:],
                       fitted_keys=fit, stream=stream)
-        elif src < 0 and launch is not None:
-            launch(seal_launch(stores[kind], first, blocks, fitted_keys=fit), stream)
         elif src < 0:
-            seal(stores[kind], first, blocks, fitted_keys=fit, stream=stream)
+            run_launch(seal_launch(stores[kind], first, blocks, fitted_keys=fit), stream)
         else:
             reseal_blocks(stores[src], first, stores[kind], blocks, fitted_keys=fit, stream=stream, scratch=scratch,
-                          launch=None if rows is not None else launch)
+                          launch=run_launch)
 
 
 def _check_tiered_ops(stores: list, ops: np.ndarray) -> None:
