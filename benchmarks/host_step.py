@@ -45,20 +45,10 @@ def stubbed_launches():
     a running kernel still run); restored on exit."""
     if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
         raise RuntimeError("host_step needs the CUDA simulator: NUMBA_ENABLE_CUDASIM=1")
-    from numba.cuda.simulator import kernel as simulator
+    from hexcore.cuda.simulated import launches
 
-    launch = simulator.FakeCUDAKernel.__call__
-
-    def stub(self, *args):
-        if self._device or simulator._kernel_context:
-            return launch(self, *args)
-        return None
-
-    simulator.FakeCUDAKernel.__call__ = stub
-    try:
+    with launches(lambda kernel, args, launch: None):
         yield
-    finally:
-        simulator.FakeCUDAKernel.__call__ = launch
 
 
 def make_engine(dtype: str, layers: int, batch: int, context: int):

@@ -85,12 +85,7 @@ def counted_launches():
     found = dict.fromkeys(("launches", "host array arguments", "host-to-device copies", "of id arrays"), 0)
     found["sites"] = {}
     wrapped = [(cuda, "to_device", lambda original: _counting_copies(original, found))]
-    if SIMULATOR:
-        from numba.cuda.simulator import kernel as simulator
-
-        wrapped.append((simulator.FakeCUDAKernel, "__call__", lambda original: _counting_simulated(
-            original, found, simulator)))
-    else:
+    if not SIMULATOR:
         from numba.cuda import dispatcher
 
         from hexcore.cuda.launch import PreparedLaunch
@@ -104,7 +99,13 @@ def counted_launches():
     try:
         for (owner, name, make), (_, _, original) in zip(wrapped, saved):
             setattr(owner, name, make(original))
-        yield found
+        if SIMULATOR:
+            from hexcore.cuda.simulated import launches
+
+            with launches(_counting_simulated(found)):
+                yield found
+        else:
+            yield found
     finally:
         for owner, name, original in saved:
             setattr(owner, name, original)
@@ -123,7 +124,7 @@ def _hexcore_site() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         path = frame.f_code.co_filename
-        if "hexcore/" in path and not path.endswith(("cuda/launch.py", "profile_prefix.py")):
+        if "hexcore/" in path and not path.endswith(("cuda/launch.py", "cuda/simulated.py", "profile_prefix.py")):
             return f"{_short(path)}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
@@ -138,14 +139,13 @@ def _counting_copies(original, found: dict):
     return to_device
 
 
-def _counting_simulated(original, found: dict, simulator):
-    def call(self, *args):
-        if not (self._device or simulator._kernel_context):  # a launch from the host
-            found["launches"] += 1
-            _count_host_arguments(found, self, args)
-        return original(self, *args)
+def _counting_simulated(found: dict):
+    def hook(kernel, args, launch):  # (hexcore.cuda.simulated.launches: a launch from the host)
+        found["launches"] += 1
+        _count_host_arguments(found, kernel, args)
+        return launch()
 
-    return call
+    return hook
 
 
 def _counting_eager(original, found: dict):

@@ -28,17 +28,11 @@ pytestmark = [pytest.mark.skipif(not SIMULATOR, reason="dry launches stand in fo
 def dry_launches(monkeypatch):
     """Kernel launches on the simulator do nothing (device functions still run). The fault
     drill is off: it reads back what its kernels write (guard words, checksums)."""
-    from numba.cuda.simulator import kernel as simulated
+    from hexcore.cuda.simulated import launches
 
-    original = simulated.FakeCUDAKernel.__call__
-
-    def dry(self, *args):
-        if self._device or simulated._kernel_context:
-            return original(self, *args)
-        return None
-
-    monkeypatch.setattr(simulated.FakeCUDAKernel, "__call__", dry)
     monkeypatch.setattr(demo, "_fault_tolerance_available", lambda: False)
+    with launches(lambda kernel, args, launch: None):
+        yield
 
 
 def gpu_like_shape(fmt):

@@ -134,25 +134,19 @@ def _argtypes(sig) -> tuple:
     return tuple(sig.args) if hasattr(sig, "args") else tuple(sig)
 
 
-@contextlib.contextmanager
 def _simulator_launches(log: CompileLog):
-    from numba.cuda.simulator import kernel as simulated
+    from .simulated import launches
 
-    original, seen = simulated.FakeCUDAKernel.__call__, set()
+    seen = set()
 
-    def call(self, *args):
-        if not (self._device or simulated._kernel_context):  # a kernel launch, not a device function
-            key = (id(self.fn), simulator_signature(args))
-            if key not in seen:
-                seen.add(key)
-                log.entries.append(Compile(self.fn.__qualname__, key[1], 0.0))
-        return original(self, *args)
+    def first_use(kernel, args, launch):
+        key = (id(kernel.fn), simulator_signature(args))
+        if key not in seen:
+            seen.add(key)
+            log.entries.append(Compile(kernel.fn.__qualname__, key[1], 0.0))
+        return launch()
 
-    simulated.FakeCUDAKernel.__call__ = call
-    try:
-        yield
-    finally:
-        simulated.FakeCUDAKernel.__call__ = original
+    return launches(first_use)
 
 
 def simulator_signature(args: tuple) -> tuple:
