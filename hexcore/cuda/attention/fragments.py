@@ -37,6 +37,7 @@ from .shape import DecodeShape
 
 LO, HI = 0x5410, 0x7632  # prmt selectors: the low (high) halves of two words
 NEG_INF = np.float32(-np.inf)
+LAZY = np.float32(8.0)
 
 
 class WarpFunctions(NamedTuple):
@@ -48,6 +49,7 @@ class WarpFunctions(NamedTuple):
     chunk_codes: object
     kstep_rows: object
     finish: object
+    pair_codes: object
 
 
 def _per_lane(copies: int) -> int:
@@ -92,7 +94,7 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
     @device_function
     def load_q(q, row, lane, valid, qh, factor):
         # qh[r]: q of head row `row` (channels tig*D/4 + 2r, +1) times factor; zero if not valid
-        tig = lane % 4
+        tig = (lane & 3)
         for i in range(KREGS // 4):
             load_words(q, row * (D // 2) + tig * KREGS + 4 * i, 4, qh, 4 * i)
         for r in range(KREGS):
@@ -124,7 +126,7 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
 
     @device_function
     def fold_keys(ring, meta, lane, qh, qs):
-        tig = lane % 4
+        tig = (lane & 3)
         c0 = c1 = c2 = c3 = float32(0)
         e0 = e1 = e2 = e3 = float32(0)  # a second chain in flight
         at = meta + D // 2 + tig * KREGS
@@ -180,6 +182,33 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
             s[i + 1] = exp2(s[i + 1] - m1)
 
     @device_function
+    def softmax_lazy(s, n, state):
+        # softmax with a lazy maximum (pair_codes, INT2 only): the probabilities may reach
+        # 2**LAZY, which the value scales folded into them must keep below 65504 (a value
+        # group's scale below 255)
+        m0, m1 = s[0], s[1]
+        for i in range(2, n, 2):
+            m0 = max(m0, s[i])
+            m1 = max(m1, s[i + 1])
+        # lazy maximum: keep the reference maxima unless a score exceeds them by more than
+        # LAZY (log2 units; probabilities then stay <= 2**LAZY): no shuffles, no exp2 of alphas,
+        # no rescale in the common case
+        if warp_any(m0 > state[0] + LAZY or m1 > state[1] + LAZY):
+            for mask in (4, 8, 16):
+                m0 = max(m0, shfl_xor(m0, mask))
+                m1 = max(m1, shfl_xor(m1, mask))
+            m0, m1 = max(m0, state[0]), max(m1, state[1])
+            state[2] = exp2(state[0] - m0)
+            state[3] = exp2(state[1] - m1)
+            state[0], state[1] = m0, m1
+        else:
+            state[2] = state[3] = float32(1)
+        m0, m1 = state[0], state[1]
+        for i in range(0, n, 2):
+            s[i] = exp2(s[i] - m0)
+            s[i + 1] = exp2(s[i + 1] - m1)
+
+    @device_function
     def rescale(o, stats, state):
         # o and stats times alpha, column by column (heads 2tig, 2tig+1); skipped by the warp
         # when no head's maximum moved, as in most k-steps after the first few
@@ -212,7 +241,7 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
         # for the chunk, or one per k-step when SOFTMAX_KSTEPS is 1), outputs
         for c0 in range(0, CK, SOFTMAX_KSTEPS):
             for c in range(c0, c0 + SOFTMAX_KSTEPS):
-                row = stage + (16 * c + lane // 4) * RW + (lane % 4) * KW
+                row = stage + (16 * c + (lane >> 2)) * RW + ((lane & 3)) * KW
                 i = 4 * (c - c0)
                 s[i], s[i + 1], s[i + 2], s[i + 3] = scores(ring, row, row + 8 * RW, qs, True)
             for i in range(0, 4 * SOFTMAX_KSTEPS, 2):
@@ -223,10 +252,37 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
             for c in range(c0, c0 + SOFTMAX_KSTEPS):
                 kstep_values(ring, stage, c, s, 4 * (c - c0), o, stats, lane)
 
+
+    @device_function
+    def pair_codes(ring, stage_a, stage_b, meta_off, qh, qs, s, o, stats, state, lane):
+        # two sealed blocks (one chunk each) with one softmax update over their 2 * CK k-steps
+        corr_lo, corr_hi = fold_keys(ring, stage_a + meta_off, lane, qh, qs)
+        for c in range(CK):
+            row = stage_a + (16 * c + (lane >> 2)) * RW + (lane & 3) * KW
+            i = 4 * c
+            s[i], s[i + 1], s[i + 2], s[i + 3] = scores(ring, row, row + 8 * RW, qs, True)
+        for i in range(0, 4 * CK, 2):
+            s[i] += corr_lo
+            s[i + 1] += corr_hi
+        corr_lo, corr_hi = fold_keys(ring, stage_b + meta_off, lane, qh, qs)
+        for c in range(CK):
+            row = stage_b + (16 * c + (lane >> 2)) * RW + (lane & 3) * KW
+            i = 4 * CK + 4 * c
+            s[i], s[i + 1], s[i + 2], s[i + 3] = scores(ring, row, row + 8 * RW, qs, True)
+        for i in range(4 * CK, 8 * CK, 2):
+            s[i] += corr_lo
+            s[i + 1] += corr_hi
+        softmax_lazy(s, 8 * CK, state)
+        rescale(o, stats, state)
+        for c in range(CK):
+            kstep_values(ring, stage_a, c, s, 4 * c, o, stats, lane)
+        for c in range(CK):
+            kstep_values(ring, stage_b, c, s, 4 * CK + 4 * c, o, stats, lane)
+
     @device_function
     def kstep_values(ring, stage, c, s, i, o, stats, lane):
         # the output product of staged k-step c, probabilities s[i:i+4]
-        gid, tig = lane // 4, lane % 4
+        gid, tig = (lane >> 2), (lane & 3)
         b0, b1 = probabilities(s, i)
         meta0 = stage + RING_K + RING_V + D + (16 * c + 2 * tig) * NG  # tokens 2tig, 2tig+1
         meta1 = meta0 + 8 * NG  # tokens 2tig+8, 2tig+9
@@ -258,7 +314,7 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
     def kstep_rows(pool, kbase, vbase, kstep, ntok, lane, qh, kw, vw, s, o, stats, state):
         # one k-step of FP16 rows (a tail, or an FP16 block): rows at word kbase / vbase +
         # token * D/2, tokens >= ntok masked (they read row 0, always written)
-        gid, tig = lane // 4, lane % 4
+        gid, tig = (lane >> 2), (lane & 3)
         for n in range(2):
             t = 16 * kstep + 8 * n + gid
             at = kbase + (t if t < ntok else 0) * (D // 2) + tig * ROW_KW
@@ -292,7 +348,7 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
     def finish(o, stats, state, lane):
         # the warp's partial for heads 2tig and 2tig+1: adds each value group's mins term
         # (stats row g, held by lanes 4g + tig) to o; returns (m, l) of both heads (log2 units)
-        tig = lane % 4
+        tig = (lane & 3)
         for t in range(MT):
             if QUANTIZED:
                 g = (8 * (t // (CW // 2)) * CW) // GS
@@ -304,4 +360,4 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
                 o[4 * t + 3] += hi
         return state[0], shfl_idx(stats[2], tig), state[1], shfl_idx(stats[3], tig)
 
-    return WarpFunctions(load_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish)
+    return WarpFunctions(load_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish, pair_codes)

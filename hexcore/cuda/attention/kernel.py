@@ -130,17 +130,21 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     mismatch ``k < F``, writes (block, layer) into ``found[k]``. Nothing else changes: the
     outputs are the plain item's. Tails are never checked (they are not sealed)."""
     VERIFY = verify
-    load_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish = warp_functions(shape, joint_softmax)
+    load_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish, pair_codes = warp_functions(shape, joint_softmax)
     H, D, BS, G = shape.H, shape.D, shape.BS, shape.G
     HG, NG, MT = shape.head_groups, shape.num_groups, shape.m_tiles
     QUANTIZED, RW = shape.quantized, shape.D * shape.bits // 32
     KREGS, KSB = shape.key_regs, shape.ksteps_per_block
     CK, CPB = shape.chunk_ksteps, shape.ksteps_per_block // shape.chunk_ksteps  # chunks per block
     STAGE, KMETA = shape.stage_words, sum(shape.ring_regions[:2])  # ring stage; its key metadata
-    RING_WORDS = max(WARPS * 2 * STAGE if QUANTIZED else 0, WARPS * HEADS_PER_CTA * D)
+    # INT2 with one chunk per block: two blocks per softmax update (pair_codes), a ring of two
+    # stages of two blocks per warp (INT4's stages would take 80 KB per CTA)
+    PAIR = QUANTIZED and CPB == 1 and shape.bits == 2
+    STAGES = 4 if PAIR else 2
+    RING_WORDS = max(WARPS * STAGES * STAGE if QUANTIZED else 0, WARPS * HEADS_PER_CTA * D)
     KWORDS, VWORDS = 2 * shape.key_regs, shape.row_value_words  # FP16 rows (tails, FP16 blocks)
     HPC, CW = HEADS_PER_CTA, shape.chunk
-    SCORES, O_REGS = 4 * CK, 4 * shape.m_tiles  # local array sizes
+    SCORES, O_REGS = (8 if PAIR else 4) * CK, 4 * shape.m_tiles  # local array sizes
     merge_splits = merge_function(D)
     PREFETCH = l2_prefetch == "all" or (l2_prefetch == "quantized" and QUANTIZED)
     RUN_BYTES, META_BYTES = BS * RW * 4, (4 * D, 4 * BS * NG)  # a block's code run; key, value metadata
@@ -214,6 +218,22 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                 found[k, 1] = layer
 
     @cuda.jit(device=True)
+    def check_staged(ring, stage, block, layer, h, check, lane):
+        # VERIFY: the head digest of a one-chunk block staged at `stage` compared with the
+        # recorded one (check: head_sums, vctl, flags, found)
+        check_block(chunk_terms(uint32(0), ring, stage, 0, lane), check[0], block, layer, h, check[2], check[3], lane)
+
+    @cuda.jit(device=True)
+    def pick_block(block_tables, b, first, count, c, lane, ids, picks, num_blocks, check):
+        # (the id of the warp's c-th sealed block, whether the launch checks it; False
+        # without VERIFY); (-1, False) for c >= count. The pair loop's reads of the ids.
+        if c >= count:
+            return -1, False
+        if VERIFY:
+            return warp_block_sampled(block_tables, b, first, count, c, lane, ids, picks, num_blocks, check[1])
+        return warp_block(block_tables, b, first, count, c, lane, ids), False
+
+    @cuda.jit(device=True)
     def prefetch_block(pool, offsets, block, h, layer, num_blocks, lane):
         # lane 0..3 asks L2 for the block's key codes, value codes, key meta, value meta
         if not in_range(block, num_blocks):
@@ -263,7 +283,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
         # q: [B, Hq, D] f16 as words; out: [B, Hq, D] f16 flat; part_o: [B*Hq, max_splits, D]
         # f32 flat; part_ml: [B*Hq, max_splits, 2] f32 flat; counters: [B * H * HG] int32
         tid = thread_index_volatile() if volatile_tid else cuda.threadIdx.x
-        warp, lane = tid // 32, tid % 32
+        warp, lane = tid >> 5, tid & 31
         # device index arrays are not checked by the launcher: a length is clamped to what
         # the table describes and what the grid and workspace were sized for
         seq_len = max(0, min(seq_lens[b], (block_tables.shape[1] + 1) * BS - 1, max_splits * split_blocks * BS))
@@ -301,7 +321,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
         for i in range(4):
             stats[i] = 0
         state[0] = state[1] = NEG_INF
-        gid = lane // 4
+        gid = (lane >> 2)
         q_valid = hg * HPC + gid < G  # rows past the group's heads stay zero
         load_q(q, b * H * G + head0 + (gid if q_valid else 0), lane, q_valid, qh, float32(scale * LOG2E))
 
@@ -316,52 +336,101 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
             count = max(0, (last - first + WARPS - 1) // WARPS)  # the warp's sealed blocks
             head_row = (layer * num_blocks) * H + h
             ids = cuda.local.array(1, int32)
-            stage, spare = warp * 2 * STAGE, warp * 2 * STAGE + STAGE  # computed, being filled
-            if VERIFY:  # the blocks' ids, and whether each is checked (`checking`: block's)
+            if PAIR:  # two blocks per iteration (`block`, `block2`), one softmax update over both
                 picks = cuda.local.array(1, uint32)
-                block, checking = warp_block_sampled(block_tables, b, first, count, 0, lane, ids, picks, num_blocks,
-                                                     check[1]) if count > 0 else (-1, False)
-                digest = uint32(0)
-            else:
-                block = warp_block(block_tables, b, first, count, 0, lane, ids) if count > 0 else -1
-            if count > 0:
-                issue(pool, ring, stage, 0, block, head_row, first, last, b, h, layer, num_blocks, block_tables,
-                      k_codes, v_codes, k_meta, v_meta, lane)
-            cp_async_commit()
-            corr_lo = corr_hi = float32(0)
-            c, sub = 0, 0
-            while c < count:
-                upcoming, c_next, sub_next = block, c, sub + 1  # the next chunk
-                if VERIFY:
-                    upcoming_checked = checking
-                if sub_next == CPB:
-                    c_next, sub_next = c + 1, 0
-                    if c_next < count:
-                        if VERIFY:
-                            upcoming, upcoming_checked = warp_block_sampled(block_tables, b, first, count, c_next,
-                                                                            lane, ids, picks, num_blocks, check[1])
-                        else:
-                            upcoming = warp_block(block_tables, b, first, count, c_next, lane, ids)
-                if c_next < count:
-                    issue(pool, ring, spare, sub_next, upcoming, head_row, first + WARPS * c_next, last, b, h,
-                          layer, num_blocks, block_tables, k_codes, v_codes, k_meta, v_meta, lane)
+                stage, spare = warp * 4 * STAGE, warp * 4 * STAGE + 2 * STAGE  # pairs of stages: computed, being filled
+                block, checking = pick_block(block_tables, b, first, count, 0, lane, ids, picks, num_blocks, check)
+                block2, checking2 = pick_block(block_tables, b, first, count, 1, lane, ids, picks, num_blocks, check)
+                if count > 0:
+                    issue(pool, ring, stage, 0, block, head_row, first, last, b, h, layer, num_blocks, block_tables,
+                          k_codes, v_codes, k_meta, v_meta, lane)
+                if count > 1:
+                    issue(pool, ring, stage + STAGE, 0, block2, head_row, first + WARPS, last, b, h, layer, num_blocks,
+                          block_tables, k_codes, v_codes, k_meta, v_meta, lane)
                 cp_async_commit()
-                cp_async_wait_one()
-                syncwarp()  # this chunk is in the ring, every lane's copies
-                if in_range(block, num_blocks):
-                    if VERIFY:  # (block, sub and the sample are warp-uniform)
-                        if checking:
-                            digest = chunk_terms(digest if sub else uint32(0), ring, stage, sub, lane)
-                            if sub == CPB - 1:
-                                check_block(digest, check[0], block, layer, h, check[2], check[3], lane)
-                    if sub == 0:
-                        corr_lo, corr_hi = fold_keys(ring, stage + KMETA, lane, qh, qs)
-                    chunk_codes(ring, stage, qs, corr_lo, corr_hi, sc, o, stats, state, lane)
-                syncwarp()  # every lane has read the stage before it is refilled
-                stage, spare = spare, stage
-                block, c, sub = upcoming, c_next, sub_next
-                if VERIFY:
-                    checking = upcoming_checked
+                c = 0
+                while c < count:
+                    c_next = c + 2
+                    up, up_checked = pick_block(block_tables, b, first, count, c_next, lane, ids, picks, num_blocks,
+                                                check)
+                    up2, up2_checked = pick_block(block_tables, b, first, count, c_next + 1, lane, ids, picks,
+                                                  num_blocks, check)
+                    if c_next < count:
+                        issue(pool, ring, spare, 0, up, head_row, first + WARPS * c_next, last, b, h,
+                              layer, num_blocks, block_tables, k_codes, v_codes, k_meta, v_meta, lane)
+                    if c_next + 1 < count:
+                        issue(pool, ring, spare + STAGE, 0, up2, head_row, first + WARPS * (c_next + 1), last, b, h,
+                              layer, num_blocks, block_tables, k_codes, v_codes, k_meta, v_meta, lane)
+                    cp_async_commit()
+                    cp_async_wait_one()
+                    syncwarp()  # this pair is in the ring, every lane's copies
+                    ok = in_range(block, num_blocks)
+                    ok2 = c + 1 < count and in_range(block2, num_blocks)
+                    if VERIFY:  # (the ids and samples are warp-uniform)
+                        if ok and checking:
+                            check_staged(ring, stage, block, layer, h, check, lane)
+                        if ok2 and checking2:
+                            check_staged(ring, stage + STAGE, block2, layer, h, check, lane)
+                    if ok and ok2:
+                        pair_codes(ring, stage, stage + STAGE, KMETA, qh, qs, sc, o, stats, state, lane)
+                    else:
+                        if ok:
+                            corr_lo, corr_hi = fold_keys(ring, stage + KMETA, lane, qh, qs)
+                            chunk_codes(ring, stage, qs, corr_lo, corr_hi, sc, o, stats, state, lane)
+                        if ok2:
+                            corr_lo, corr_hi = fold_keys(ring, stage + STAGE + KMETA, lane, qh, qs)
+                            chunk_codes(ring, stage + STAGE, qs, corr_lo, corr_hi, sc, o, stats, state, lane)
+                    syncwarp()  # every lane has read the stages before they are refilled
+                    stage, spare = spare, stage
+                    block, block2, c = up, up2, c_next
+                    checking, checking2 = up_checked, up2_checked
+            else:
+                stage, spare = warp * 2 * STAGE, warp * 2 * STAGE + STAGE  # computed, being filled
+                if VERIFY:  # the blocks' ids, and whether each is checked (`checking`: block's)
+                    picks = cuda.local.array(1, uint32)
+                    block, checking = warp_block_sampled(block_tables, b, first, count, 0, lane, ids, picks, num_blocks,
+                                                         check[1]) if count > 0 else (-1, False)
+                    digest = uint32(0)
+                else:
+                    block = warp_block(block_tables, b, first, count, 0, lane, ids) if count > 0 else -1
+                if count > 0:
+                    issue(pool, ring, stage, 0, block, head_row, first, last, b, h, layer, num_blocks, block_tables,
+                          k_codes, v_codes, k_meta, v_meta, lane)
+                cp_async_commit()
+                corr_lo = corr_hi = float32(0)
+                c, sub = 0, 0
+                while c < count:
+                    upcoming, c_next, sub_next = block, c, sub + 1  # the next chunk
+                    if VERIFY:
+                        upcoming_checked = checking
+                    if sub_next == CPB:
+                        c_next, sub_next = c + 1, 0
+                        if c_next < count:
+                            if VERIFY:
+                                upcoming, upcoming_checked = warp_block_sampled(block_tables, b, first, count, c_next,
+                                                                                lane, ids, picks, num_blocks, check[1])
+                            else:
+                                upcoming = warp_block(block_tables, b, first, count, c_next, lane, ids)
+                    if c_next < count:
+                        issue(pool, ring, spare, sub_next, upcoming, head_row, first + WARPS * c_next, last, b, h,
+                              layer, num_blocks, block_tables, k_codes, v_codes, k_meta, v_meta, lane)
+                    cp_async_commit()
+                    cp_async_wait_one()
+                    syncwarp()  # this chunk is in the ring, every lane's copies
+                    if in_range(block, num_blocks):
+                        if VERIFY:  # (block, sub and the sample are warp-uniform)
+                            if checking:
+                                digest = chunk_terms(digest if sub else uint32(0), ring, stage, sub, lane)
+                                if sub == CPB - 1:
+                                    check_block(digest, check[0], block, layer, h, check[2], check[3], lane)
+                        if sub == 0:
+                            corr_lo, corr_hi = fold_keys(ring, stage + KMETA, lane, qh, qs)
+                        chunk_codes(ring, stage, qs, corr_lo, corr_hi, sc, o, stats, state, lane)
+                    syncwarp()  # every lane has read the stage before it is refilled
+                    stage, spare = spare, stage
+                    block, c, sub = upcoming, c_next, sub_next
+                    if VERIFY:
+                        checking = upcoming_checked
             cp_async_wait_all()
         else:
             for vb in range(vb0 + warp, min(vb1, n_sealed), WARPS):
@@ -391,7 +460,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
         s_o = ring.view(np.float32)  # [WARPS, HPC, D], once every warp is done with the ring
         s_ml = cuda.shared.array((WARPS, HPC, 2), float32)
         s_flag = cuda.shared.array(1, int32)
-        tig = lane % 4
+        tig = (lane & 3)
         cuda.syncthreads()  # every warp is done with the ring
         for t in range(MT):
             for k in range(4):

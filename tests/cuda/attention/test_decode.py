@@ -42,6 +42,8 @@ SIM_CASES = [  # (kv_dtype, head_dim, block_size, group, seq_lens, group_size)
     ("int4", 128, 32, 3, [70, 5], 16),  # eight value groups per row
     ("int2", 64, 16, 8, [40, 1], 64),
     ("int2", 128, 16, 1, [64, 19], 128),
+    ("int2", 64, 16, 4, [300, 150, 16], 32),  # warps with several sealed blocks: pairs, and an odd one
+    ("int2", 64, 64, 2, [300, 70], 32),  # two chunks per block: no pairs
     ("fp16", 64, 16, 9, [50, 17], 64),  # two head groups per KV head
 ]
 
