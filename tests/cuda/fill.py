@@ -10,14 +10,22 @@ from hexcore.cuda import DeviceKVStore
 from tests import reference as ref
 
 
-def random_cache(cfg, seq_lens, rng, spare: int = 2, layer: int = 0):
+def _random_values(rng, shape, value_range):
+    """float16 values of ``shape``: standard normal, or uniform in +-value_range."""
+    if value_range is None:
+        return rng.standard_normal(shape).astype(np.float16)
+    return rng.uniform(-value_range, value_range, shape).astype(np.float16)
+
+
+def random_cache(cfg, seq_lens, rng, spare: int = 2, layer: int = 0, value_range: float | None = None):
     """A poisoned store holding random sequences in ``layer``: (store, tables, tails, keys, values).
 
     Block ids are shuffled; the first sealed block of the last sequence is shared with the
     first sequence (as after a fork); table entries past a sequence's blocks point at a
     never-written (NaN / 0xFF) block, so a read past the end shows. ``keys[b]``,
     ``values[b]``: float64 ``[H, seq_lens[b], D]`` as the cache holds them (sealed blocks
-    dequantized, the tail exact). Quantization is vectorised over all blocks.
+    dequantized, the tail exact). Quantization is vectorised over all blocks. Values are
+    standard normal, or with ``value_range`` uniform in ``[-value_range, value_range]``.
     """
     B, H, BS, D = len(seq_lens), cfg.num_kv_heads, cfg.block_size, cfg.head_dim
     sealed = [n // BS for n in seq_lens]
@@ -30,7 +38,7 @@ def random_cache(cfg, seq_lens, rng, spare: int = 2, layer: int = 0):
     perm = rng.permutation(num_blocks).astype(np.int32)
     scales = rng.uniform(0.5, 2, size=(max(owned, 1), 1, 1, 1))
     k = (rng.standard_normal((owned, H, BS, D)) * scales).astype(np.float16)
-    v = rng.standard_normal((owned, H, BS, D)).astype(np.float16)
+    v = _random_values(rng, (owned, H, BS, D), value_range)
     dk, dv = _store_blocks(host, layer, perm[:owned], k, v, cfg)
     tables = np.full((B, max(max(sealed), 1) + 1), perm[-1], np.int32)
     tails = rng.permutation(B + 1)[:B].astype(np.int32)
@@ -46,7 +54,7 @@ def random_cache(cfg, seq_lens, rng, spare: int = 2, layer: int = 0):
         tables[b, :sealed[b]] = perm[index]
         r = n % BS
         tk = rng.standard_normal((H, r, D)).astype(np.float16)
-        tv = rng.standard_normal((H, r, D)).astype(np.float16)
+        tv = _random_values(rng, (H, r, D), value_range)
         host["k_tails"][layer, tails[b], :, :r], host["v_tails"][layer, tails[b], :, :r] = tk, tv
         keys.append(np.concatenate([*(dk[i] for i in index), tk.astype(np.float64)], axis=1))
         values.append(np.concatenate([*(dv[i] for i in index), tv.astype(np.float64)], axis=1))

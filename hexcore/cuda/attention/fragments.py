@@ -183,30 +183,32 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
 
     @device_function
     def softmax_lazy(s, n, state):
-        # softmax with a lazy maximum (pair_codes, INT2 only): the probabilities may reach
-        # 2**LAZY, which the value scales folded into them must keep below 65504 (a value
-        # group's scale below 255)
+        # softmax with a lazy reference (pair_codes): s becomes exp2(s - r) for a reference
+        # r at or above every score seen, so every probability is <= 1 as with the exact
+        # maximum, and a probability times a value scale (hmul2, float16) is at most the
+        # scale (< 43,690 for INT2 codes of finite float16 values): finite by construction.
+        # r moves only when a score exceeds it, to the new maximum + LAZY (the top
+        # probability then 2**-LAZY): until scores rise that far again no shuffles, no exp2
+        # of alphas, no rescale. state: [r of head 2tig, r of head 2tig+1, alpha of each]
         m0, m1 = s[0], s[1]
         for i in range(2, n, 2):
             m0 = max(m0, s[i])
             m1 = max(m1, s[i + 1])
-        # lazy maximum: keep the reference maxima unless a score exceeds them by more than
-        # LAZY (log2 units; probabilities then stay <= 2**LAZY): no shuffles, no exp2 of alphas,
-        # no rescale in the common case
-        if warp_any(m0 > state[0] + LAZY or m1 > state[1] + LAZY):
+        if warp_any(m0 > state[0] or m1 > state[1]):
             for mask in (4, 8, 16):
                 m0 = max(m0, shfl_xor(m0, mask))
                 m1 = max(m1, shfl_xor(m1, mask))
-            m0, m1 = max(m0, state[0]), max(m1, state[1])
-            state[2] = exp2(state[0] - m0)
-            state[3] = exp2(state[1] - m1)
-            state[0], state[1] = m0, m1
+            r0 = m0 + LAZY if m0 > state[0] else state[0]
+            r1 = m1 + LAZY if m1 > state[1] else state[1]
+            state[2] = exp2(state[0] - r0)
+            state[3] = exp2(state[1] - r1)
+            state[0], state[1] = r0, r1
         else:
             state[2] = state[3] = float32(1)
-        m0, m1 = state[0], state[1]
+        r0, r1 = state[0], state[1]
         for i in range(0, n, 2):
-            s[i] = exp2(s[i] - m0)
-            s[i + 1] = exp2(s[i + 1] - m1)
+            s[i] = exp2(s[i] - r0)
+            s[i + 1] = exp2(s[i + 1] - r1)
 
     @device_function
     def rescale(o, stats, state):

@@ -21,9 +21,10 @@ TOLERANCE = 2e-3
 SPLIT = DecodeOptions(ctas_per_sm=64, min_split_blocks=1)  # many splits even on the simulator's one SM
 
 
-def check_decode(cfg, group, seq_lens, rng, options=None):
-    """Decode a random cache; returns the relative L2 error against the reference."""
-    store, tables, tails, keys, values = random_cache(cfg, seq_lens, rng)
+def check_decode(cfg, group, seq_lens, rng, options=None, value_range=None):
+    """Decode a random cache (``value_range``: random_cache's); returns the relative L2
+    error against the reference."""
+    store, tables, tails, keys, values = random_cache(cfg, seq_lens, rng, value_range=value_range)
     q = rng.standard_normal((len(seq_lens), cfg.num_kv_heads * group, cfg.head_dim)).astype(np.float16)
     out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
     paged_decode(q, store, 0, tables, np.array(seq_lens, np.int32), tails, out=out, options=options)
@@ -53,6 +54,17 @@ def test_decode_matches_reference(dtype, head_dim, block_size, group, seq_lens, 
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=head_dim, block_size=block_size, kv_dtype=dtype,
                         group_size=group_size)
     check_decode(cfg, group, seq_lens, rng)
+
+
+@pytest.mark.parametrize("dtype,block_size", [("int2", 16), ("int2", 32), ("int4", 32)])
+def test_large_values_stay_finite(dtype, block_size, rng):
+    """Values uniform in +-30000 (INT2 value scales near 20000, INT4 near 4000), warps of
+    several sealed blocks (INT2: pairs, the lazy softmax reference): every probability
+    times its value scale must stay a finite float16, so the output is finite and within
+    the tolerance of the float64 reference."""
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=block_size, kv_dtype=dtype,
+                        group_size=32)
+    check_decode(cfg, 4, [20 * block_size + 3, 9 * block_size], rng, value_range=30000.0)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "int4", "int2"])
