@@ -4,9 +4,16 @@ kernels instead (plain and with fitted keys).
 
     python -m benchmarks.ptx_report [--sass] [--dump DIR] [--only BITS,D,BS,G] [--verify]
     python -m benchmarks.ptx_report --seal
+    python -m benchmarks.ptx_report --persistent [--dump DIR] [--only BITS,D,BS,G] [--count-items]
 
 ``--verify``: each shape's line is followed by one for the decode kernel's verify variant
 (``decode_kernel(verify=True)``: sampled blocks checked against their head digests).
+
+``--persistent``: the persistent slice kernel (``persistent.persistent_kernel``, item inlined,
+at the grid kernel's register cap) instead, FP16/INT4/INT2 at D=128, block 32, group 4 by
+default: its registers and spills, and the slice's own cost (``benchmarks.sass_slice``):
+atomics, fences and barriers in the whole kernel, and the instructions before the first
+item and after the last one.
 
 Needs numba-cuda's NVVM (``numba-cuda[cu13]``) and, for registers and SASS, ptxas and
 cuobjdump on PATH (Triton's wheel carries cuobjdump). No GPU is used: the compute
@@ -42,6 +49,10 @@ VERIFY_SIG = DECODE_SIG + (types.uint32[:, :, ::1], I32, U32, types.int32[:, ::1
 SHAPES = [(16, 128, 32, 1), (16, 128, 32, 4), (16, 128, 16, 8), (16, 64, 32, 1),
           (4, 128, 32, 1), (4, 128, 32, 4), (4, 128, 16, 8), (4, 64, 32, 3),
           (2, 128, 32, 4), (2, 128, 64, 8), (2, 64, 16, 1)]
+
+
+PERSISTENT_SIG = DECODE_SIG + (types.int64[::1], types.int64[::1], I32, I64, I64, I64)  # state, log, counts, ...
+PERSISTENT_SHAPES = [(16, 128, 32, 4), (4, 128, 32, 4), (2, 128, 32, 4)]
 
 
 def ptx_of(shape: DecodeShape, verify: bool = False) -> str:
@@ -93,6 +104,28 @@ def report(sass: bool = False, dump: str | None = None, only: str | None = None,
                   f"cvt.s64 {ptx.count('cvt.rn.f32.s64')} | {ptxas(ptx, sass, dump, name)}", flush=True)
 
 
+def persistent_report(dump: str | None = None, only: str | None = None, count_items: bool = False) -> None:
+    """One line per shape of PERSISTENT_SHAPES (or ``only``): the persistent slice kernel's
+    registers and spills, then its slice cost (``sass_slice.describe``)."""
+    from benchmarks.sass_slice import describe as describe_slice, slice_cost
+    from hexcore.cuda.attention.persistent import persistent_kernel
+
+    shapes = [tuple(int(x) for x in only.split(","))] if only else PERSISTENT_SHAPES
+    for bits, head_dim, block_size, group in shapes:
+        shape = DecodeShape(bits, 8, head_dim, block_size, group, 64)
+        kernel = persistent_kernel.__wrapped__(shape, None, "none", True, count_items, "inline").py_func
+        ptx, _ = cuda.compile_ptx(kernel, PERSISTENT_SIG, cc=(9, 0))
+        name = f"persistent_b{bits}_d{head_dim}_bs{block_size}_g{group}" + ("_counted" if count_items else "")
+        with tempfile.TemporaryDirectory() as tmp:
+            where = dump or tmp
+            os.makedirs(where, exist_ok=True)
+            info = ptxas(ptx, True, where, name)
+            with open(os.path.join(where, f"{name}.sass")) as f:
+                sass = f.read()
+        print(f"persistent bits={bits:2} D={head_dim} BS={block_size} G={group}: {info.split(' | ')[0]}\n"
+              f"    {describe_slice(slice_cost(sass))}", flush=True)
+
+
 SEAL_SIG = (U32, U32, U32, U32, types.float16[::1], types.float16[::1], I32, I32, I64, I64, I64,
             types.int32[:, ::1], I64, I64)
 
@@ -114,5 +147,7 @@ if __name__ == "__main__":
         return sys.argv[sys.argv.index(flag) + 1] if flag in sys.argv else None
     if "--seal" in sys.argv:
         seal_report()
+    elif "--persistent" in sys.argv:
+        persistent_report(dump=_arg("--dump"), only=_arg("--only"), count_items="--count-items" in sys.argv)
     else:
         report(sass="--sass" in sys.argv, dump=_arg("--dump"), only=_arg("--only"), verify="--verify" in sys.argv)
