@@ -20,6 +20,13 @@ Helpers
   never from a stale L1 line: for data another CTA of the same launch wrote.
   ``load_cg_f32x4(a, i)``: ``a[i:i+4]`` the same way, as one 16-byte load (``i`` a
   multiple of 4).
+- ``add_acq_rel(a, i, value)``: ``a[i] += value`` for a 1-D int64 array, returning the old
+  value, as one acquire-release atomic at GPU scope (``atom.acq_rel.gpu.global.add.u64``):
+  this thread's earlier memory operations are ordered before it (release) and its later ones
+  after it (acquire). The twin is ``cuda.atomic.add``.
+- ``load_relaxed(a, i)``: ``a[i]`` of a 1-D int64 array by a relaxed load at GPU scope
+  (``ld.relaxed.gpu.global.s64``): from L2, never from a stale L1 line, and ordered after an
+  earlier acquire (``add_acq_rel``) of this thread.
 - ``shfl_idx(value, src)``: float32 ``value`` of lane ``src`` (every lane must call it).
 - ``shfl_idx_int(value, src)``: the same for an int32 ``value`` (a block id).
 - ``shfl_xor(value, mask)``: float32 ``value`` of lane ``lane ^ mask``.
@@ -142,6 +149,42 @@ if not SIMULATOR:
 
         return sig, codegen
 
+    def _int64_address(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+        return builder.ptrtoint(cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]]),
+                                ir.IntType(64))
+
+    def _int64_array(array):
+        return isinstance(array, types.Array) and array.dtype == types.int64 and array.ndim == 1
+
+    @intrinsic
+    def _add_acq_rel(typingctx, array, index, value):
+        if not _int64_array(array) or value != types.int64:
+            return None
+        sig = types.int64(array, index, value)
+
+        def codegen(context, builder, sig, args):
+            i64 = ir.IntType(64)
+            asm = ir.InlineAsm(ir.FunctionType(i64, [i64, i64]), "atom.acq_rel.gpu.global.add.u64 $0, [$1], $2;",
+                               "=l,l,l,~{memory}", side_effect=True)
+            return builder.call(asm, [_int64_address(context, builder, sig, args), args[2]])
+
+        return sig, codegen
+
+    @intrinsic
+    def _load_relaxed(typingctx, array, index):
+        if not _int64_array(array):
+            return None
+        sig = types.int64(array, index)
+
+        def codegen(context, builder, sig, args):
+            i64 = ir.IntType(64)
+            asm = ir.InlineAsm(ir.FunctionType(i64, [i64]), "ld.relaxed.gpu.global.s64 $0, [$1];", "=l,l,~{memory}",
+                               side_effect=True)
+            return builder.call(asm, [_int64_address(context, builder, sig, args)])
+
+        return sig, codegen
+
     @intrinsic
     def _volatile_tid(typingctx):
         sig = types.int32()
@@ -260,6 +303,14 @@ if not SIMULATOR:
         return _load_cg(array, index)
 
     @device_function
+    def add_acq_rel(array, index, value):
+        return _add_acq_rel(array, index, types.int64(value))
+
+    @device_function
+    def load_relaxed(array, index):
+        return _load_relaxed(array, index)
+
+    @device_function
     def load_cg_f32x4(array, index):
         return _load_cg4(array, index)
 
@@ -337,6 +388,14 @@ else:
 
     @cuda.jit(device=True)
     def load_cg_f32(array, index):
+        return array[index]
+
+    @cuda.jit(device=True)
+    def add_acq_rel(array, index, value):
+        return cuda.atomic.add(array, index, value)  # the simulator's atomics are sequentially consistent
+
+    @cuda.jit(device=True)
+    def load_relaxed(array, index):
         return array[index]
 
     @cuda.jit(device=True)
