@@ -49,7 +49,7 @@ from numba import cuda, int32, int64
 
 from ...errors import HexcoreInvalidArgumentError
 from ..arrays import device_only
-from ..device import SIMULATOR, shfl_idx_int
+from ..device import SIMULATOR, add_acq_rel, load_relaxed, shfl_idx_int
 from ..streams import resolve_stream
 from ..timer import global_timer_ns
 from . import launcher
@@ -57,9 +57,9 @@ from .kernel import GRID_REGISTERS, decode_item_function
 from .options import DEFAULT_OPTIONS, DecodeOptions
 from .shape import THREADS, DecodeShape
 
-# state: int64 [STATE_WORDS]
-CURSOR, LAUNCH, START, END, TAKEN, EXITED, LONGEST, LATEST, DONE, BASE, SNAP = range(11)
-STATE_WORDS = 11
+# state: int64 [STATE_WORDS] (the protocol and who writes what: docs/persistent.md)
+CURSOR, LAUNCH, START, EXITED, LONGEST, LATEST, DONE, BASE, SNAP = range(9)
+STATE_WORDS = 9
 FIRST, LAST = 1, 2  # a slice's flags: the first of a call; the last of a fixed number (enqueue)
 # log: int64 [MAX_LOGGED, LOG_WORDS]: per slice its start, end, items, longest item and the
 # latest time an item was taken (all %globaltimer ns)
@@ -163,22 +163,13 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
         # the call's base (8 words: the item's ring, placed after them, stays 16-byte aligned)
         s = cuda.shared.array(8, int64)
         if tid == 0:
-            s[7] = state[SNAP] if flags & FIRST else state[BASE]
-            s[0] = global_timer_ns()
-            begun = state[START]  # a plain read first: most CTAs start after the first one
-            if begun == 0:
-                begun = cuda.atomic.cas(state, START, 0, s[0])  # the slice starts with its first CTA
-            s[1] = s[0] if begun == 0 else begun
-            s[2] = s[3] = s[4] = s[5] = 0
-        # a barrier of its own after thread 0's block: without it (ptxas 13, sm_90, 2026-12-02) the
-        # block and the loop's thread-0 block below were merged, lanes 1-31 of warp 0 jumped
-        # straight to the loop's barrier with no reconvergence (BSYNC) before it, the aligned
-        # barrier released early, and racecheck found thread 0's writes of s racing the reads
+            begin_slice(state, s, budget_ns, num_items, flags)
+        # the one barrier before the first item: s set, s[6] the first item (or -1). Thread
+        # 0's block must end in a barrier of its own (ptxas 13, sm_90, 2026-12-02: merged with
+        # a later thread-0 block, lanes 1-31 of warp 0 reached the next barrier without
+        # reconverging, and racecheck found thread 0's writes of s racing the reads)
         cuda.syncthreads()
         while True:
-            if tid == 0:
-                take_item(state, s, budget_ns, num_items)
-            cuda.syncthreads()  # s[6] (the item, or -1) set
             item = s[6]
             if item < 0:
                 break
@@ -192,9 +183,12 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
                 call_noinline(run_item, (pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables,
                                          seq_lens, tail_slots, out, part_o, part_ml, counters, layer, num_blocks,
                                          max_seqs, split_blocks, max_splits, scale, item))
-            cuda.syncthreads()  # every thread is done with the item's shared memory (and s)
+            cuda.syncthreads()  # every thread is done with the item's shared memory and has read s[6]
+            if tid == 0:
+                next_item(state, s, budget_ns, num_items)
+            cuda.syncthreads()  # s[6] (the next item, or -1) set
         if tid == 0:
-            end_slice(state, log, counters, global_timer_ns(), s[4], s[3], s[5], num_items, s[7], flags)
+            end_slice(state, log, counters, s[3], s[5], s[4], num_items, s[7], flags)
 
     return kernel
 
@@ -263,16 +257,38 @@ else:
 
 
 @cuda.jit(device=True)
-def take_item(state, s, budget_ns, num_items):
-    """Thread 0: the next item into ``s[6]`` (-1: stop) if the slice's budget is not spent.
-    ``s``: now, start, last read, longest item, items taken, latest take (ns), item, base
-    (the call's items are the cursor values ``base ..``). The first check uses the
-    slice-start read, so a slice's first CTA always takes an item."""
-    if s[4] > 0 or s[2] > 0:
-        s[0] = global_timer_ns()
-    if s[4] > 0:
-        s[3] = max(s[3], s[0] - s[2])
+def begin_slice(state, s, budget_ns, num_items, flags):
+    """Thread 0 of a CTA entering its slice: fills ``s`` (now, start, last read, longest
+    item, items taken, latest take, item, base) and takes the first item into ``s[6]``.
+
+    Two dependent global round trips: the base load and the ``START`` compare-and-swap are
+    independent (in flight together); the take depends on ``START`` (the budget check). The
+    CAS is unconditional: it returns the slice's start, or 0 to the CTA whose reading starts
+    the slice, which then passes the check (every slice takes an item: progress)."""
+    now = global_timer_ns()
+    base = state[SNAP] if flags & FIRST else state[BASE]  # written before this launch: a plain load
+    begun = cuda.atomic.cas(state, START, 0, now)
+    s[0] = s[2] = now
+    s[1] = now if begun == 0 else begun
+    s[3] = s[4] = s[5] = 0
+    s[7] = base
+    take_item(state, s, budget_ns, num_items)
+
+
+@cuda.jit(device=True)
+def next_item(state, s, budget_ns, num_items):
+    """Thread 0 after an item: reads the clock, keeps the longest item, takes the next one."""
+    s[0] = global_timer_ns()
+    s[3] = max(s[3], s[0] - s[2])
     s[2] = s[0]
+    take_item(state, s, budget_ns, num_items)
+
+
+@cuda.jit(device=True)
+def take_item(state, s, budget_ns, num_items):
+    """Thread 0: the next item into ``s[6]`` (-1: stop) if the slice's budget is not spent at
+    the reading ``s[0]`` (``s`` as in ``begin_slice``; the call's items are the cursor values
+    ``base ..``)."""
     s[6] = -1
     if s[0] - s[1] < budget_ns:
         i = cuda.atomic.add(state, CURSOR, 1) - s[7]
@@ -283,40 +299,48 @@ def take_item(state, s, budget_ns, num_items):
 
 
 @cuda.jit(device=True)
-def end_slice(state, log, counters, end, taken, longest, latest, num_items, base, flags):
-    """Thread 0 of a CTA leaving its slice: adds its items, end, longest item and latest
-    take; the slice's last CTA logs the slice, records the call's items handed out so far
-    (``DONE``) and the cursor (``SNAP``: the next call's base), clears the slice's fields for
-    the next one; for a ``FIRST`` slice it publishes the call's ``base`` and logs at row 0,
-    for a ``LAST`` one it clears the merge counters of an undrained queue (whose merges
-    never ran)."""
-    cuda.atomic.add(state, TAKEN, taken)
-    cuda.atomic.max(state, END, end)
-    cuda.atomic.max(state, LONGEST, longest)
-    cuda.atomic.max(state, LATEST, latest)
-    cuda.threadfence()
-    if cuda.atomic.add(state, EXITED, 1) == cuda.gridDim.x - 1:
-        cuda.threadfence()
-        if flags & FIRST:
-            cuda.atomic.exch(state, LAUNCH, 1)
-            cuda.atomic.exch(state, BASE, base)
-            n = 0
-        else:
-            n = cuda.atomic.add(state, LAUNCH, 1)
-        start, end = cuda.atomic.exch(state, START, 0), cuda.atomic.exch(state, END, 0)
-        taken, longest = cuda.atomic.exch(state, TAKEN, 0), cuda.atomic.exch(state, LONGEST, 0)
-        latest = cuda.atomic.exch(state, LATEST, 0)
-        cuda.atomic.exch(state, EXITED, 0)
-        cursor = cuda.atomic.add(state, CURSOR, 0)
-        cuda.atomic.exch(state, SNAP, cursor)
-        cuda.atomic.exch(state, DONE, cursor - base)
-        if flags & LAST and cursor - base < num_items:
-            for j in range(counters.shape[0]):
-                counters[j] = 0
-        cuda.threadfence()
-        if n < MAX_LOGGED:
-            at = LOG_WORDS * n
-            log[at], log[at + 1], log[at + 2], log[at + 3], log[at + 4] = start, end, taken, longest, latest
+def end_slice(state, log, counters, longest, latest, taken, num_items, base, flags):
+    """Thread 0 of a CTA leaving its slice: its longest item and latest take into the slice's
+    maxima, then the count of CTAs out (``EXITED``), an acquire-release atomic: it releases
+    everything this CTA did to the slice's state (its takes, START, the maxima, its reads of
+    SNAP/BASE) and, in the last CTA out, acquires what every other CTA released, so that
+    ``close_slice`` reads final values with no fence of its own."""
+    if taken > 0:
+        cuda.atomic.max(state, LONGEST, longest)
+        cuda.atomic.max(state, LATEST, latest)
+    if add_acq_rel(state, EXITED, 1) == cuda.gridDim.x - 1:
+        close_slice(state, log, counters, num_items, base, flags)
+
+
+@cuda.jit(device=True)
+def close_slice(state, log, counters, num_items, base, flags):
+    """The slice's last CTA out, alone on ``state`` from here: logs the slice (start, its own
+    end reading, items taken from the cursor's movement, longest item, latest take), records
+    the cursor (``SNAP``: the next slice's start and the next call's base) and the call's
+    items handed out (``DONE``), clears the slice's fields; for a ``FIRST`` slice it
+    publishes the call's ``base`` and logs at row 0, for a ``LAST`` one it clears the merge
+    counters of an undrained queue (whose merges never ran). Plain stores: the next slice
+    is a later launch on the same stream, which sees them."""
+    end = global_timer_ns()
+    start, longest, latest = load_relaxed(state, START), load_relaxed(state, LONGEST), load_relaxed(state, LATEST)
+    cursor, before = load_relaxed(state, CURSOR), load_relaxed(state, SNAP)  # before: the cursor at the slice's start
+    n = 0 if flags & FIRST else load_relaxed(state, LAUNCH)
+    state[LAUNCH] = n + 1
+    if flags & FIRST:
+        state[BASE] = base
+    state[START] = 0
+    state[LONGEST] = 0
+    state[LATEST] = 0
+    state[EXITED] = 0
+    state[SNAP] = cursor
+    state[DONE] = cursor - base
+    if flags & LAST and cursor - base < num_items:
+        for j in range(counters.shape[0]):
+            counters[j] = 0
+    if n < MAX_LOGGED:
+        taken = min(cursor - base, num_items) - min(before - base, num_items)
+        at = LOG_WORDS * n
+        log[at], log[at + 1], log[at + 2], log[at + 3], log[at + 4] = start, end, taken, longest, latest
 
 
 @cuda.jit

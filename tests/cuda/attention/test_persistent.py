@@ -76,6 +76,29 @@ def test_every_item_once_across_many_yields(rng):
     assert np.array_equal(got, paged) and ref.relative_l2(got, expect) <= TOLERANCE
 
 
+def test_each_slice_leaves_the_state_ready_for_the_next(rng):
+    """The last CTA out of every slice clears the slice's fields and records the cursor:
+    after a run of several slices (and after an abandoned one-slice call) START, EXITED and
+    the maxima are zero, SNAP is the cursor, DONE the cursor less the call's base, LAUNCH the
+    slices of the call; the log's items (from the cursor's movement) add up to the call's."""
+    from hexcore.cuda.attention import persistent as p
+
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="fp16")
+    store, tables, tails, _, _ = random_cache(cfg, [60], rng)
+    args = [cuda.to_device(a) for a in (rng.standard_normal((1, 2, 64)).astype(np.float16), tables,
+                                        np.array([60], np.int32), tails)]
+    plan = PersistentDecode(args[0], store, *args[1:], budget_us=BUDGET_US, max_seq_len=60, options=SPLIT)
+    with use_clock(SimulatedClock(STEP_NS)):
+        for slices in (None, 1, None):  # run, an abandoned enqueue, run
+            plan.run(0) if slices is None else plan.enqueue(0, slices)
+            state, stats = plan._state.copy_to_host(), plan.stats()
+            assert (state[[p.START, p.EXITED, p.LONGEST, p.LATEST]] == 0).all(), state
+            assert state[p.SNAP] == state[p.CURSOR] and state[p.DONE] == state[p.CURSOR] - state[p.BASE], state
+            assert state[p.LAUNCH] == stats.launches == len(stats.items_per_launch), (state, stats)
+            assert sum(stats.items_per_launch) == min(state[p.DONE], plan.num_items), (state, stats)
+    assert stats.launches >= 4 and stats.drained
+
+
 def test_fixed_slices_report_whether_they_drained(rng):
     """``enqueue`` (the capture-safe form) runs a fixed number of slices; too few leave the
     queue undrained and say so, enough give the full result; a second call resets the queue."""
