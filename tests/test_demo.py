@@ -102,3 +102,16 @@ def test_the_warm_up_workload_reaches_what_the_run_can(fmt):
     long = work.prompt_lens.max() > 384 + 3 * bs
     assert long == (fmt is not None)
     assert warmup_workload(demo_shape(True, format=fmt)).prompt_lens.max() < 384
+
+
+def test_the_warm_up_takes_the_out_of_memory_retry(dry_launches, monkeypatch):
+    """A run whose pool fills releases every speculative reservation before retrying
+    (``SpeculativeAllocator.release_all``, a host function the H200's int4 run once compiled
+    mid-run); the warm-up takes that path too."""
+    from hexcore.host.speculative import SpeculativeAllocator
+
+    calls = []
+    release_all = SpeculativeAllocator.release_all
+    monkeypatch.setattr(SpeculativeAllocator, "release_all", lambda self: calls.append(1) or release_all(self))
+    demo.warm_up(gpu_like_shape(None))
+    assert calls
