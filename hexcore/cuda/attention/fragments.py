@@ -162,24 +162,42 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
         return a0 + b0, a1 + b1, a2 + b2, a3 + b3
 
     @device_function
-    def softmax(s, n, state):
-        # online softmax over the n scores s[:n] of this lane (s[2i] of head 2tig, s[2i+1] of
-        # head 2tig+1; the other tokens of a head are in the lanes of the same tig); s becomes
-        # exp2(s - m); state: [m of head 2tig, m of head 2tig+1, alpha of each]
+    def lane_maxima(s, n):
+        # the largest of this lane's n scores s[:n] of head 2tig (s[2i]) and of head 2tig+1
+        # (s[2i+1])
         m0, m1 = s[0], s[1]
         for i in range(2, n, 2):
             m0 = max(m0, s[i])
             m1 = max(m1, s[i + 1])
+        return m0, m1
+
+    @device_function
+    def tig_maxima(m0, m1):
+        # lane_maxima's pair reduced over the 8 lanes of this tig (the head's other tokens)
         for mask in (4, 8, 16):
             m0 = max(m0, shfl_xor(m0, mask))
             m1 = max(m1, shfl_xor(m1, mask))
+        return m0, m1
+
+    @device_function
+    def exponentiate(s, n, r0, r1):
+        # s[:n] becomes exp2(s - r): r0 for head 2tig's scores, r1 for head 2tig+1's
+        for i in range(0, n, 2):
+            s[i] = exp2(s[i] - r0)
+            s[i + 1] = exp2(s[i + 1] - r1)
+
+    @device_function
+    def softmax(s, n, state):
+        # online softmax over the n scores s[:n] of this lane (s[2i] of head 2tig, s[2i+1] of
+        # head 2tig+1; the other tokens of a head are in the lanes of the same tig); s becomes
+        # exp2(s - m); state: [m of head 2tig, m of head 2tig+1, alpha of each]
+        m0, m1 = lane_maxima(s, n)
+        m0, m1 = tig_maxima(m0, m1)
         m0, m1 = max(m0, state[0]), max(m1, state[1])
         state[2] = exp2(state[0] - m0)
         state[3] = exp2(state[1] - m1)
         state[0], state[1] = m0, m1
-        for i in range(0, n, 2):
-            s[i] = exp2(s[i] - m0)
-            s[i + 1] = exp2(s[i + 1] - m1)
+        exponentiate(s, n, m0, m1)
 
     @device_function
     def softmax_lazy(s, n, state):
@@ -190,14 +208,9 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
         # r moves only when a score exceeds it, to the new maximum + LAZY (the top
         # probability then 2**-LAZY): until scores rise that far again no shuffles, no exp2
         # of alphas, no rescale. state: [r of head 2tig, r of head 2tig+1, alpha of each]
-        m0, m1 = s[0], s[1]
-        for i in range(2, n, 2):
-            m0 = max(m0, s[i])
-            m1 = max(m1, s[i + 1])
+        m0, m1 = lane_maxima(s, n)
         if warp_any(m0 > state[0] or m1 > state[1]):
-            for mask in (4, 8, 16):
-                m0 = max(m0, shfl_xor(m0, mask))
-                m1 = max(m1, shfl_xor(m1, mask))
+            m0, m1 = tig_maxima(m0, m1)
             r0 = m0 + LAZY if m0 > state[0] else state[0]
             r1 = m1 + LAZY if m1 > state[1] else state[1]
             state[2] = exp2(state[0] - r0)
@@ -205,10 +218,7 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
             state[0], state[1] = r0, r1
         else:
             state[2] = state[3] = float32(1)
-        r0, r1 = state[0], state[1]
-        for i in range(0, n, 2):
-            s[i] = exp2(s[i] - r0)
-            s[i + 1] = exp2(s[i + 1] - r1)
+        exponentiate(s, n, state[0], state[1])
 
     @device_function
     def rescale(o, stats, state):
