@@ -4,7 +4,9 @@ counts, as ``cuobjdump --dump-sass`` lists them): ``ptx_report --persistent`` pr
 Regions, by address (the item is inlined between them):
 
 - *start*: entry to the barrier that publishes the first item, i.e. the first ``BAR.SYNC``
-  after the first queue take (the first 64-bit ``ATOMG.E.ADD`` whose result is used);
+  after the ``START`` compare-and-swap (``ATOMG.E.CAS``; with static first items there may
+  be no queue take before it on the common path, and the region holds the rare owed and
+  repair paths too);
 - *end*: after the kernel's last ``BAR.SYNC`` (the loop's) to its last ``EXIT``; split at the
   first atomic there whose result is used (the ``EXITED`` count): *per CTA* up to and
   including the ``EXIT`` after it, *last CTA* the rest (the slice's close, the log, the
@@ -65,8 +67,8 @@ def _returns(op: str, operands: str) -> bool:
 def slice_cost(sass: str) -> SliceCost:
     """The start and end regions (see the module docstring) of a slice kernel's SASS."""
     insts = _instructions(sass)
-    take = next(i for i, (op, rest) in enumerate(insts) if op.startswith("ATOMG.E.ADD.64") and _returns(op, rest))
-    start = next(i for i in range(take, len(insts)) if insts[i][0].startswith("BAR.SYNC"))
+    cas = next(i for i, (op, _) in enumerate(insts) if op.startswith("ATOMG.E.CAS"))
+    start = next(i for i in range(cas, len(insts)) if insts[i][0].startswith("BAR.SYNC"))
     last_bar = max(i for i, (op, _) in enumerate(insts) if op.startswith("BAR.SYNC"))
     last_exit = max(i for i, (op, _) in enumerate(insts) if op == "EXIT")
     end = insts[last_bar + 1:last_exit + 1]

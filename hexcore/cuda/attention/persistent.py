@@ -7,8 +7,12 @@ decode runs in *slices*, each a launch that ends within a time budget:
 - The work is the decode kernel's items, ``(sequence, KV head, head group, split)``,
   numbered into a queue (split fastest). A slice launches one CTA per resident CTA slot;
   each CTA's thread 0 reads ``%globaltimer`` (``timer.py``) before it takes an item, and
-  takes one (``atomic add`` on the queue cursor) only while the slice's budget is not
-  spent, measured from the slice's first CTA (the first to swap its time into ``START``).
+  takes one only while the slice's budget is not spent, measured from the slice's first
+  CTA (the first to swap its time into ``START``). A CTA's first item is static (its slot's
+  item past the slice's start, no atomic); later ones come from the queue cursor
+  (``atomic add``), past the slice's static items. A CTA that starts after the budget owes
+  its static item (the owed list), and the next slice, a *repair* slice, takes the owed
+  items first.
   An item is ``kernel.decode_item``, the grid kernel's own work, so the numerics are
   ``paged_decode``'s.
 - The checkpoint is the split-K workspace: a finished item has written its partial, and the
@@ -57,9 +61,10 @@ from .kernel import GRID_REGISTERS, decode_item_function
 from .options import DEFAULT_OPTIONS, DecodeOptions
 from .shape import THREADS, DecodeShape
 
-# state: int64 [STATE_WORDS] (the protocol and who writes what: docs/persistent.md)
-CURSOR, LAUNCH, START, EXITED, LONGEST, LATEST, DONE, BASE, SNAP = range(9)
-STATE_WORDS = 9
+# state: int64 [STATE_WORDS + grid]: the words, then the owed list (one word per CTA of the
+# slice grid); the protocol and who writes what: docs/persistent.md
+CURSOR, LAUNCH, START, EXITED, LONGEST, LATEST, DONE, BASE, SNAP, REPAIR, OWED, REPAID = range(12)
+STATE_WORDS = 12
 FIRST, LAST = 1, 2  # a slice's flags: the first of a call; the last of a fixed number (enqueue)
 # log: int64 [MAX_LOGGED, LOG_WORDS]: per slice its start, end, items, longest item and the
 # latest time an item was taken (all %globaltimer ns)
@@ -105,7 +110,7 @@ class PersistentStats(NamedTuple):
 def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
                       joint_softmax: bool = True, count_items: bool = False, item_call: str = "inline"):
     """The slice kernel of ``shape``: the decode kernel's arguments, then ``state`` int64
-    ``[STATE_WORDS]``, ``log`` int64 ``[MAX_LOGGED * LOG_WORDS]``, ``item_counts`` int32 (``[items]``
+    ``[STATE_WORDS + grid]``, ``log`` int64 ``[MAX_LOGGED * LOG_WORDS]``, ``item_counts`` int32 (``[items]``
     with ``count_items``), ``budget_ns``, ``num_items``, ``flags`` (``FIRST`` | ``LAST``).
     Launched with a 1-D grid.
 
@@ -158,10 +163,11 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
                part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale, state, log,
                item_counts, budget_ns, num_items, flags):
         tid = cuda.threadIdx.x
-        # thread 0's clock, kept in shared memory so that nothing of it lives in registers
-        # across an item: now, start, last read, longest item, items taken, latest take, item,
-        # the call's base (8 words: the item's ring, placed after them, stays 16-byte aligned)
-        s = cuda.shared.array(8, int64)
+        # thread 0's clock and queue, kept in shared memory so that nothing of it lives in
+        # registers across an item: now, start, last read, longest item, items taken, latest
+        # take, item, the cursor's offset, the take mode, the call's base (``begin_slice``; 10
+        # words: the item's ring, placed after them, stays 16-byte aligned)
+        s = cuda.shared.array(10, int64)
         if tid == 0:
             begin_slice(state, s, budget_ns, num_items, flags)
         # the one barrier before the first item: s set, s[6] the first item (or -1). Thread
@@ -188,7 +194,7 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
                 next_item(state, s, budget_ns, num_items)
             cuda.syncthreads()  # s[6] (the next item, or -1) set
         if tid == 0:
-            end_slice(state, log, counters, s[3], s[5], s[4], num_items, s[7], flags)
+            end_slice(state, log, counters, s[3], s[5], s[4], num_items, s[9], flags)
 
     return kernel
 
@@ -259,20 +265,50 @@ else:
 @cuda.jit(device=True)
 def begin_slice(state, s, budget_ns, num_items, flags):
     """Thread 0 of a CTA entering its slice: fills ``s`` (now, start, last read, longest
-    item, items taken, latest take, item, base) and takes the first item into ``s[6]``.
+    item, items taken, latest take, item, the cursor's offset, the take mode, the call's
+    base) and its first item into ``s[6]`` (-1: none).
 
-    Two dependent global round trips: the base load and the ``START`` compare-and-swap are
-    independent (in flight together); the take depends on ``START`` (the budget check). The
-    CAS is unconditional: it returns the slice's start, or 0 to the CTA whose reading starts
-    the slice, which then passes the check (every slice takes an item: progress)."""
+    One dependent global round trip: the loads of the slice's start (``SNAP``), the call's
+    base and ``REPAIR`` and the ``START`` compare-and-swap are independent (in flight
+    together). The CAS is unconditional: it returns the slice's start, or 0 to the CTA whose
+    reading starts the slice, which then passes the budget check.
+
+    A *normal* slice (``REPAIR`` 0, or a ``FIRST`` slice) starting at cursor value ``S``:
+    CTA ``j``'s first item is static, the call's item ``S - base + j``, taken with no atomic
+    if it is an item (below ``num_items``) and the budget is not spent; a CTA that finds the
+    budget spent appends its static item to the owed list (``OWED``) instead, to be repaired
+    by a later slice. Later takes are dynamic: cursor value ``c`` is item ``c + grid - base``
+    (the last CTA out adds the grid's static items to the cursor); a CTA skips them when no
+    item lies past the static ones (``S + grid - base >= num_items``: the take mode -1). A
+    *repair* slice (``REPAIR`` > 0: owed items) has no static items: every take is dynamic,
+    from the owed list first (``REPAID``), then the cursor (``c`` is item ``c - base``)."""
     now = global_timer_ns()
-    base = state[SNAP] if flags & FIRST else state[BASE]  # written before this launch: a plain load
+    first = flags & FIRST
+    snap = state[SNAP]  # written before this launch: plain loads
+    base = snap if first else state[BASE]
+    repair = 0 if first else state[REPAIR]
     begun = cuda.atomic.cas(state, START, 0, now)
     s[0] = s[2] = now
     s[1] = now if begun == 0 else begun
     s[3] = s[4] = s[5] = 0
-    s[7] = base
-    take_item(state, s, budget_ns, num_items)
+    s[6] = -1
+    s[9] = base
+    if repair > 0:
+        s[7] = base
+        s[8] = repair
+        take_item(state, s, budget_ns, num_items)
+        return
+    grid = cuda.gridDim.x
+    s[7] = base - grid
+    s[8] = 0 if snap + grid - base < num_items else -1
+    i = snap - base + cuda.blockIdx.x
+    if i < num_items:
+        if s[0] - s[1] < budget_ns:
+            s[6] = i
+            s[4] = 1
+            s[5] = now
+        else:  # late (the budget spent): owed, for a repair slice to take
+            state[STATE_WORDS + cuda.atomic.add(state, OWED, 1)] = i
 
 
 @cuda.jit(device=True)
@@ -286,12 +322,21 @@ def next_item(state, s, budget_ns, num_items):
 
 @cuda.jit(device=True)
 def take_item(state, s, budget_ns, num_items):
-    """Thread 0: the next item into ``s[6]`` (-1: stop) if the slice's budget is not spent at
-    the reading ``s[0]`` (``s`` as in ``begin_slice``; the call's items are the cursor values
-    ``base ..``)."""
+    """Thread 0: a dynamic take, the next item into ``s[6]`` (-1: stop), if the take mode
+    ``s[8]`` allows one (-1: nothing past the static items; 0: the cursor; ``r`` > 0: a
+    repair slice's owed list of ``r`` items first) and the slice's budget is not spent at the
+    reading ``s[0]`` (``s`` as in ``begin_slice``; cursor value ``c`` is item ``c - s[7]``)."""
     s[6] = -1
-    if s[0] - s[1] < budget_ns:
-        i = cuda.atomic.add(state, CURSOR, 1) - s[7]
+    if s[8] >= 0 and s[0] - s[1] < budget_ns:
+        i = num_items
+        if s[8] > 0:
+            r = cuda.atomic.add(state, REPAID, 1)
+            if r < s[8]:
+                i = state[STATE_WORDS + r]  # written by an earlier slice: a plain load
+            else:
+                s[8] = 0  # the owed list is taken: the cursor from now on
+        if s[8] == 0:
+            i = cuda.atomic.add(state, CURSOR, 1) - s[7]
         if i < num_items:
             s[6] = i
             s[4] += 1
@@ -302,9 +347,9 @@ def take_item(state, s, budget_ns, num_items):
 def end_slice(state, log, counters, longest, latest, taken, num_items, base, flags):
     """Thread 0 of a CTA leaving its slice: its longest item and latest take into the slice's
     maxima, then the count of CTAs out (``EXITED``), an acquire-release atomic: it releases
-    everything this CTA did to the slice's state (its takes, START, the maxima, its reads of
-    SNAP/BASE) and, in the last CTA out, acquires what every other CTA released, so that
-    ``close_slice`` reads final values with no fence of its own."""
+    everything this CTA did to the slice's state (its takes, START, the maxima, its owed
+    entry, its reads of SNAP/BASE/REPAIR) and, in the last CTA out, acquires what every other
+    CTA released, so that ``close_slice`` reads final values with no fence of its own."""
     if taken > 0:
         cuda.atomic.max(state, LONGEST, longest)
         cuda.atomic.max(state, LATEST, latest)
@@ -315,32 +360,51 @@ def end_slice(state, log, counters, longest, latest, taken, num_items, base, fla
 @cuda.jit(device=True)
 def close_slice(state, log, counters, num_items, base, flags):
     """The slice's last CTA out, alone on ``state`` from here: logs the slice (start, its own
-    end reading, items taken from the cursor's movement, longest item, latest take), records
-    the cursor (``SNAP``: the next slice's start and the next call's base) and the call's
-    items handed out (``DONE``), clears the slice's fields; for a ``FIRST`` slice it
-    publishes the call's ``base`` and logs at row 0, for a ``LAST`` one it clears the merge
-    counters of an undrained queue (whose merges never ran). Plain stores: the next slice
-    is a later launch on the same stream, which sees them."""
+    end reading, items taken, longest item, latest take), moves the cursor past a normal
+    slice's static items and records it (``SNAP``: the next slice's start and the next
+    call's base), the items owed (``REPAIR``: the next slice repairs them) and the call's
+    items taken (``DONE``: items handed out, clipped to the call's, less those owed), clears
+    the slice's fields; for a ``FIRST`` slice it publishes the call's ``base`` and logs at row
+    0, for a ``LAST`` one with items left (an abandoned call) it clears the merge counters
+    (whose merges never ran) and the owed list. Plain stores: the next slice is a later
+    launch on the same stream, which sees them."""
     end = global_timer_ns()
+    first = flags & FIRST
     start, longest, latest = load_relaxed(state, START), load_relaxed(state, LONGEST), load_relaxed(state, LATEST)
-    cursor, before = load_relaxed(state, CURSOR), load_relaxed(state, SNAP)  # before: the cursor at the slice's start
-    n = 0 if flags & FIRST else load_relaxed(state, LAUNCH)
+    cursor, owed, repaid = load_relaxed(state, CURSOR), load_relaxed(state, OWED), load_relaxed(state, REPAID)
+    n = 0 if first else load_relaxed(state, LAUNCH)
+    before = 0 if first else load_relaxed(state, DONE)  # the call's items taken before this slice
+    repair = 0 if first else load_relaxed(state, REPAIR)
+    if repair > 0:  # a repair slice: no static items, owed items left unless REPAID reached REPAIR
+        owed = repair - min(repaid, repair)
+    else:  # a normal slice: its static items handed out, its late CTAs' ones owed
+        cursor += cuda.gridDim.x
+    done = min(cursor - base, num_items) - owed
     state[LAUNCH] = n + 1
-    if flags & FIRST:
+    if first:
         state[BASE] = base
     state[START] = 0
     state[LONGEST] = 0
     state[LATEST] = 0
     state[EXITED] = 0
+    state[CURSOR] = cursor
     state[SNAP] = cursor
-    state[DONE] = cursor - base
-    if flags & LAST and cursor - base < num_items:
+    state[DONE] = done
+    if owed == 0:
+        state[REPAIR] = 0
+        state[OWED] = 0
+        state[REPAID] = 0
+    elif repair == 0:  # owed from this slice: the next repairs them (REPAID is 0)
+        state[REPAIR] = owed
+    if flags & LAST and done < num_items:
         for j in range(counters.shape[0]):
             counters[j] = 0
+        state[REPAIR] = 0
+        state[OWED] = 0
+        state[REPAID] = 0
     if n < MAX_LOGGED:
-        taken = min(cursor - base, num_items) - min(before - base, num_items)
         at = LOG_WORDS * n
-        log[at], log[at + 1], log[at + 2], log[at + 3], log[at + 4] = start, end, taken, longest, latest
+        log[at], log[at + 1], log[at + 2], log[at + 3], log[at + 4] = start, end, done - before, longest, latest
 
 
 @cuda.jit
@@ -349,8 +413,8 @@ def reset_kernel(state, log, counters, item_counts):
     up to the launch count, so it needs no clearing)."""
     i = cuda.grid(1)
     stride = cuda.gridsize(1)
-    if i < state.shape[0]:
-        state[i] = 0
+    for j in range(i, state.shape[0], stride):
+        state[j] = 0
     for j in range(i, counters.shape[0], stride):
         counters[j] = 0
     for j in range(i, item_counts.shape[0], stride):
@@ -390,6 +454,7 @@ class PersistentDecode:
         self._log = cuda.to_device(np.zeros(LOG_WORDS * MAX_LOGGED, np.int64))
         self._counts = cuda.to_device(np.zeros(1, np.int32))
         self._sized = self._size(launch, store)
+        self._state = cuda.to_device(np.zeros(STATE_WORDS + self._sized[1], np.int64))  # the owed list: one per CTA
         if self._count:
             self._counts = cuda.to_device(np.zeros(self.num_items, np.int32))
 
@@ -442,7 +507,7 @@ class PersistentDecode:
             args[12:15] = self._workspace.get(batch * num_q_heads, splits, head_dim, heads)
             args[18], args[19] = split_blocks, splits
             args += [self._state, self._log, self._counts, np.int64(round(self.budget_us * 1000)), np.int64(items)]
-            words = max(heads, self._counts.shape[0], STATE_WORDS)
+            words = max(heads, self._counts.shape[0], self._state.shape[0])
             reset = launcher.Launch(reset_kernel, min(64, -(-words // 256)), 256,
                                     (self._state, self._log, args[14], self._counts))
             found = self._layers[layer] = (reset.prepare(self.options.launch_path), {},

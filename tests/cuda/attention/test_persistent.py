@@ -64,12 +64,16 @@ def test_persistent_equals_paged_decode(dtype, head_dim, block_size, group, seq_
 
 def test_every_item_once_across_many_yields(rng):
     """A simulated clock that forces a yield every two items: each of the 8 items (2 KV
-    heads x 4 one-block splits) is taken exactly once, every slice took its last item inside
-    the budget, and the result is right."""
+    heads x 4 one-block splits, a grid of 8 CTAs) is taken exactly once, every slice took
+    its last item inside the budget, and the result is right. The simulator runs CTAs one
+    after another: in the first slice CTA 0 takes its static item and the 7 later CTAs find
+    the budget spent and owe theirs (a CTA never starts an item after the budget, not even
+    its static one); the repair slices take them two at a time from the owed list."""
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="fp16")
     got, stats, paged, expect = _run_both(cfg, 1, [60], rng, budget_us=BUDGET_US, count_items=True)
     assert stats.items == 8 and np.array_equal(stats.item_counts, np.ones(8, np.int32)), stats.item_counts
-    assert stats.items_per_launch[:4] == (2, 2, 2, 2) and stats.yields == 3, stats
+    assert stats.items_per_launch[:5] == (1, 2, 2, 2, 1) and stats.yields == 4, stats
+    assert not any(stats.items_per_launch[5:]), stats
     assert sum(stats.items_per_launch) == stats.items
     assert all(0 <= t < BUDGET_US for t in stats.latest_take_us), stats.latest_take_us
     assert stats.longest_item_us > 0 and stats.longest_launch_us > 0
@@ -78,9 +82,11 @@ def test_every_item_once_across_many_yields(rng):
 
 def test_each_slice_leaves_the_state_ready_for_the_next(rng):
     """The last CTA out of every slice clears the slice's fields and records the cursor:
-    after a run of several slices (and after an abandoned one-slice call) START, EXITED and
-    the maxima are zero, SNAP is the cursor, DONE the cursor less the call's base, LAUNCH the
-    slices of the call; the log's items (from the cursor's movement) add up to the call's."""
+    after a run of several slices (and after an abandoned one-slice call, whose owed items
+    its LAST slice drops) START, EXITED, the maxima and the owed list's words are zero, SNAP
+    is the cursor, DONE the cursor less the call's base (clipped to the call's items; less the
+    owed items, which an abandoned call never took),
+    LAUNCH the slices of the call; the log's items add up to the call's."""
     from hexcore.cuda.attention import persistent as p
 
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="fp16")
@@ -92,11 +98,75 @@ def test_each_slice_leaves_the_state_ready_for_the_next(rng):
         for slices in (None, 1, None):  # run, an abandoned enqueue, run
             plan.run(0) if slices is None else plan.enqueue(0, slices)
             state, stats = plan._state.copy_to_host(), plan.stats()
-            assert (state[[p.START, p.EXITED, p.LONGEST, p.LATEST]] == 0).all(), state
-            assert state[p.SNAP] == state[p.CURSOR] and state[p.DONE] == state[p.CURSOR] - state[p.BASE], state
+            assert (state[[p.START, p.EXITED, p.LONGEST, p.LATEST, p.REPAIR, p.OWED, p.REPAID]] == 0).all(), state
+            assert state[p.SNAP] == state[p.CURSOR], state
+            handed = min(state[p.CURSOR] - state[p.BASE], plan.num_items)  # owed items are not done
+            assert state[p.DONE] == handed if stats.drained else state[p.DONE] < plan.num_items, state
             assert state[p.LAUNCH] == stats.launches == len(stats.items_per_launch), (state, stats)
             assert sum(stats.items_per_launch) == min(state[p.DONE], plan.num_items), (state, stats)
     assert stats.launches >= 4 and stats.drained
+
+
+# (ctas_per_sm, budget_us, step_ns): grids smaller than the item count (3 of 8, 1 of 4, 2
+# of 4) and equal to it (16 of 16); budgets that let the slice's first CTA take 1, 2, 3 or
+# every item; a clock that never moves (no yield: static items, then the cursor)
+STATIC_CASES = [(3, 15, STEP_NS), (3, 25, STEP_NS), (1, 15, STEP_NS), (2, 5, STEP_NS), (64, 35, STEP_NS),
+                (3, 15, 0), (64, 15, 0)]
+
+
+@pytest.mark.parametrize("ctas_per_sm,budget,step", STATIC_CASES)
+def test_static_and_dynamic_items_each_once(ctas_per_sm, budget, step, rng):
+    """Every CTA's first item of a normal slice is static (no atomic), later ones come from
+    the cursor past the slice's static items, late CTAs owe their static item to a repair
+    slice: whatever the grid, budget and clock, every item is taken exactly once
+    (``count_items``), no item is taken after its slice's budget, and the output is
+    paged_decode's, bit for bit."""
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="fp16")
+    options = DecodeOptions(ctas_per_sm=ctas_per_sm, min_split_blocks=1)
+    store, tables, tails, keys, values = random_cache(cfg, [60, 33], rng)
+    q = rng.standard_normal((2, 2, 64)).astype(np.float16)
+    lens = np.array([60, 33], np.int32)
+    paged = paged_decode(q, store, 0, tables, lens, tails, options=options).copy_to_host()
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+    with use_clock(SimulatedClock(step)):
+        _, stats = persistent_decode(q, store, 0, tables, lens, tails, out=out, budget_us=budget, options=options,
+                                     count_items=True)
+    assert np.array_equal(stats.item_counts, np.ones(stats.items, np.int32)), stats.item_counts
+    assert stats.drained and sum(stats.items_per_launch) == stats.items, stats
+    assert all(t < budget for t in stats.latest_take_us), stats.latest_take_us
+    assert np.array_equal(out.copy_to_host(), paged)
+    if step == 0:
+        assert stats.launches == 1 and stats.yields == 0, stats
+
+
+@pytest.mark.parametrize("budget,taken", [(15, (2, 2, 2, 2)), (25, (3, 3, 2))])
+def test_static_items_late_ctas_and_repair_slices(budget, taken, rng):
+    """8 items on a grid of 3 CTAs, the simulator running them in order: in a normal slice
+    CTA 0 takes its static item, then items past the grid's static ones from the cursor
+    while the budget lasts; CTAs 1 and 2 start late and owe theirs; the next slice repairs
+    them (from the owed list, then the cursor). With budget 25 the third slice, a normal one,
+    starts at item 6 and no CTA takes from the cursor (no item past the static ones): CTA 0
+    takes item 6 and leaves (two clock readings), so CTA 1 starts inside the budget and
+    takes 7, and CTA 2's static item (8) is past the call's items, neither taken nor owed."""
+    from hexcore.cuda.attention import persistent as p
+
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="fp16")
+    options = DecodeOptions(ctas_per_sm=3, min_split_blocks=1)
+    store, tables, tails, keys, values = random_cache(cfg, [60, 33], rng)
+    q = rng.standard_normal((2, 2, 64)).astype(np.float16)
+    args = [cuda.to_device(a) for a in (q, tables, np.array([60, 33], np.int32), tails)]
+    plan = PersistentDecode(args[0], store, *args[1:], budget_us=budget, max_seq_len=60, options=options,
+                            count_items=True)
+    assert plan.num_items == 8 and plan._sized[1] == 3
+    with use_clock(SimulatedClock(STEP_NS)):
+        plan.enqueue(0, slices=6)
+        stats = plan.stats()
+    assert stats.items_per_launch == taken + (0,) * (6 - len(taken)) and stats.drained, stats
+    assert np.array_equal(stats.item_counts, np.ones(8, np.int32)), stats.item_counts
+    state = plan._state.copy_to_host()
+    assert (state[[p.REPAIR, p.OWED, p.REPAID]] == 0).all(), state
+    expect = ref.decode_attention(q, keys, values, 1 / 8)
+    assert ref.relative_l2(plan.out.copy_to_host(), expect) <= TOLERANCE
 
 
 def test_fixed_slices_report_whether_they_drained(rng):
