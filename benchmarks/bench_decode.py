@@ -1,7 +1,7 @@
 """Paged decode on the GPU: each shape's time against its byte floor (4.47 TB/s), with
 torch SDPA on contiguous FP16 KV and paged FlexAttention as peers in the same run.
 
-    python -m benchmarks.bench_decode [--shapes all|quick|gqa|b1] [--dtypes fp16,int4,int2,int2-aged,...]
+    python -m benchmarks.bench_decode [--shapes all|quick|gqa|b1|B,HQ,HKV,CTX[;...]] [--dtypes fp16,int4,int2,int2-aged,...]
         [--variants [--variant-names "default,no register cap,..."]] [--flex all|N|none] [--peers|--no-peers] [--name NAME]
 
 A dtype ending in ``-aged`` is a format by age (``docs/formats.md``): its blocks in a store per
@@ -12,6 +12,8 @@ times the plain row's launch with the partials kernel in place of the decode ker
 grid and arguments, every split's partial written, nothing merged): the fused merge's share
 of the plain row is ``1 - nomerge / plain`` (issue 12 asks it under 3% at B=1).
 
+``--shapes`` also takes shapes of one's own, ``batch,query heads,KV heads,context`` separated
+by ``;`` (e.g. ``"32,32,8,4096;64,64,8,4096"``: the G=4 and G=8 layouts at one CTA load).
 ``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, softmax per 16 tokens, the
 split policy without its merge term, a format's FP16 pool inside the merge launch) and the
 decode kernel's verify variant (``verify 1/16``: every block's head digests recorded, the
@@ -281,13 +283,31 @@ def option_variants():
             " verify 1/16": VerifySample(16), " verify every=0": VerifySample(0)}
 
 
+def parse_shapes(text: str) -> list:
+    """``--shapes``: a named set (all, quick, gqa, b1) or ``B,HQ,HKV,CTX`` tuples joined by ``;``."""
+    named = {"all": SHAPES, "quick": QUICK, "gqa": [SHAPES[1], SHAPES[5]], "b1": SHAPES[5:]}
+    if text in named:
+        return named[text]
+    shapes = []
+    for item in text.split(";"):
+        try:
+            shape = tuple(int(x) for x in item.split(","))
+        except ValueError:
+            shape = ()
+        if len(shape) != 4 or min(shape) < 1 or shape[1] % shape[2]:
+            raise SystemExit(f"--shapes: {item!r} is neither a named set ({', '.join(named)}) nor B,HQ,HKV,CTX "
+                             "with positive values and HKV dividing HQ")
+        shapes.append(shape)
+    return shapes
+
+
 def main(argv) -> None:
     from benchmarks.gpu_common import save
 
     def arg(flag, default):
         return argv[argv.index(flag) + 1] if flag in argv else default
 
-    shapes = {"quick": QUICK, "gqa": [SHAPES[1], SHAPES[5]], "b1": SHAPES[5:]}.get(arg("--shapes", "all"), SHAPES)
+    shapes = parse_shapes(arg("--shapes", "all"))
     dtypes = tuple(arg("--dtypes", "fp16,int4,int2").split(","))
     flex = arg("--flex", "all")
     variants = option_variants() if "--variants" in argv else None

@@ -2,7 +2,7 @@
 (a hit) and on a fresh cache (a miss), each under cProfile and torch's profiler.
 
     python -m benchmarks.profile_prefix MODEL_DIR [--cache fp16] [--system-repeats 8] [--new-tokens 32] [--top 25]
-    python -m benchmarks.profile_prefix --tiny [--layers 30] [--prompt-tokens 480]
+    python -m benchmarks.profile_prefix --tiny [--layers 30] [--prompt-tokens 480] [--llama-8b-layers]
     NUMBA_ENABLE_CUDASIM=1 python -m benchmarks.profile_prefix --tiny --device cpu --prompt-tokens 40 [--stub]
 
 The turns are ``bench_hf --prefix``'s (``after_turn_one``, ``first_token``), run once untimed
@@ -15,14 +15,19 @@ copies (``checked``, ``as_device_array``, ``to_device``, ``device_array``). ``--
 a small random-weight Llama on random token ids instead of a model folder (``--layers`` of
 them, default 2; on a GPU with as many layers as a real model, its hexcore host path per
 layer is the real one's; with ``--device cpu``, on the CUDA simulator: it checks this
-script, the figures mean nothing). ``--stub`` (simulator only) stubs the kernel launches
+script, the figures mean nothing). ``--llama-8b-layers`` gives ``--tiny``'s model Llama-3-8B's
+layer shape (hidden 4096, 32 query / 8 KV heads of 128, random weights; ``--layers`` of
+them, default 32): a turn whose prefill the GPU, not the host, bounds. ``--stub`` (simulator only) stubs the kernel launches
 as ``benchmarks.host_step`` does: no kernel runs, so a turn takes seconds rather than
 minutes and the counts show the simulator's host path (its arrays are host arrays, copied
 per call, unlike a GPU's); the outputs mean nothing.
 
 Beside the profiled figures, per case: ``--repeats`` more turns timed without any profiler
 (each after its own turn 1, synchronised on a GPU: ``bench_hf.first_token``), their best
-and median, so hit and miss compare without the profilers' overhead; and one more turn
+and median, so hit and miss compare without the profilers' overhead, with the host time
+spent inside the attention function of each layer of those turns (:func:`host_phases`: the
+first layer's, which starts the forward, a middle layer's and the last one's, which
+stores the new K/V); and one more turn
 under :func:`counted_launches`: its kernel launches, the host (numpy) arrays among their
 arguments (numba copies each to the device, synchronously, at every launch) and its
 host-to-device copies (``numba.cuda.to_device``; of int32 arrays: ids). Note that the
@@ -247,6 +252,7 @@ def report(name: str, result: dict, top: int) -> str:
              f"{result['torch_cpu_ms']:.2f} ms, GPU {result['gpu_ms']:.2f} ms"]
     if result.get("unprofiled"):
         lines.append(unprofiled_line(result["unprofiled"]))
+        lines.append(phases_line(result["phases"]))
     if result.get("launches"):
         lines.append(launch_line(result["launches"]))
     lines.append(counts(result["stats"]))
@@ -284,17 +290,77 @@ def warm_up(model, cache_name, first, follow, new_tokens, pad) -> None:
     first_token(model, fresh, ids, pad)
 
 
-def unprofiled(turn: tuple, repeats: int, cached: int) -> dict:
-    """{"hit", "miss": wall seconds of ``repeats`` turns each, no profiler}; each hit after
-    its own turn 1, finding ``cached`` tokens as the profiled one did."""
-    model, pad, times = turn[0], turn[-1], {"hit": [], "miss": []}
+def unprofiled(turn: tuple, repeats: int, cached: int) -> tuple:
+    """({"hit", "miss": wall seconds of ``repeats`` turns each, no profiler}, {"hit", "miss":
+    those turns' :func:`host_phases`}); each hit after its own turn 1, finding ``cached``
+    tokens as the profiled one did."""
+    model, pad = turn[0], turn[-1]
+    times, phases = {"hit": [], "miss": []}, {"hit": [], "miss": []}
     for _ in range(repeats):
         cache, ids, fresh = turn_two(*turn)
-        seconds, found = first_token(model, cache, ids, pad)
+        with host_phases() as hit:
+            seconds, found = first_token(model, cache, ids, pad)
         _check_cached(found, cached)
         times["hit"].append(seconds)
-        times["miss"].append(first_token(model, fresh, ids, pad)[0])
-    return times
+        with host_phases() as miss:
+            times["miss"].append(first_token(model, fresh, ids, pad)[0])
+        phases["hit"].append(hit)
+        phases["miss"].append(miss)
+    return times, phases
+
+
+class Phases(list):
+    """:func:`host_phases`' host seconds: one entry per call of the "hexcore" attention
+    function (one per layer of each forward, in order), and ``admit``, those of
+    ``HexcoreCache.admit``."""
+
+    def __init__(self):
+        super().__init__()
+        self.admit = []
+
+
+@contextlib.contextmanager
+def host_phases():
+    """A :class:`Phases` filled while open: the host time of each call of the "hexcore"
+    attention function and of ``HexcoreCache.admit``; both restored on exit. No
+    synchronisation is added: a call's time is its Python and torch dispatch, plus any wait
+    for the GPU that the call itself makes."""
+    import hexcore.integrations.transformers as hx
+
+    found, admit = Phases(), hx.HexcoreCache.admit
+
+    def timing(function, into):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                into.append(time.perf_counter() - start)
+        return timed
+
+    hx.AttentionInterface.register(hx.ATTN_IMPLEMENTATION, timing(hx.hexcore_attention, found))
+    hx.HexcoreCache.admit = timing(admit, found.admit)
+    try:
+        yield found
+    finally:
+        hx.AttentionInterface.register(hx.ATTN_IMPLEMENTATION, hx.hexcore_attention)
+        hx.HexcoreCache.admit = admit
+
+
+def phases_line(turns: list) -> str:
+    """The median over turns of :func:`host_phases`' first, middle and last layer calls (the
+    first forward's: the prefill) and their sum."""
+    layers = min(len(calls) for calls in turns)
+    if layers < 3:
+        return f"-- host in the attention function: {layers} calls a turn (too few to split)"
+    first = statistics.median(calls[0] for calls in turns)
+    middle = statistics.median(statistics.median(calls[1:layers - 1]) for calls in turns)
+    last = statistics.median(calls[layers - 1] for calls in turns)
+    total = statistics.median(sum(calls[:layers]) for calls in turns)
+    admit = statistics.median(sum(calls.admit) for calls in turns)
+    return (f"-- host in the attention function (median of {len(turns)} unprofiled turns): first layer "
+            f"{1e3 * first:.3f} ms, middle layers {1e6 * middle:.0f} us each, last layer {1e3 * last:.3f} ms, "
+            f"all {layers} layers {1e3 * total:.2f} ms; admit {1e3 * admit:.3f} ms")
 
 
 def counted(turn: tuple, cached: int) -> dict:
@@ -324,12 +390,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--tiny", action="store_true", help="a small random Llama (checks this script)")
     parser.add_argument("--prompt-tokens", type=int, default=40, help="--tiny: turn 1's length")
     parser.add_argument("--layers", type=int, help="--tiny: decoder layers (default 2)")
+    parser.add_argument("--llama-8b-layers", action="store_true",
+                        help="--tiny: Llama-3-8B's layer shape instead of the small one")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--stub", action="store_true", help="simulator only: kernel launches stubbed (host path)")
     parser.add_argument("--repeats", type=int, default=5, help="turns of each case timed with no profiler (best of)")
     args = parser.parse_args(argv)
     if args.repeats < 0:
         parser.error(f"--repeats: expected a count >= 0, got {args.repeats}")
+    if args.llama_8b_layers and not args.tiny:
+        parser.error("--llama-8b-layers: only with --tiny (a model folder brings its own shape)")
     with stubbed_launches() if args.stub else contextlib.nullcontext():
         return run(parser, args)
 
@@ -339,7 +409,8 @@ def run(parser, args) -> dict:
     if args.tiny:
         from benchmarks.bench_hf_decode import build_model, llama_config
 
-        model, pad = build_model(llama_config(args.layers, True, 4096), args.device), 0
+        positions = max(4096, 2 * (args.prompt_tokens + args.new_tokens) + 64)
+        model, pad = build_model(llama_config(args.layers, not args.llama_8b_layers, positions), args.device), 0
         first, follow = tiny_turns(model, args.prompt_tokens)
     elif args.model_dir:
         tokenizer, model = load(args.model_dir, args.device)
@@ -356,9 +427,9 @@ def run(parser, args) -> dict:
     results["hit"] = profiled(lambda: cached.append(first_token(model, cache, ids, pad)[1]))
     results["miss"] = profiled(lambda: first_token(model, fresh, ids, pad))
     print(f"turn 2: {ids.shape[1]} tokens, {cached[0]} cached ({args.cache})")
-    timed, found = unprofiled(turn, args.repeats, cached[0]), counted(turn, cached[0])
+    (timed, phases), found = unprofiled(turn, args.repeats, cached[0]), counted(turn, cached[0])
     for name in results:
-        results[name].update(unprofiled=timed[name], launches=found[name])
+        results[name].update(unprofiled=timed[name], phases=phases[name], launches=found[name])
     for name, result in results.items():
         print(report(name, result, args.top))
     return results

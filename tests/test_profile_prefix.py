@@ -55,6 +55,13 @@ def test_a_hit_launches_no_host_array_and_copies_its_ids_once_per_forward_and_on
     assert (hit["launches"]["of id arrays"], miss["launches"]["of id arrays"]) == (2, 1)
     assert len(hit["unprofiled"]) == len(miss["unprofiled"]) == 3 and min(hit["unprofiled"]) > 0
     assert out.count("-- unprofiled: best ") == 2 and out.count("-- one more turn, counted: launches ") == 2
+    # each timed turn: one attention call per layer (2), each timed, within its turn's wall time
+    for result in (hit, miss):
+        assert [len(calls) for calls in result["phases"]] == [2, 2, 2]
+        assert all(0 < sum(calls) + sum(calls.admit) < wall for calls, wall in zip(result["phases"],
+                                                                                   result["unprofiled"]))
+        assert [len(calls.admit) for calls in result["phases"]] == [1, 1, 1]
+    assert out.count("-- host in the attention function: 2 calls a turn") == 2
 
 
 def test_the_launch_counter_finds_a_host_array_argument():
