@@ -2,7 +2,7 @@
 (a hit) and on a fresh cache (a miss), each under cProfile and torch's profiler.
 
     python -m benchmarks.profile_prefix MODEL_DIR [--cache fp16] [--system-repeats 8] [--new-tokens 32] [--top 25]
-    python -m benchmarks.profile_prefix --tiny [--layers 30] [--prompt-tokens 480] [--llama-8b-layers]
+    python -m benchmarks.profile_prefix --tiny [--layers 30] [--prompt-tokens 480] [--llama-8b-layers] [--detail]
     NUMBA_ENABLE_CUDASIM=1 python -m benchmarks.profile_prefix --tiny --device cpu --prompt-tokens 40 [--stub]
 
 The turns are ``bench_hf --prefix``'s (``after_turn_one``, ``first_token``), run once untimed
@@ -27,7 +27,8 @@ Beside the profiled figures, per case: ``--repeats`` more turns timed without an
 and median, so hit and miss compare without the profilers' overhead, with the host time
 spent inside the attention function of each layer of those turns (:func:`host_phases`: the
 first layer's, which starts the forward, a middle layer's and the last one's, which
-stores the new K/V); and one more turn
+stores the new K/V; with ``--detail``, also the host time of each function of
+:data:`DETAIL`, wrapped while those turns run); and one more turn
 under :func:`counted_launches`: its kernel launches, the host (numpy) arrays among their
 arguments (numba copies each to the device, synchronously, at every launch) and its
 host-to-device copies (``numba.cuda.to_device``; of int32 arrays: ids). Note that the
@@ -41,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import importlib
 import io
 import pstats
 import statistics
@@ -290,7 +292,7 @@ def warm_up(model, cache_name, first, follow, new_tokens, pad) -> None:
     first_token(model, fresh, ids, pad)
 
 
-def unprofiled(turn: tuple, repeats: int, cached: int) -> tuple:
+def unprofiled(turn: tuple, repeats: int, cached: int, detail: bool = False) -> tuple:
     """({"hit", "miss": wall seconds of ``repeats`` turns each, no profiler}, {"hit", "miss":
     those turns' :func:`host_phases`}); each hit after its own turn 1, finding ``cached``
     tokens as the profiled one did."""
@@ -298,33 +300,45 @@ def unprofiled(turn: tuple, repeats: int, cached: int) -> tuple:
     times, phases = {"hit": [], "miss": []}, {"hit": [], "miss": []}
     for _ in range(repeats):
         cache, ids, fresh = turn_two(*turn)
-        with host_phases() as hit:
+        with host_phases(detail) as hit:
             seconds, found = first_token(model, cache, ids, pad)
         _check_cached(found, cached)
         times["hit"].append(seconds)
-        with host_phases() as miss:
+        with host_phases(detail) as miss:
             times["miss"].append(first_token(model, fresh, ids, pad)[0])
         phases["hit"].append(hit)
         phases["miss"].append(miss)
     return times, phases
 
 
+# what ``--detail`` times inside a turn: (module, attribute path); nested ones overlap
+DETAIL = (("hexcore.integrations._hf_prefix", "Extend._start"), ("hexcore.integrations._hf_prefix", "Extend.commit"),
+          ("hexcore.integrations._hf_prefix", "check_held_positions"),
+          ("hexcore.integrations._hf_prefix", "real_tokens"), ("hexcore.integrations._hf_parts", "Prefill.stage"),
+          ("hexcore.integrations._hf_parts", "Prefill.commit"), ("hexcore.engine", "Engine.batch_rows"),
+          ("hexcore.engine", "Engine.prefill_attention_batch"), ("hexcore.engine", "Engine.prefill"),
+          ("hexcore.cuda.launch", "PreparedLaunch.__init__"), ("hexcore.cuda.launch", "PreparedLaunch.run"),
+          ("hexcore.cuda.attention.prefill", "upload_once"), ("hexcore.cuda.attention.prefill", "_sdpa_masked"),
+          ("torch.nn.functional", "scaled_dot_product_attention"))
+
+
 class Phases(list):
     """:func:`host_phases`' host seconds: one entry per call of the "hexcore" attention
-    function (one per layer of each forward, in order), and ``admit``, those of
-    ``HexcoreCache.admit``."""
+    function (one per layer of each forward, in order), ``admit``, those of
+    ``HexcoreCache.admit``, and ``detail``: {name: [seconds of each call]} of the
+    functions of :data:`DETAIL` when asked for."""
 
     def __init__(self):
         super().__init__()
-        self.admit = []
+        self.admit, self.detail = [], {}
 
 
 @contextlib.contextmanager
-def host_phases():
+def host_phases(detail: bool = False):
     """A :class:`Phases` filled while open: the host time of each call of the "hexcore"
-    attention function and of ``HexcoreCache.admit``; both restored on exit. No
-    synchronisation is added: a call's time is its Python and torch dispatch, plus any wait
-    for the GPU that the call itself makes."""
+    attention function and of ``HexcoreCache.admit`` (and with ``detail`` of the functions
+    of :data:`DETAIL`); all restored on exit. No synchronisation is added: a call's time is
+    its Python and torch dispatch, plus any wait for the GPU that the call itself makes."""
     import hexcore.integrations.transformers as hx
 
     found, admit = Phases(), hx.HexcoreCache.admit
@@ -338,6 +352,14 @@ def host_phases():
                 into.append(time.perf_counter() - start)
         return timed
 
+    saved = []
+    for module, path in DETAIL if detail else ():
+        owner = importlib.import_module(module)
+        *parents, name = path.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent)
+        saved.append((owner, name, owner.__dict__[name]))
+        setattr(owner, name, timing(owner.__dict__[name], found.detail.setdefault(path, [])))
     hx.AttentionInterface.register(hx.ATTN_IMPLEMENTATION, timing(hx.hexcore_attention, found))
     hx.HexcoreCache.admit = timing(admit, found.admit)
     try:
@@ -345,6 +367,8 @@ def host_phases():
     finally:
         hx.AttentionInterface.register(hx.ATTN_IMPLEMENTATION, hx.hexcore_attention)
         hx.HexcoreCache.admit = admit
+        for owner, name, original in reversed(saved):
+            setattr(owner, name, original)
 
 
 def phases_line(turns: list) -> str:
@@ -352,15 +376,22 @@ def phases_line(turns: list) -> str:
     first forward's: the prefill) and their sum."""
     layers = min(len(calls) for calls in turns)
     if layers < 3:
-        return f"-- host in the attention function: {layers} calls a turn (too few to split)"
-    first = statistics.median(calls[0] for calls in turns)
-    middle = statistics.median(statistics.median(calls[1:layers - 1]) for calls in turns)
-    last = statistics.median(calls[layers - 1] for calls in turns)
-    total = statistics.median(sum(calls[:layers]) for calls in turns)
-    admit = statistics.median(sum(calls.admit) for calls in turns)
-    return (f"-- host in the attention function (median of {len(turns)} unprofiled turns): first layer "
-            f"{1e3 * first:.3f} ms, middle layers {1e6 * middle:.0f} us each, last layer {1e3 * last:.3f} ms, "
-            f"all {layers} layers {1e3 * total:.2f} ms; admit {1e3 * admit:.3f} ms")
+        line = f"-- host in the attention function: {layers} calls a turn (too few to split)"
+    else:
+        first = statistics.median(calls[0] for calls in turns)
+        middle = statistics.median(statistics.median(calls[1:layers - 1]) for calls in turns)
+        last = statistics.median(calls[layers - 1] for calls in turns)
+        total = statistics.median(sum(calls[:layers]) for calls in turns)
+        admit = statistics.median(sum(calls.admit) for calls in turns)
+        line = (f"-- host in the attention function (median of {len(turns)} unprofiled turns): first layer "
+                f"{1e3 * first:.3f} ms, middle layers {1e6 * middle:.0f} us each, last layer {1e3 * last:.3f} ms, "
+                f"all {layers} layers {1e3 * total:.2f} ms; admit {1e3 * admit:.3f} ms")
+    names = [name for name in turns[0].detail if turns[0].detail[name]]
+    if names:  # --detail: per function, median over turns of its calls' sum (calls a turn)
+        parts = [f"{name} {1e3 * statistics.median(sum(t.detail[name]) for t in turns):.3f} ms "
+                 f"({len(turns[0].detail[name])})" for name in names]
+        line += "\n-- host by function (median a turn, calls; nested ones overlap): " + ", ".join(parts)
+    return line
 
 
 def counted(turn: tuple, cached: int) -> dict:
@@ -390,6 +421,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--tiny", action="store_true", help="a small random Llama (checks this script)")
     parser.add_argument("--prompt-tokens", type=int, default=40, help="--tiny: turn 1's length")
     parser.add_argument("--layers", type=int, help="--tiny: decoder layers (default 2)")
+    parser.add_argument("--detail", action="store_true",
+                        help="the unprofiled turns' host time in each function of DETAIL too")
     parser.add_argument("--llama-8b-layers", action="store_true",
                         help="--tiny: Llama-3-8B's layer shape instead of the small one")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -427,7 +460,7 @@ def run(parser, args) -> dict:
     results["hit"] = profiled(lambda: cached.append(first_token(model, cache, ids, pad)[1]))
     results["miss"] = profiled(lambda: first_token(model, fresh, ids, pad))
     print(f"turn 2: {ids.shape[1]} tokens, {cached[0]} cached ({args.cache})")
-    (timed, phases), found = unprofiled(turn, args.repeats, cached[0]), counted(turn, cached[0])
+    (timed, phases), found = unprofiled(turn, args.repeats, cached[0], args.detail), counted(turn, cached[0])
     for name in results:
         results[name].update(unprofiled=timed[name], phases=phases[name], launches=found[name])
     for name, result in results.items():

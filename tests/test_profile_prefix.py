@@ -89,3 +89,24 @@ def test_repeats_must_not_be_negative():
 
     with pytest.raises(SystemExit):
         profile_prefix.main(["--tiny", "--device", "cpu", "--repeats", "-1"])
+
+
+def test_detail_times_each_function_once_per_call_and_restores_them(capsys):
+    # --detail on the simulator (launches stubbed): the hit's turn starts its rows once and
+    # calls the engine's batch attention once per layer; the miss stages once per layer;
+    # every wrapped function is the original again afterwards
+    pytest.importorskip("transformers")
+    from benchmarks import profile_prefix
+    from hexcore.engine import Engine
+    from hexcore.integrations import _hf_prefix
+
+    before = (_hf_prefix.Extend._start, Engine.prefill_attention_batch, _hf_prefix.real_tokens)
+    results = profile_prefix.main(["--tiny", "--device", "cpu", "--stub", "--prompt-tokens", "40", "--new-tokens",
+                                   "2", "--top", "1", "--repeats", "2", "--detail"])
+    assert (_hf_prefix.Extend._start, Engine.prefill_attention_batch, _hf_prefix.real_tokens) == before
+    for turn in results["hit"]["phases"]:
+        assert len(turn.detail["Extend._start"]) == 1 and len(turn.detail["Engine.prefill_attention_batch"]) == 2
+        assert 0 < sum(turn.detail["Engine.prefill_attention_batch"]) < sum(turn)
+    for turn in results["miss"]["phases"]:
+        assert len(turn.detail["Prefill.stage"]) == 2 and not turn.detail["Extend._start"]
+    assert capsys.readouterr().out.count("-- host by function (median a turn") == 2
