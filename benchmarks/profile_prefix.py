@@ -17,10 +17,11 @@ them, default 2; on a GPU with as many layers as a real model, its hexcore host 
 layer is the real one's; with ``--device cpu``, on the CUDA simulator: it checks this
 script, the figures mean nothing). ``--llama-8b-layers`` gives ``--tiny``'s model Llama-3-8B's
 layer shape (hidden 4096, 32 query / 8 KV heads of 128, random weights; ``--layers`` of
-them, default 32): a turn whose prefill the GPU, not the host, bounds. ``--stub`` (simulator only) stubs the kernel launches
-as ``benchmarks.host_step`` does: no kernel runs, so a turn takes seconds rather than
-minutes and the counts show the simulator's host path (its arrays are host arrays, copied
-per call, unlike a GPU's); the outputs mean nothing.
+them, default 32): a turn whose prefill the GPU, not the host, bounds. ``--stub``
+(simulator only) stubs the kernel launches as ``benchmarks.host_step`` does: no kernel
+runs, so a turn takes seconds rather than minutes and the counts show the simulator's host
+path (its arrays are host arrays, copied per call, unlike a GPU's); the outputs mean
+nothing.
 
 Beside the profiled figures, per case: ``--repeats`` more turns timed without any profiler
 (each after its own turn 1, synchronised on a GPU: ``bench_hf.first_token``), their best
@@ -353,16 +354,16 @@ def host_phases(detail: bool = False):
         return timed
 
     saved = []
-    for module, path in DETAIL if detail else ():
-        owner = importlib.import_module(module)
-        *parents, name = path.split(".")
-        for parent in parents:
-            owner = getattr(owner, parent)
-        saved.append((owner, name, owner.__dict__[name]))
-        setattr(owner, name, timing(owner.__dict__[name], found.detail.setdefault(path, [])))
-    hx.AttentionInterface.register(hx.ATTN_IMPLEMENTATION, timing(hx.hexcore_attention, found))
-    hx.HexcoreCache.admit = timing(admit, found.admit)
     try:
+        for module, path in DETAIL if detail else ():
+            owner = importlib.import_module(module)
+            *parents, name = path.split(".")
+            for parent in parents:
+                owner = getattr(owner, parent)
+            saved.append((owner, name, owner.__dict__[name]))
+            setattr(owner, name, timing(owner.__dict__[name], found.detail.setdefault(path, [])))
+        hx.AttentionInterface.register(hx.ATTN_IMPLEMENTATION, timing(hx.hexcore_attention, found))
+        hx.HexcoreCache.admit = timing(admit, found.admit)
         yield found
     finally:
         hx.AttentionInterface.register(hx.ATTN_IMPLEMENTATION, hx.hexcore_attention)
@@ -373,7 +374,8 @@ def host_phases(detail: bool = False):
 
 def phases_line(turns: list) -> str:
     """The median over turns of :func:`host_phases`' first, middle and last layer calls (the
-    first forward's: the prefill) and their sum."""
+    first forward's: the prefill), their sum and ``admit``; then, where timed, each
+    :data:`DETAIL` function's time a turn."""
     layers = min(len(calls) for calls in turns)
     if layers < 3:
         line = f"-- host in the attention function: {layers} calls a turn (too few to split)"
