@@ -1,7 +1,8 @@
 """Paged decode on the GPU: each shape's time against its byte floor (4.47 TB/s), with
 torch SDPA on contiguous FP16 KV and paged FlexAttention as peers in the same run.
 
-    python -m benchmarks.bench_decode [--shapes all|quick|gqa|b1|B,HQ,HKV,CTX[;...]] [--dtypes fp16,int4,int2,int2-aged,...]
+    python -m benchmarks.bench_decode [--shapes all|quick|gqa|b1|B,HQ,HKV,CTX[;...]]
+        [--dtypes fp16,int4,int2,int2-aged,...]
         [--variants [--variant-names "default,no register cap,..."]] [--flex all|N|none] [--peers|--no-peers] [--name NAME]
 
 A dtype ending in ``-aged`` is a format by age (``docs/formats.md``): its blocks in a store per
