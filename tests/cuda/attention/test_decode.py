@@ -45,6 +45,7 @@ SIM_CASES = [  # (kv_dtype, head_dim, block_size, group, seq_lens, group_size)
     ("int2", 128, 16, 1, [64, 19], 128),
     ("int2", 64, 16, 4, [300, 150, 16], 32),  # warps with several sealed blocks: pairs, and an odd one
     ("int2", 64, 64, 2, [300, 70], 32),  # two chunks per block: no pairs
+    ("int2", 128, 32, 4, [70, 33], 64),  # the benchmarks' shape: a lane copies each region twice a block
     ("fp16", 64, 16, 9, [50, 17], 64),  # two head groups per KV head
 ]
 
