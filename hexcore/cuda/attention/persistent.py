@@ -450,7 +450,6 @@ class PersistentDecode:
                             if type(a).__module__.startswith("torch")), None)
         self._layers: dict = {}
         self.resets = 0  # reset launches so far (after a call cut short, or with count_items)
-        self._state = cuda.to_device(np.zeros(STATE_WORDS, np.int64))
         self._log = cuda.to_device(np.zeros(LOG_WORDS * MAX_LOGGED, np.int64))
         self._counts = cuda.to_device(np.zeros(1, np.int32))
         self._sized = self._size(launch, store)
@@ -469,7 +468,8 @@ class PersistentDecode:
                                    o.persistent_item)
         split_blocks = launch.args[18]
         max_virtual = split_blocks * splits
-        probe = (*launch.args, self._state, self._log, self._counts, np.int64(1), np.int64(1), np.int64(0))
+        # (the state's size depends on the grid this sizes: the log, also int64 [n], stands in)
+        probe = (*launch.args, self._log, self._log, self._counts, np.int64(1), np.int64(1), np.int64(0))
         resident = max(1, (o.ctas_per_sm or launcher._ctas_per_sm(kernel, probe)) * launcher._num_sms())
         block_us = cfg.block_bytes_per_layer / cfg.num_kv_heads * resident / READ_BYTES_PER_US
         one_item_us = (1 + o.split_overhead) * block_us
