@@ -41,6 +41,9 @@ Helpers
   bytes, without registers (``cp.async.cg.shared.global``); ``cp_async_commit()`` closes a
   group of such copies, ``cp_async_wait_one()`` waits until at most the newest group is in flight,
   ``cp_async_wait_all()`` for all of them. Other lanes see the words after ``syncwarp()``.
+  ``cp_async16_at(dst, j, src, i, w)`` copies ``src[i+w:i+w+4]`` to ``dst[j+w:j+w+4]`` with
+  the global address made from ``&src[i]`` plus ``4w`` bytes, so a lane's copies that differ
+  only in a constant ``w`` share one 64-bit address computation.
 - ``syncwarp()``: the warp's lanes meet (``bar.warp.sync``); orders their shared memory.
 - ``prefetch_l2(words, i, nbytes)``: ask for ``nbytes`` (a multiple of 16) of the uint32
   array ``words`` from word ``i`` (16-byte aligned) into L2, without waiting
@@ -248,6 +251,33 @@ if not SIMULATOR:
 
         return sig, codegen
 
+    @intrinsic
+    def _cp_async_at(typingctx, dst, dst_index, src, src_index, words):
+        if not all(isinstance(a, types.Array) and a.dtype == types.uint32 and a.ndim == 1 for a in (dst, src)):
+            return None
+        sig = types.void(dst, dst_index, src, src_index, words)
+
+        def codegen(context, builder, sig, args):
+            # _cp_async of dst[dst_index + words] <- src[src_index + words], with the global
+            # address taken as &src[src_index] plus 4 * words bytes: copies that differ only
+            # in a constant ``words`` share one address (ptxas folds the rest into offsets)
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            shift = context.cast(builder, args[4], sig.args[4], types.int64)
+            shared = context.make_array(sig.args[0])(context, builder, value=args[0])
+            base = builder.ptrtoint(shared.data, i64)
+            at = builder.add(context.cast(builder, args[1], sig.args[1], types.int64), shift)
+            offset = builder.shl(builder.trunc(at, i32), ir.Constant(i32, 2))
+            source = context.make_array(sig.args[2])(context, builder, value=args[2])
+            pointer = cgutils.get_item_pointer(context, builder, sig.args[2], source, [args[3]])
+            address = builder.add(builder.ptrtoint(pointer, i64), builder.shl(shift, ir.Constant(i64, 2)))
+            fnty = ir.FunctionType(ir.VoidType(), [i64, i32, i64])
+            text = ("{ .reg .u64 s64, g; .reg .u32 s; cvta.to.shared.u64 s64, $0; cvt.u32.u64 s, s64; "
+                    "add.u32 s, s, $1; cvta.to.global.u64 g, $2; cp.async.cg.shared.global [s], [g], 16; }")
+            builder.call(ir.InlineAsm(fnty, text, "l,r,l", side_effect=True), [base, offset, address])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
     def _asm_statement(text):
         @intrinsic
         def statement(typingctx):
@@ -267,6 +297,10 @@ if not SIMULATOR:
     @device_function
     def cp_async16(dst, dst_index, src, src_index):
         _cp_async(dst, dst_index, src, src_index)
+
+    @device_function
+    def cp_async16_at(dst, dst_index, src, src_index, words):
+        _cp_async_at(dst, dst_index, src, src_index, words)
 
     @device_function
     def cp_async_commit():
@@ -406,6 +440,11 @@ else:
     def cp_async16(dst, dst_index, src, src_index):
         for k in range(4):
             dst[dst_index + k] = src[src_index + k]
+
+    @cuda.jit(device=True)
+    def cp_async16_at(dst, dst_index, src, src_index, words):
+        for k in range(4):
+            dst[dst_index + words + k] = src[src_index + words + k]
 
     @cuda.jit(device=True)
     def cp_async_commit():

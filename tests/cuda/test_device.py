@@ -85,7 +85,7 @@ def test_add_acq_rel_counts_and_the_last_sees_every_word_on_gpu():
 
 
 def test_every_cp_async16_destination_is_declared_16_byte_aligned():
-    """Source check: each shared array that ``cp_async16`` writes (16 bytes a copy) is
+    """Source check: each shared array that ``cp_async16`` or ``cp_async16_at`` writes (16 bytes a copy) is
     declared with ``alignment=SHARED_ALIGN16``. numba gives a shared array its dtype's
     alignment and ptxas places it where it likes: the H200 faulted on a ring at an address
     that was not a multiple of 16 (2026-12-01). The simulator cannot see this."""
@@ -98,7 +98,7 @@ def test_every_cp_async16_destination_is_declared_16_byte_aligned():
         if path.name == "device.py":  # the helper's own definitions and twin
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "cp_async16":
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("cp_async16", "cp_async16_at"):
                 destinations.add(node.args[0].id)
             if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
                     and ast.unparse(node.value.func) == "cuda.shared.array"):

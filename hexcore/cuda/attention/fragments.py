@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda, float32
 
-from ..device import cp_async16, device_function, exp2, ld, load_words, shfl_idx, shfl_xor, warp_any
+from ..device import cp_async16_at, device_function, exp2, ld, load_words, shfl_idx, shfl_xor, warp_any
 from .mma import F16X2_ONES, code_pair, half2_hi, half2_lo, hfma2, hmul2, mma_f16, pack_f16x2, prmt, transpose8x8
 from .shape import DecodeShape
 
@@ -107,38 +107,52 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
         # word `stage` (layout: ring_layout); no registers hold the data in flight. Trip
         # counts are compile-time constants, so the copies unroll with no loop control.
         kfrom, vfrom, vmfrom = krun + 16 * k0 * RW, vrun + 32 * k0 * VW, vmeta + 16 * k0 * NG
+        # (a lane's copies of one region share its first one's addresses: cp_async16_at)
         for i in range(COPIES[0]):  # key rows of the chunk's tokens
             p = lane + 32 * i
             if (RING_K // 4) % 32 == 0 or p < RING_K // 4:
-                cp_async16(ring, stage + 4 * p, pool, kfrom + 4 * p)
+                cp_async16_at(ring, stage + 4 * lane, pool, kfrom + 4 * lane, 128 * i)
         for i in range(COPIES[1]):  # value codes of its k-steps (fragment order)
             p = lane + 32 * i
             if (RING_V // 4) % 32 == 0 or p < RING_V // 4:
-                cp_async16(ring, stage + RING_K + 4 * p, pool, vfrom + 4 * p)
+                cp_async16_at(ring, stage + RING_K + 4 * lane, pool, vfrom + 4 * lane, 128 * i)
         for i in range(COPIES[2]):  # the block's key scales and mins
             p = lane + 32 * i
             if (D // 4) % 32 == 0 or p < D // 4:
-                cp_async16(ring, stage + RING_K + RING_V + 4 * p, pool, kmeta + 4 * p)
+                cp_async16_at(ring, stage + RING_K + RING_V + 4 * lane, pool, kmeta + 4 * lane, 128 * i)
         for i in range(COPIES[3]):  # value scales and mins of the chunk's tokens
             p = lane + 32 * i
             if (RING_VM // 4) % 32 == 0 or p < RING_VM // 4:
-                cp_async16(ring, stage + RING_K + RING_V + D + 4 * p, pool, vmfrom + 4 * p)
+                cp_async16_at(ring, stage + RING_K + RING_V + D + 4 * lane, pool, vmfrom + 4 * lane, 128 * i)
 
     @device_function
     def fold_keys(ring, meta, lane, qh, qs):
+        # the key mins' share of every score of the block (one value per head, the same for
+        # every token) and ``qs``, q times the key scales. The mins of fragment registers
+        # 4j..4j+3 are one A fragment as they lie in the ring (no copies into a register
+        # quad): rows gid take registers 4j, 4j+2 (with q's 4j, 4j+2: chain c), rows gid + 8
+        # registers 4j+1, 4j+3 (q's 4j+1, 4j+3: chain e); each chain's other rows are unused
         tig = (lane & 3)
         c0 = c1 = c2 = c3 = float32(0)
-        e0 = e1 = e2 = e3 = float32(0)  # a second chain in flight
+        e0 = e1 = e2 = e3 = float32(0)
         at = meta + D // 2 + tig * KREGS
-        for ks in range(KREGS // 2):
-            m0, m1 = ld(ring, at + 2 * ks), ld(ring, at + 2 * ks + 1)
-            if ks % 2 == 0:
-                c0, c1, c2, c3 = mma_f16(m0, m0, m1, m1, qh[2 * ks], qh[2 * ks + 1], c0, c1, c2, c3)
-            else:
-                e0, e1, e2, e3 = mma_f16(m0, m0, m1, m1, qh[2 * ks], qh[2 * ks + 1], e0, e1, e2, e3)
+        for j in range(KREGS // 4):
+            w0, w1 = ld(ring, at + 4 * j), ld(ring, at + 4 * j + 1)
+            w2, w3 = ld(ring, at + 4 * j + 2), ld(ring, at + 4 * j + 3)
+            c0, c1, c2, c3 = mma_f16(w0, w1, w2, w3, qh[4 * j], qh[4 * j + 2], c0, c1, c2, c3)
+            e0, e1, e2, e3 = mma_f16(w0, w1, w2, w3, qh[4 * j + 1], qh[4 * j + 3], e0, e1, e2, e3)
         for r in range(KREGS):
             qs[r] = hmul2(qh[r], ld(ring, meta + tig * KREGS + r))
-        return c0 + e0, c1 + e1
+        return c0 + e2, c1 + e3
+
+    @device_function
+    def kstep_regs(ks):
+        # the fragment registers (channels) of k-step ks of a score product: (2ks, 2ks+1),
+        # or in a quantized kernel (4j + i, 4j + i + 2) for ks = 2j + i, the pairs fold_keys
+        # takes q in, so that q's registers pair the same way everywhere (no copies)
+        if QUANTIZED:
+            return 4 * (ks // 2) + ks % 2, 4 * (ks // 2) + ks % 2 + 2
+        return 2 * ks, 2 * ks + 1
 
     @device_function
     def key_reg(kw, at, r, codes):
@@ -153,12 +167,13 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
         # two mma chains in flight (even and odd channel steps)
         a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = float32(0)
         for ks in range(KREGS // 2):
-            x0, x1 = key_reg(kw, at0, 2 * ks, codes), key_reg(kw, at0, 2 * ks + 1, codes)
-            y0, y1 = key_reg(kw, at1, 2 * ks, codes), key_reg(kw, at1, 2 * ks + 1, codes)
+            r0, r1 = kstep_regs(ks)
+            x0, x1 = key_reg(kw, at0, r0, codes), key_reg(kw, at0, r1, codes)
+            y0, y1 = key_reg(kw, at1, r0, codes), key_reg(kw, at1, r1, codes)
             if ks % 2 == 0:
-                a0, a1, a2, a3 = mma_f16(x0, y0, x1, y1, qa[2 * ks], qa[2 * ks + 1], a0, a1, a2, a3)
+                a0, a1, a2, a3 = mma_f16(x0, y0, x1, y1, qa[r0], qa[r1], a0, a1, a2, a3)
             else:
-                b0, b1, b2, b3 = mma_f16(x0, y0, x1, y1, qa[2 * ks], qa[2 * ks + 1], b0, b1, b2, b3)
+                b0, b1, b2, b3 = mma_f16(x0, y0, x1, y1, qa[r0], qa[r1], b0, b1, b2, b3)
         return a0 + b0, a1 + b1, a2 + b2, a3 + b3
 
     @device_function
