@@ -312,15 +312,16 @@ def unprofiled(turn: tuple, repeats: int, cached: int, detail: bool = False) -> 
     return times, phases
 
 
-# what ``--detail`` times inside a turn: (module, attribute path); nested ones overlap
+# what ``--detail`` times inside a turn: (module, attribute path); nested ones overlap.
+# Not torch's scaled_dot_product_attention itself: torch's causal-bias mask dispatches on
+# that function's identity, and a wrapper sends it down the dense path (a shape error).
 DETAIL = (("hexcore.integrations._hf_prefix", "Extend._start"), ("hexcore.integrations._hf_prefix", "Extend.commit"),
           ("hexcore.integrations._hf_prefix", "check_held_positions"),
           ("hexcore.integrations._hf_prefix", "real_tokens"), ("hexcore.integrations._hf_parts", "Prefill.stage"),
           ("hexcore.integrations._hf_parts", "Prefill.commit"), ("hexcore.engine", "Engine.batch_rows"),
           ("hexcore.engine", "Engine.prefill_attention_batch"), ("hexcore.engine", "Engine.prefill"),
           ("hexcore.cuda.launch", "PreparedLaunch.__init__"), ("hexcore.cuda.launch", "PreparedLaunch.run"),
-          ("hexcore.cuda.attention.prefill", "upload_once"), ("hexcore.cuda.attention.prefill", "_sdpa_masked"),
-          ("torch.nn.functional", "scaled_dot_product_attention"))
+          ("hexcore.cuda.attention.prefill", "upload_once"), ("hexcore.cuda.attention.prefill", "_sdpa_masked"))
 
 
 class Phases(list):
