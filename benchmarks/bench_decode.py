@@ -94,20 +94,28 @@ def decode_case(dtype: str, batch: int, num_q_heads: int, num_kv_heads: int, ctx
                                         cuda.to_device(np.zeros(1, np.uint32)), cuda.device_array((16, 2), np.int32))
     plan = DecodePlan(q, store, tables, lens, slots, max_seq_len=ctx, **kwargs)
     plan.run(0)
+    info = kernel_info(plan)
+    info["out_finite"] = lambda: out_finite(plan.out)  # read after the timing (a plain run's output)
     if sample is not None:
         flags = kwargs["verify"].flags
 
         def run():
             plan.run(0)
 
-        info = kernel_info(plan)
         info["verify_every"] = sample.every
         info["verify_flags"] = lambda: int(flags.copy_to_host()[0])  # read after the timing
         return run, kv_bytes(cfg, batch, ctx), store, info
     if not merge:
         launch = without_merge(plan, cfg, num_q_heads, options)
-        return launch.run, kv_bytes(cfg, batch, ctx), store, kernel_info(plan)
-    return (lambda: plan.run(0)), kv_bytes(cfg, batch, ctx), store, kernel_info(plan)
+        return launch.run, kv_bytes(cfg, batch, ctx), store, info
+    return (lambda: plan.run(0)), kv_bytes(cfg, batch, ctx), store, info
+
+
+def out_finite(out) -> bool:
+    """Whether every element of a decode's output (a device array or CUDA tensor) is finite:
+    a row whose inputs were garbage says so."""
+    host = out.cpu().numpy() if hasattr(out, "cpu") else out.copy_to_host()
+    return bool(np.isfinite(host.astype(np.float32)).all())
 
 
 def without_merge(plan, cfg: KVCacheConfig, num_q_heads: int, options=None):

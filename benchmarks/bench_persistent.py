@@ -103,8 +103,10 @@ def cost_rows(dtype, shape, num_blocks=None, registers=None, item="inline", yiel
     t_whole = time_gpu(lambda: whole.enqueue(0, 1))
     assert whole.stats().drained and whole.stats().launches == 1
     eager = host_seconds_per_call(lambda: whole.run(0), calls=50, until_done=True)
+    from benchmarks.bench_decode import out_finite
+
     rows = [dict(row="no_yield", **base, paged_ms=t_plan * 1e3, persistent_ms=t_whole * 1e3, ratio=t_whole / t_plan,
-                 eager_run_ms=eager * 1e3, items=whole.num_items)]
+                 eager_run_ms=eager * 1e3, items=whole.num_items, out_finite=out_finite(whole.out))]
     if not yields:
         return rows
     sliced = PersistentDecode(q, store, tables, lens, slots, 1000.0, max_seq_len=ctx, options=options)

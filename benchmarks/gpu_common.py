@@ -34,15 +34,24 @@ def _fill_bytes(words, seed):
 
 @cuda.jit
 def _fill_halves(halves, seed, lo, hi):
+    # lo, hi float32 and every step in float32: one float32 -> float16 store, the conversion
+    # the decode kernels' own output stores use. (Until 2026-12-03 lo and hi arrived as
+    # float64 and the H200 wrote non-finite halves almost everywhere, while the simulator
+    # wrote the intended values: every GPU benchmark before then read NaN/inf data.)
     i = cuda.grid(1)
     if i < halves.shape[0]:
         u = float32(_hash((i * 2654435761 + seed) & 0xFFFFFFFF) >> uint32(8)) * float32(1.0 / 16777216.0)
         halves[i] = lo + (hi - lo) * u
 
 
+FILL_CHECKED = 4096  # elements of each float array read back by fill_store's check
+
+
 def fill_store(store, seed: int = 1) -> None:
     """Random content for every store array: codes random bytes, FP16 data in [-1, 1),
-    quantization scales and mins in [0.01, 0.1)."""
+    quantization scales and mins in [0.01, 0.1). The first and last ``FILL_CHECKED``
+    elements of each FP16 array are read back and must be finite and in their range, else
+    RuntimeError: a benchmark never times garbage."""
     for name, array in store.arrays.items():
         flat = array.reshape(array.size)
         if array.dtype == np.uint8:
@@ -50,9 +59,22 @@ def fill_store(store, seed: int = 1) -> None:
             _fill_bytes[(words.shape[0] + 255) // 256, 256](words, seed)
         else:
             lo, hi = (0.01, 0.1) if name.endswith("meta") else (-1.0, 1.0)
-            _fill_halves[(flat.shape[0] + 255) // 256, 256](flat, seed, lo, hi)
+            _fill_halves[(flat.shape[0] + 255) // 256, 256](flat, seed, np.float32(lo), np.float32(hi))
+            check_filled(name, flat, lo, hi)
         seed += 7
     cuda.synchronize()
+
+
+def check_filled(name: str, flat, lo: float, hi: float) -> None:
+    """RuntimeError unless the ends of the float16 device array ``flat`` hold finite values in
+    ``[lo, hi]`` (the fill's range; float16 rounding may reach ``hi``)."""
+    n = min(FILL_CHECKED, flat.shape[0])
+    for part in (flat[:n], flat[flat.shape[0] - n:]):
+        values = part.copy_to_host().astype(np.float32)
+        bad = ~(np.isfinite(values) & (values >= np.float32(lo)) & (values <= np.float32(hi)))
+        if bad.any():
+            raise RuntimeError(f"fill_store: {name} holds {int(bad.sum())} of {n} values outside [{lo}, {hi}] "
+                               f"(first: {values[bad][0]!r}): the device fill is broken")
 
 
 def time_gpu(fn, warmup: int = 3, repeats: int = 10, inner: int = 10) -> float:

@@ -14,3 +14,40 @@ def test_save_prints_rows_whose_keys_differ(tmp_path, monkeypatch, capsys):
     assert json.loads((tmp_path / "rows.json").read_text())["rows"] == rows
     lines = [line.rstrip() for line in capsys.readouterr().out.strip().splitlines()]
     assert lines == ["kernel | ms | regs", "hexcore int4 | 0.5 | 128", "hexcore int4-aged | 0.25 |"]
+
+
+def test_fill_store_writes_finite_values_in_range():
+    """Every FP16 array of a filled store holds finite values in its range (codes are bytes)."""
+    import numpy as np
+
+    from benchmarks.gpu_common import fill_store
+    from hexcore import KVCacheConfig
+    from hexcore.cuda import DeviceKVStore
+
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="int4")
+    store = DeviceKVStore(cfg, num_blocks=3, max_seqs=2)
+    fill_store(store)
+    for name, array in store.arrays.items():
+        if array.dtype == np.float16:
+            values = array.copy_to_host().astype(np.float32)
+            lo, hi = (0.01, 0.1) if name.endswith("meta") else (-1.0, 1.0)
+            assert np.isfinite(values).all() and values.min() >= lo and values.max() <= hi, name
+            assert np.unique(values).size > values.size // 4, name  # random, not a constant
+
+
+def test_a_broken_fill_is_refused():
+    """check_filled names the array and the first bad value: a benchmark never times NaN data
+    (the H200 once wrote non-finite halves where the simulator wrote the intended ones)."""
+    import numpy as np
+    import pytest
+    from numba import cuda
+
+    from benchmarks.gpu_common import check_filled
+
+    good = np.linspace(-1, 0.99, 100).astype(np.float16)
+    check_filled("k_tails", cuda.to_device(good), -1.0, 1.0)
+    for bad_value in (np.nan, np.inf, 1.5):
+        bad = good.copy()
+        bad[-1] = bad_value
+        with pytest.raises(RuntimeError, match="k_tails holds 1 of 100"):
+            check_filled("k_tails", cuda.to_device(bad), -1.0, 1.0)
