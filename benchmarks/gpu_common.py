@@ -16,12 +16,15 @@ CEILING_COPY_TBS = 4.27  # measured device-to-device copy (read + write)
 
 @cuda.jit(device=True)
 def _hash(x):
+    # a 32-bit integer hash; each step is cut back to 32 bits: numba types uint32 * uint32
+    # as 64-bit on the GPU (numpy's simulator wraps at 32), and an uncut product there left
+    # bits above 32 in the result, so the float fill below wrote inf until 2026-12-03
     x = uint32(x)
-    x ^= x >> uint32(16)
-    x *= uint32(0x7FEB352D)
-    x ^= x >> uint32(15)
-    x *= uint32(0x846CA68B)
-    x ^= x >> uint32(16)
+    x = uint32(x ^ (x >> uint32(16)))
+    x = uint32((x * uint32(0x7FEB352D)) & uint32(0xFFFFFFFF))
+    x = uint32(x ^ (x >> uint32(15)))
+    x = uint32((x * uint32(0x846CA68B)) & uint32(0xFFFFFFFF))
+    x = uint32(x ^ (x >> uint32(16)))
     return x
 
 
@@ -34,10 +37,10 @@ def _fill_bytes(words, seed):
 
 @cuda.jit
 def _fill_halves(halves, seed, lo, hi):
-    # lo, hi float32 and every step in float32: one float32 -> float16 store, the conversion
-    # the decode kernels' own output stores use. (Until 2026-12-03 lo and hi arrived as
-    # float64 and the H200 wrote non-finite halves almost everywhere, while the simulator
-    # wrote the intended values: every GPU benchmark before then read NaN/inf data.)
+    # u in [0, 1) from the hash's top 24 bits, in float32 (lo, hi float32 too). Until
+    # 2026-12-03 the hash kept 64-bit products on the GPU (see _hash), u ran to 4e9 and the
+    # H200 wrote inf almost everywhere, while the simulator wrote the intended values: every
+    # GPU benchmark before then read inf/NaN data
     i = cuda.grid(1)
     if i < halves.shape[0]:
         u = float32(_hash((i * 2654435761 + seed) & 0xFFFFFFFF) >> uint32(8)) * float32(1.0 / 16777216.0)

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from benchmarks.gpu_common import save
 
 
@@ -51,3 +53,36 @@ def test_a_broken_fill_is_refused():
         bad[-1] = bad_value
         with pytest.raises(RuntimeError, match="k_tails holds 1 of 100"):
             check_filled("k_tails", cuda.to_device(bad), -1.0, 1.0)
+
+
+def _reference_hash(x: int) -> int:
+    x &= 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def _check_fill_hash():
+    import numpy as np
+    from numba import cuda
+
+    from benchmarks.gpu_common import _fill_bytes
+
+    words = cuda.device_array(1000, np.uint32)
+    _fill_bytes[4, 256](words, 5)
+    got = words.copy_to_host()
+    assert [int(w) for w in got] == [_reference_hash((i * 2654435761 + 5) & 0xFFFFFFFF) for i in range(1000)]
+
+
+def test_the_fill_hash_is_32_bit():
+    """The device hash equals a 32-bit reference (on the simulator, numpy wraps at 32 bits)."""
+    _check_fill_hash()
+
+
+@pytest.mark.gpu
+def test_the_fill_hash_is_32_bit_gpu():
+    """The same on a GPU, where numba computes uint32 * uint32 in 64 bits: before the hash cut
+    its products back, its high bits made the float fill write inf."""
+    _check_fill_hash()
