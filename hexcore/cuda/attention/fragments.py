@@ -7,19 +7,32 @@ sealed code order they read is ``layout.key_code_field`` / ``value_code_field``.
 Numerics, for a sealed INT block (keys per channel ``k = s_c * code + m_c``; values per
 token and group ``v = s_t * code + m_t``):
 
+- codes enter the mma as float16 subnormals: a code field masked out of its word (after a
+  shift that the word's registers share) with nothing in the exponent bits is the exact
+  float16 ``code * 2**(e - 24)``, ``e`` the field's mantissa bit, one ``and`` per register
+  (the tensor cores take subnormal operands as they are; float32 accumulators hold their
+  products with room to spare, ``2**-24`` is far from float32's ``2**-126``).
 - scores: ``q . k = sum_c (q_c s_c) code + sum_c q_c m_c``, computed as ``S^T = K Q^T``: the
   16 tokens of a k-step are the rows of the mma (its A operand, straight from the sealed
-  words), the CTA's 8 query heads its columns, so no row of the mma is padding. ``q' = q * s``
-  is made once per block (``hmul2``), the codes enter the mma as exact float16 integers (one
-  ``lop3`` and one ``hfma2`` per register), and ``sum_c q_c m_c`` (``D/16`` mmas per block,
-  the mins as every token row) is added to every score. A lane then holds the scores of
-  tokens ``gid, gid+8`` for heads ``2tig, 2tig+1``; the softmax reduces over the 8 lanes
-  of a ``tig``, and one 8x8 transpose (``movmatrix``) per 8 tokens turns the probabilities
-  into the B operand of the output product.
+  words), the CTA's 8 query heads its columns, so no row of the mma is padding. Key codes
+  sit at ``e_c = field_exponent`` (0-8 for INT2, 0 or 4 for INT4); q is loaded once per
+  item times ``2**(P - e_c)`` per register (``P = key_prescale``: factors within
+  ``2**-P .. 2**P``, so ``q * s`` neither overflows nor underflows much more than
+  unscaled), ``qs_c = q_c 2**(P - e_c) s_c`` is made once per block (``hmul2``), and the
+  mma gives ``2**(P - 24) sum_c q_c s_c code_c``. Once per block ``fold_keys`` makes ``corr =
+  sum_c q_c m_c`` per head (the mins as every token row against q, their registers times
+  ``2**(e_c - P)``), and every score is ``2**(24 - P) * mma + corr`` (one ``ffma``). A lane
+  then holds the scores of tokens ``gid, gid+8`` for heads ``2tig, 2tig+1``; the softmax
+  reduces over the 8 lanes of a ``tig``, and one 8x8 transpose (``movmatrix``) per 8 tokens
+  turns the probabilities into the B operand of the output product. FP16 tail rows take q
+  unscaled (``unscale_q``, exact powers of two).
 - outputs: ``sum_t p_t v_t = sum_t (p_t s_t) code + sum_t p_t m_t``: the probabilities,
-  scaled per group by the tokens' scales, are the B operand against exact codes; the
-  mins term is one "stats" mma per k-step whose A rows are the group mins (rows 0..NG-1)
-  and ones (row 8, giving ``l = sum_t p_t``).
+  scaled per group by the tokens' scales, are the B operand against the codes (A, rows:
+  channels), which sit at ``e = 0`` in rows ``gid`` and ``e = bits`` in rows ``gid + 8``
+  (``value_shift``), so after the sealed blocks ``unscale_values`` multiplies each row once
+  by ``2**(24 - e)``, before FP16 tail rows add to it. The mins term is one "stats" mma per
+  k-step whose A rows are the group mins (rows 0..NG-1) and ones (row 8, giving ``l = sum_t
+  p_t``).
 
 q carries ``scale * log2(e)``, so scores are in log2 units and the softmax uses ``exp2``.
 """
@@ -32,7 +45,7 @@ import numpy as np
 from numba import cuda, float32
 
 from ..device import cp_async16_at, device_function, exp2, ld, load_words, shfl_idx, shfl_xor, warp_any
-from .mma import F16X2_ONES, code_pair, half2_hi, half2_lo, hfma2, hmul2, mma_f16, pack_f16x2, prmt, transpose8x8
+from .mma import F16X2_ONES, half2_hi, half2_lo, hmul2, mma_f16, pack_f16x2, prmt, transpose8x8
 from .shape import DecodeShape
 
 LO, HI = 0x5410, 0x7632  # prmt selectors: the low (high) halves of two words
@@ -44,12 +57,14 @@ class WarpFunctions(NamedTuple):
     """The device functions of one shape (see the module docstring)."""
 
     load_q: object
+    unscale_q: object
     issue_chunk: object
     fold_keys: object
     chunk_codes: object
     kstep_rows: object
     finish: object
     pair_codes: object
+    unscale_values: object
 
 
 def _per_lane(copies: int) -> int:
@@ -57,22 +72,58 @@ def _per_lane(copies: int) -> int:
     return -(-copies // 32)
 
 
-def code_reg_function(bits: int):
-    """``code_reg(word, j)``: codes ``j`` and ``j + 16/bits`` of a packed word as an exact
-    float16 pair. Fields in bits 0-9 of each half are masked in place (``1024 + code * 2**e``,
-    exact), the others after ``word >> 8``; ``hfma2`` with ``2**-e`` and ``-1024 * 2**-e``
-    then leaves the codes themselves."""
+def field_exponent(bits: int, j: int) -> int:
+    """``e`` of ``key_code(word, j)``: codes ``j`` and ``j + 16/bits`` of a packed key word sit
+    at mantissa bit ``e`` of their float16 halves (fields past bit 9 are shifted down by 8
+    first)."""
+    pos = j * bits
+    return pos - 8 if pos + bits > 10 else pos
+
+
+def key_prescale(bits: int) -> int:
+    """``P`` of the quantized score product (module docstring): half the largest field exponent,
+    so q's per-register factors ``2**(P - e)`` and the key mins' ``2**(e - P)`` stay within
+    ``2**-P .. 2**P`` (4 for INT2, 2 for INT4)."""
+    return max(field_exponent(bits, j) for j in range(16 // bits)) // 2
+
+
+def key_code_function(bits: int):
+    """``key_code(word, j)``: codes ``j`` and ``j + 16/bits`` of a packed key word as the
+    float16 subnormal pair ``code * 2**(e - 24)`` (``e = field_exponent(bits, j)``): an ``and``
+    (after one shift by 8 that the word's upper fields share), exact; the tensor cores take
+    subnormal float16 operands as they are."""
     mask = (1 << bits) - 1
 
     @device_function
-    def code_reg(word, j):
+    def key_code(word, j):
         pos = j * bits
         shift = 8 if pos + bits > 10 else 0
-        e = pos - shift
-        x = code_pair(word >> np.uint32(shift), (mask << e) * 0x10001)
-        return hfma2(x, ((15 - e) << 10) * 0x10001, (0x8000 | ((25 - e) << 10)) * 0x10001)
+        return (word >> np.uint32(shift)) & np.uint32((mask << (pos - shift)) * 0x10001)
 
-    return code_reg
+    return key_code
+
+
+def value_shift(bits: int, j: int) -> int:
+    """Right shift of a value code word before ``value_code(word, j)`` masks register ``j``
+    out: the register's fields land at mantissa bit ``bits * (j % 2)``, so the two registers
+    of an mma row (tile slots 0 and 2: channel ``c``; 1 and 3: channel ``c + 1``,
+    ``layout.value_code_field``) share one exponent. Words of INT2 hold two tiles
+    (``j // 4``); each distinct shift is one ``shf`` per word."""
+    return bits * (4 * (j // 4) + 2 * (j % 4 // 2))
+
+
+def value_code_function(bits: int):
+    """``value_code(word, j)``: register ``j`` of a value code word (codes ``j`` and ``j +
+    16/bits``) as the float16 subnormal pair ``code * 2**(e - 24)``, ``e = bits * (j % 2)``:
+    a shift (``value_shift``, shared by the word's registers) and an ``and``, exact."""
+    mask = (1 << bits) - 1
+
+    @device_function
+    def value_code(word, j):
+        shift = bits * (4 * (j // 4) + 2 * (j % 4 // 2))  # value_shift(bits, j)
+        return (word >> np.uint32(shift)) & np.uint32((mask << (bits * (j % 2))) * 0x10001)
+
+    return value_code
 
 
 def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFunctions:
@@ -89,17 +140,40 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
     RING_K, RING_V, RING_VM = s.ring_regions
     QUANTIZED = s.quantized
     COPIES = tuple(_per_lane(words // 4) for words in (RING_K, RING_V, D, RING_VM))  # per lane and stage
-    code_reg = code_reg_function(s.bits if s.quantized else 4)  # (FP16 shapes never call it)
+    BITS = s.bits if s.quantized else 4  # (FP16 shapes never call the code functions)
+    key_code, value_code = key_code_function(BITS), value_code_function(BITS)
+    # the output product's rows gid (tile slots 0, 2) and gid + 8 (slots 1, 3) back from the
+    # subnormal codes' units (value_code)
+    UNIT_LO, UNIT_HI = float32(2.0 ** 24), float32(2.0 ** (24 - BITS))
+    P = key_prescale(BITS)
+    KEY_UNIT = float32(2.0 ** (24 - P))  # the quantized score product's unit
+
+    @device_function
+    def reg_exponent(r):
+        # field_exponent of key (and key-min) fragment register r
+        pos = (r % RPW) * BITS
+        return pos - 8 if pos + BITS > 10 else pos
 
     @device_function
     def load_q(q, row, lane, valid, qh, factor):
-        # qh[r]: q of head row `row` (channels tig*D/4 + 2r, +1) times factor; zero if not valid
+        # qh[r]: q of head row `row` (channels tig*D/4 + 2r, +1) times factor (a quantized
+        # kernel: times 2**(P - e) for register r's field exponent e, the factor the raw codes
+        # ask for; unscale_q undoes it); zero if not valid
         tig = (lane & 3)
         for i in range(KREGS // 4):
             load_words(q, row * (D // 2) + tig * KREGS + 4 * i, 4, qh, 4 * i)
         for r in range(KREGS):
             w = qh[r]
-            qh[r] = pack_f16x2(half2_lo(w) * factor, half2_hi(w) * factor) if valid else np.uint32(0)
+            f = factor * float32(1 << (8 + P - reg_exponent(r))) * float32(1.0 / 256) if QUANTIZED else factor
+            qh[r] = pack_f16x2(half2_lo(w) * f, half2_hi(w) * f) if valid else np.uint32(0)
+
+    @device_function
+    def unscale_q(qh):
+        # a quantized kernel's qh back to q times factor (before FP16 tail rows): exact
+        # powers of two
+        if QUANTIZED:
+            for r in range(KREGS):
+                qh[r] = hmul2(qh[r], ((15 + reg_exponent(r) - P) << 10) * 0x10001)
 
     @device_function
     def issue_chunk(pool, ring, stage, krun, vrun, kmeta, vmeta, k0, lane):
@@ -126,19 +200,28 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
                 cp_async16_at(ring, stage + RING_K + RING_V + D + 4 * lane, pool, vmfrom + 4 * lane, 128 * i)
 
     @device_function
+    def scaled_min(ring, at, r):
+        # key-min register r (in the ring at word at + r) times 2**(e - P); no multiply
+        # where e == P
+        w = ld(ring, at + r)
+        return w if reg_exponent(r) == P else hmul2(w, ((15 + reg_exponent(r) - P) << 10) * 0x10001)
+
+    @device_function
     def fold_keys(ring, meta, lane, qh, qs):
         # the key mins' share of every score of the block (one value per head, the same for
-        # every token) and ``qs``, q times the key scales. The mins of fragment registers
-        # 4j..4j+3 are one A fragment as they lie in the ring (no copies into a register
-        # quad): rows gid take registers 4j, 4j+2 (with q's 4j, 4j+2: chain c), rows gid + 8
-        # registers 4j+1, 4j+3 (q's 4j+1, 4j+3: chain e); each chain's other rows are unused
+        # every token: the ``corr`` of the module docstring) and ``qs``, q times the key
+        # scales. The mins of fragment registers 4j..4j+3 are one A fragment as they lie in
+        # the ring (no copies into a register quad), each register times 2**(e - P) to meet
+        # qh's 2**(P - e): rows gid take registers 4j, 4j+2 (with q's 4j, 4j+2: chain c),
+        # rows gid + 8 registers 4j+1, 4j+3 (q's 4j+1, 4j+3: chain e); each chain's other
+        # rows are unused
         tig = (lane & 3)
         c0 = c1 = c2 = c3 = float32(0)
         e0 = e1 = e2 = e3 = float32(0)
         at = meta + D // 2 + tig * KREGS
         for j in range(KREGS // 4):
-            w0, w1 = ld(ring, at + 4 * j), ld(ring, at + 4 * j + 1)
-            w2, w3 = ld(ring, at + 4 * j + 2), ld(ring, at + 4 * j + 3)
+            w0, w1 = scaled_min(ring, at, 4 * j), scaled_min(ring, at, 4 * j + 1)
+            w2, w3 = scaled_min(ring, at, 4 * j + 2), scaled_min(ring, at, 4 * j + 3)
             c0, c1, c2, c3 = mma_f16(w0, w1, w2, w3, qh[4 * j], qh[4 * j + 2], c0, c1, c2, c3)
             e0, e1, e2, e3 = mma_f16(w0, w1, w2, w3, qh[4 * j + 1], qh[4 * j + 3], e0, e1, e2, e3)
         for r in range(KREGS):
@@ -156,8 +239,9 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
 
     @device_function
     def key_reg(kw, at, r, codes):
-        # fragment register r of the key row whose words start at kw[at]
-        return code_reg(ld(kw, at + r // RPW), r % RPW) if codes else kw[at + r]
+        # fragment register r of the key row whose words start at kw[at]: codes as float16
+        # subnormals (``code * 2**(e - 24)``), or FP16 rows as they are
+        return key_code(ld(kw, at + r // RPW), r % RPW) if codes else kw[at + r]
 
     @device_function
     def scores(kw, at0, at1, qa, codes):
@@ -272,8 +356,8 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
                 i = 4 * (c - c0)
                 s[i], s[i + 1], s[i + 2], s[i + 3] = scores(ring, row, row + 8 * RW, qs, True)
             for i in range(0, 4 * SOFTMAX_KSTEPS, 2):
-                s[i] += corr_lo
-                s[i + 1] += corr_hi
+                s[i] = s[i] * KEY_UNIT + corr_lo
+                s[i + 1] = s[i + 1] * KEY_UNIT + corr_hi
             softmax(s, 4 * SOFTMAX_KSTEPS, state)
             rescale(o, stats, state)
             for c in range(c0, c0 + SOFTMAX_KSTEPS):
@@ -289,16 +373,16 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
             i = 4 * c
             s[i], s[i + 1], s[i + 2], s[i + 3] = scores(ring, row, row + 8 * RW, qs, True)
         for i in range(0, 4 * CK, 2):
-            s[i] += corr_lo
-            s[i + 1] += corr_hi
+            s[i] = s[i] * KEY_UNIT + corr_lo
+            s[i + 1] = s[i + 1] * KEY_UNIT + corr_hi
         corr_lo, corr_hi = fold_keys(ring, stage_b + meta_off, lane, qh, qs)
         for c in range(CK):
             row = stage_b + (16 * c + (lane >> 2)) * RW + (lane & 3) * KW
             i = 4 * CK + 4 * c
             s[i], s[i + 1], s[i + 2], s[i + 3] = scores(ring, row, row + 8 * RW, qs, True)
         for i in range(4 * CK, 8 * CK, 2):
-            s[i] += corr_lo
-            s[i + 1] += corr_hi
+            s[i] = s[i] * KEY_UNIT + corr_lo
+            s[i + 1] = s[i + 1] * KEY_UNIT + corr_hi
         softmax_lazy(s, 8 * CK, state)
         rescale(o, stats, state)
         for c in range(CK):
@@ -324,9 +408,10 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
             bs1 = hmul2(b1, _meta_pair(ring, meta1, g))
             q0 = 4 * t
             o[q0], o[q0 + 1], o[q0 + 2], o[q0 + 3] = mma_f16(
-                code_reg(ld(ring, vw + q0 // RPW), q0 % RPW), code_reg(ld(ring, vw + (q0 + 1) // RPW), (q0 + 1) % RPW),
-                code_reg(ld(ring, vw + (q0 + 2) // RPW), (q0 + 2) % RPW),
-                code_reg(ld(ring, vw + (q0 + 3) // RPW), (q0 + 3) % RPW),
+                value_code(ld(ring, vw + q0 // RPW), q0 % RPW),
+                value_code(ld(ring, vw + (q0 + 1) // RPW), (q0 + 1) % RPW),
+                value_code(ld(ring, vw + (q0 + 2) // RPW), (q0 + 2) % RPW),
+                value_code(ld(ring, vw + (q0 + 3) // RPW), (q0 + 3) % RPW),
                 bs0, bs1, o[q0], o[q0 + 1], o[q0 + 2], o[q0 + 3])
 
     @device_function
@@ -372,6 +457,17 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
                 o[4 * t + 1], o[4 * t + 2], o[4 * t + 3])
 
     @device_function
+    def unscale_values(o):
+        # a quantized kernel's outputs after its sealed blocks (before FP16 tail rows add
+        # to them): from value_code's units to values' units, exact powers of two
+        if QUANTIZED:
+            for t in range(MT):
+                o[4 * t] *= UNIT_LO
+                o[4 * t + 1] *= UNIT_LO
+                o[4 * t + 2] *= UNIT_HI
+                o[4 * t + 3] *= UNIT_HI
+
+    @device_function
     def finish(o, stats, state, lane):
         # the warp's partial for heads 2tig and 2tig+1: adds each value group's mins term
         # (stats row g, held by lanes 4g + tig) to o; returns (m, l) of both heads (log2 units)
@@ -387,4 +483,5 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
                 o[4 * t + 3] += hi
         return state[0], shfl_idx(stats[2], tig), state[1], shfl_idx(stats[3], tig)
 
-    return WarpFunctions(load_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish, pair_codes)
+    return WarpFunctions(load_q, unscale_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish, pair_codes,
+                         unscale_values)

@@ -130,7 +130,8 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     mismatch ``k < F``, writes (block, layer) into ``found[k]``. Nothing else changes: the
     outputs are the plain item's. Tails are never checked (they are not sealed)."""
     VERIFY = verify
-    load_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish, pair_codes = warp_functions(shape, joint_softmax)
+    (load_q, unscale_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish, pair_codes,
+     unscale_values) = warp_functions(shape, joint_softmax)
     H, D, BS, G = shape.H, shape.D, shape.BS, shape.G
     HG, NG, MT = shape.head_groups, shape.num_groups, shape.m_tiles
     QUANTIZED, RW = shape.quantized, shape.D * shape.bits // 32
@@ -447,9 +448,11 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                     if sampled(block, check[1]):  # (the block id is warp-uniform)
                         check_block(row_terms(pool, k_codes + rows, v_codes + rows, lane), check[0], block, layer, h,
                                     check[2], check[3], lane)
+        unscale_values(o)  # (a quantized kernel's sealed outputs were in the subnormal codes' units)
         tail = n_virtual - 1  # the tail, when there is one, is the sequence's last virtual block
         slot = tail_slots[b]
         if tail >= n_sealed and vb0 <= tail < vb1 and (tail - vb0) % WARPS == warp and in_range(slot, max_seqs):
+            unscale_q(qh)  # (a quantized kernel's q was scaled for raw codes)
             ntail = seq_len - n_sealed * BS
             rows = tail_offset(layer, slot, h, 0, max_seqs, H, BS, D) // 4
             for k in range((ntail + 15) // 16):

@@ -17,9 +17,6 @@
 - ``prmt(a, b, selector)``: PTX ``prmt.b32``: byte ``i`` of the result is byte
   ``(selector >> 4i) & 7`` of the 8-byte value ``b:a``. ``0x5410`` = low halves of
   ``a`` and ``b``; ``0x7632`` = their high halves.
-- ``code_pair(word, mask)``: ``(word & mask) | 0x64006400`` in one ``lop3``: two codes of
-  a packed word, sitting at bits 0.. and 16.. (times 2**position), become two float16
-  ``1024 + code * 2**position``, exactly.
 - ``hfma2(a, b, c)``, ``hmul2(a, b)``: ``a * b + c`` and ``a * b`` on two float16 at once
   (``fma.rn.f16x2``, ``mul.rn.f16x2``: one rounding each).
 - ``pack_f16x2(lo, hi)``: two float32 rounded to float16 in one word, ``lo`` in the low
@@ -41,7 +38,6 @@ from numba import cuda, types
 
 from ..device import SIMULATOR, device_function
 
-F16X2_1024 = 0x64006400  # two float16 1024.0
 F16X2_ONES = 0x3C003C00  # two float16 1.0
 
 if not SIMULATOR:
@@ -76,7 +72,6 @@ if not SIMULATOR:
         return op3
 
     _prmt = _u32_op(3, "prmt.b32 $0, $1, $2, $3;")
-    _lop3 = _u32_op(3, "lop3.b32 $0, $1, $2, $3, 0xEA;")  # (a & b) | c
     _hfma2 = _u32_op(3, "fma.rn.f16x2 $0, $1, $2, $3;")
     _hmul2 = _u32_op(2, "mul.rn.f16x2 $0, $1, $2;")
 
@@ -145,11 +140,6 @@ if not SIMULATOR:
     def prmt(a, b, selector):
         """PTX ``prmt.b32``: bytes of ``b:a`` picked by ``selector``."""
         return _prmt(types.uint32(a), types.uint32(b), types.uint32(selector))
-
-    @device_function
-    def code_pair(word, mask):
-        """``(word & mask) | 0x64006400``: two codes as float16 ``1024 + code * 2**position``."""
-        return _lop3(types.uint32(word), types.uint32(mask), types.uint32(F16X2_1024))
 
     @device_function
     def hfma2(a, b, c):
@@ -244,11 +234,6 @@ else:
         data = np.array([a, b], np.uint32).view(np.uint8)
         out = np.array([data[(int(selector) >> (4 * i)) & 7] for i in range(4)], np.uint8)
         return np.uint32(out.view(np.uint32)[0])
-
-    @cuda.jit(device=True)
-    def code_pair(word, mask):
-        """``(word & mask) | 0x64006400``: two codes as float16 ``1024 + code * 2**position``."""
-        return np.uint32((int(word) & int(mask)) | F16X2_1024)
 
     @cuda.jit(device=True)
     def hfma2(a, b, c):

@@ -1,4 +1,4 @@
-"""The tensor-core and packed-half helpers (attention/mma.py, fragments.code_reg_function)
+"""The tensor-core and packed-half helpers (attention/mma.py, fragments' code functions)
 against numpy, through small kernels.
 
 On the simulator these check the twins (and so the fragment layout the decode kernel
@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from hexcore.cuda.attention.fragments import code_reg_function
+from hexcore.cuda.attention.fragments import field_exponent, key_code_function, value_code_function
 from hexcore.cuda.attention.mma import half2_hi, half2_lo, hfma2, hmul2, mma_f16, pack_f16x2, prmt
 
-code_reg4, code_reg2 = code_reg_function(4), code_reg_function(2)
+key4, key2 = key_code_function(4), key_code_function(2)
+value4, value2 = value_code_function(4), value_code_function(2)
 
 
 @cuda.jit
@@ -29,15 +30,18 @@ def _mma_kernel(a_words, b_words, c, out):
 
 @cuda.jit
 def _bits_kernel(words, halves, sel_out, code4, code2, arith, packed, unpacked):
+    # code4 [n, 2, 4], code2 [n, 2, 8]: key_code, value_code of every register
     i = cuda.grid(1)
     if i < words.shape[0]:
         sel_out[i, 0] = prmt(words[i], words[i - 1], 0x5410)
         sel_out[i, 1] = prmt(words[i], words[i - 1], 0x7632)
         sel_out[i, 2] = prmt(words[i], words[i - 1], 0x3210)
         for j in range(4):
-            code4[i, j] = code_reg4(words[i], j)
+            code4[i, 0, j] = key4(words[i], j)
+            code4[i, 1, j] = value4(words[i], j)
         for j in range(8):
-            code2[i, j] = code_reg2(words[i], j)
+            code2[i, 0, j] = key2(words[i], j)
+            code2[i, 1, j] = value2(words[i], j)
         arith[i, 0] = hmul2(halves[i, 0], halves[i, 1])
         arith[i, 1] = hfma2(halves[i, 0], halves[i, 1], halves[i, 2])
         packed[i] = pack_f16x2(np.float32(i) * np.float32(0.1), np.float32(-i))
@@ -45,14 +49,27 @@ def _bits_kernel(words, halves, sel_out, code4, code2, arith, packed, unpacked):
         unpacked[i, 1] = half2_hi(halves[i, 0])
 
 
-def check_mma(rng):
+def check_mma(rng, subnormal=False):
+    # subnormal: A holds value codes as code_small makes them (code * 2**(e - 24), e = 0..4),
+    # which the tensor cores must take as they are (no flush to zero)
     A = rng.standard_normal((16, 16)).astype(np.float16)
+    if subnormal:
+        A = (rng.integers(0, 16, (16, 16)) * 2.0 ** (rng.integers(0, 5, (16, 16)) - 24)).astype(np.float16)
+        assert np.count_nonzero(A) > 200 and np.all(np.abs(A) < np.float16(2.0 ** -14))
     B = rng.standard_normal((16, 8)).astype(np.float16)
-    C = rng.standard_normal((16, 8)).astype(np.float32)
+    C = rng.standard_normal((16, 8)).astype(np.float32) * np.float32(2.0 ** -24 if subnormal else 1.0)
     out = cuda.to_device(np.full((16, 8), np.nan, np.float32))
     _mma_kernel[1, 32](A.view(np.uint32), np.ascontiguousarray(B.T).view(np.uint32), C, out)
     expect = A.astype(np.float64) @ B.astype(np.float64) + C
-    np.testing.assert_allclose(out.copy_to_host(), expect, rtol=1e-5, atol=1e-5)
+    if not subnormal:
+        np.testing.assert_allclose(out.copy_to_host(), expect, rtol=1e-5, atol=1e-5)
+        return
+    # at the product's own scale, within 1e-6 of the terms' magnitudes: the tensor cores'
+    # float32 sums round differently from float64 (the H200 was 6e-5 off a 0.95 that
+    # cancelled terms of hundreds); a flushed subnormal would be off by whole terms
+    unit = 2.0 ** 24
+    bound = 1e-6 * (np.abs(A.astype(np.float64)) @ np.abs(B.astype(np.float64)) + np.abs(C)) * unit
+    assert np.all(np.abs(out.copy_to_host() * unit - expect * unit) <= bound + 1e-9)
 
 
 def _fields(words, bits, j):
@@ -66,7 +83,7 @@ def check_bits(rng):
     words = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
     halves = rng.uniform(-4, 4, (n, 3, 2)).astype(np.float16)
     sel, code4, code2, arith, packed = (cuda.to_device(np.zeros(s, np.uint32))
-                                        for s in ((n, 3), (n, 4), (n, 8), (n, 2), (n,)))
+                                        for s in ((n, 3), (n, 2, 4), (n, 2, 8), (n, 2), (n,)))
     unpacked = cuda.to_device(np.zeros((n, 2), np.float32))
     _bits_kernel[1, n](words, halves.view(np.uint32).reshape(n, 3), sel, code4, code2, arith, packed, unpacked)
     prev = np.roll(words, 1)
@@ -74,9 +91,11 @@ def check_bits(rng):
     expect_sel = np.stack([lo16 | ((prev & 0xFFFF) << 16), hi16 | (prev & 0xFFFF0000), words], axis=1)
     np.testing.assert_array_equal(sel.copy_to_host(), expect_sel.astype(np.uint32))
     for bits, got, count in ((4, code4, 4), (2, code2, 8)):
-        got = got.copy_to_host().view(np.float16).reshape(n, count, 2)
-        for j in range(count):  # codes j and j + 16/bits, exactly
-            np.testing.assert_array_equal(got[:, j].astype(np.float64), _fields(words, bits, j).astype(np.float64))
+        got = got.copy_to_host().view(np.float16).reshape(n, 2, count, 2).astype(np.float64)
+        for j in range(count):  # codes j and j + 16/bits times 2**(e - 24), exactly
+            fields = _fields(words, bits, j).astype(np.float64)
+            np.testing.assert_array_equal(got[:, 0, j] * 2.0 ** (24 - field_exponent(bits, j)), fields)
+            np.testing.assert_array_equal(got[:, 1, j] * 2.0 ** (24 - bits * (j % 2)), fields)
     h = halves.astype(np.float64)
     got = arith.copy_to_host().view(np.float16).reshape(n, 2, 2)
     np.testing.assert_array_equal(got[:, 0], (h[:, 0] * h[:, 1]).astype(np.float16))
@@ -91,6 +110,10 @@ def test_mma_matches_numpy(rng):
     check_mma(rng)
 
 
+def test_mma_takes_subnormal_codes(rng):
+    check_mma(rng, subnormal=True)
+
+
 def test_bit_helpers_match_numpy(rng):
     check_bits(rng)
 
@@ -98,4 +121,5 @@ def test_bit_helpers_match_numpy(rng):
 @pytest.mark.gpu
 def test_mma_and_bit_helpers_on_gpu(rng):
     check_mma(rng)
+    check_mma(rng, subnormal=True)
     check_bits(rng)
