@@ -23,7 +23,11 @@ Helpers
 - ``add_acq_rel(a, i, value)``: ``a[i] += value`` for a 1-D int64 array, returning the old
   value, as one acquire-release atomic at GPU scope (``atom.acq_rel.gpu.global.add.u64``):
   this thread's earlier memory operations are ordered before it (release) and its later ones
-  after it (acquire). The twin is ``cuda.atomic.add``.
+  after it (acquire). The twin is ``cuda.atomic.add``. ``add_acq_rel_i32(a, i, value)``: the
+  same for a 1-D int32 array (``.u32``). After a ``syncthreads`` one thread's release covers
+  the whole CTA's earlier writes (cumulativity), and its acquire followed by a
+  ``syncthreads`` orders every thread's later reads: a split-K handshake with no
+  ``threadfence`` (``membar.gl``, a sequentially consistent fence, in every thread).
 - ``load_relaxed(a, i)``: ``a[i]`` of a 1-D int64 array by a relaxed load at GPU scope
   (``ld.relaxed.gpu.global.s64``): from L2, never from a stale L1 line, and ordered after an
   earlier acquire (``add_acq_rel``) of this thread.
@@ -162,14 +166,18 @@ if not SIMULATOR:
 
     @intrinsic
     def _add_acq_rel(typingctx, array, index, value):
-        if not _int64_array(array) or value != types.int64:
+        # int64 or int32 counters; the value has the array's type
+        if not (isinstance(array, types.Array) and array.ndim == 1 and array.dtype in (types.int64, types.int32)) \
+                or value != array.dtype:
             return None
-        sig = types.int64(array, index, value)
+        sig = array.dtype(array, index, value)
+        wide = array.dtype == types.int64
 
         def codegen(context, builder, sig, args):
-            i64 = ir.IntType(64)
-            asm = ir.InlineAsm(ir.FunctionType(i64, [i64, i64]), "atom.acq_rel.gpu.global.add.u64 $0, [$1], $2;",
-                               "=l,l,l,~{memory}", side_effect=True)
+            word = ir.IntType(64 if wide else 32)
+            text = f"atom.acq_rel.gpu.global.add.u{64 if wide else 32} $0, [$1], $2;"
+            asm = ir.InlineAsm(ir.FunctionType(word, [ir.IntType(64), word]), text,
+                               "=l,l,l,~{memory}" if wide else "=r,l,r,~{memory}", side_effect=True)
             return builder.call(asm, [_int64_address(context, builder, sig, args), args[2]])
 
         return sig, codegen
@@ -341,6 +349,10 @@ if not SIMULATOR:
         return _add_acq_rel(array, index, types.int64(value))
 
     @device_function
+    def add_acq_rel_i32(array, index, value):
+        return _add_acq_rel(array, index, types.int32(value))
+
+    @device_function
     def load_relaxed(array, index):
         return _load_relaxed(array, index)
 
@@ -427,6 +439,10 @@ else:
     @cuda.jit(device=True)
     def add_acq_rel(array, index, value):
         return cuda.atomic.add(array, index, value)  # the simulator's atomics are sequentially consistent
+
+    @cuda.jit(device=True)
+    def add_acq_rel_i32(array, index, value):
+        return cuda.atomic.add(array, index, value)
 
     @cuda.jit(device=True)
     def load_relaxed(array, index):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from hexcore.cuda.device import (add_acq_rel, exp2, load_cg_f32, load_relaxed, load_words, prefetch_l2, shfl_idx,
+from hexcore.cuda.device import (add_acq_rel, add_acq_rel_i32, exp2, load_cg_f32, load_relaxed, load_words, prefetch_l2, shfl_idx,
                                  shfl_xor)
 
 
@@ -82,6 +82,44 @@ def test_add_acq_rel_counts_and_the_last_sees_every_word():
 def test_add_acq_rel_counts_and_the_last_sees_every_word_on_gpu():
     for _ in range(20):  # many CTAs at once: a missing release or acquire shows as a short sum
         check_last_one_out(2048)
+
+
+@cuda.jit
+def _split_k_kernel(data, count, sums):
+    """The decode merge's handshake in miniature: every thread of a CTA writes its word, the
+    CTA meets at a barrier, thread 0 alone counts the CTA out (``add_acq_rel_i32``, no
+    threadfence anywhere), and every thread of the last CTA, after a second barrier, sums
+    one word of each CTA from L2 (``load_cg_f32``)."""
+    tid, block = cuda.threadIdx.x, cuda.blockIdx.x
+    flag = cuda.shared.array(1, np.int32)
+    data[block * cuda.blockDim.x + tid] = block + 1
+    cuda.syncthreads()
+    if tid == 0:
+        flag[0] = add_acq_rel_i32(count, 0, 1) == cuda.gridDim.x - 1
+    cuda.syncthreads()
+    if flag[0]:
+        acc = np.float32(0)
+        for j in range(cuda.gridDim.x):
+            acc += load_cg_f32(data, j * cuda.blockDim.x + tid)
+        sums[tid] = acc
+
+
+def check_split_k(blocks, threads=128):
+    data = cuda.to_device(np.full(blocks * threads, np.nan, np.float32))
+    count, sums = cuda.to_device(np.zeros(1, np.int32)), cuda.to_device(np.full(threads, np.nan, np.float32))
+    _split_k_kernel[blocks, threads](data, count, sums)
+    assert count.copy_to_host()[0] == blocks
+    assert (sums.copy_to_host() == blocks * (blocks + 1) / 2).all()  # every thread saw every CTA's word
+
+
+def test_add_acq_rel_i32_hands_every_ctas_writes_to_the_last():
+    check_split_k(5, threads=32)
+
+
+@pytest.mark.gpu
+def test_add_acq_rel_i32_hands_every_ctas_writes_to_the_last_on_gpu():
+    for _ in range(20):  # a missing release or acquire shows as a short sum in some thread
+        check_split_k(1024)
 
 
 def test_every_cp_async16_destination_is_declared_16_byte_aligned():

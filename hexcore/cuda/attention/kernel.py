@@ -36,7 +36,7 @@ import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from ...host.checksum import HEAD_K1
-from ..device import (SHARED_ALIGN16, SIMULATOR, cp_async_commit, cp_async_wait_all, cp_async_wait_one,
+from ..device import (SHARED_ALIGN16, SIMULATOR, add_acq_rel_i32, cp_async_commit, cp_async_wait_all, cp_async_wait_one,
                       device_function, exp2, ld, load_cg_f32, load_cg_f32x4, load_u32x4, prefetch_l2, shfl_idx_int,
                       shfl_xor, syncwarp, thread_index_volatile, warp_ballot)
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
@@ -502,15 +502,17 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
             return
 
         # ---- the last CTA of this (sequence, KV head, head group) merges the splits -------
-        cuda.threadfence()  # this CTA's partial visible to the whole GPU before it counts
-        cuda.syncthreads()
+        # thread 0's count releases the CTA's partial (every thread's writes are ordered
+        # before it by the barrier) and, in the last CTA, acquires the other splits' partials
+        # for the reads after the next barrier (CUTLASS's split-K semaphore; one fence by one
+        # thread instead of a sequentially consistent threadfence in all of them)
+        cuda.syncthreads()  # every thread's partial written
         item = (b * H + h) * HG + hg
         if tid == 0:
-            s_flag[0] = cuda.atomic.add(counters, item, 1) == n_splits - 1
+            s_flag[0] = add_acq_rel_i32(counters, item, 1) == n_splits - 1
         cuda.syncthreads()  # s_flag set
         if s_flag[0] == 0:
             return
-        cuda.threadfence()
         merge_splits(part_o, part_ml, out, row0, min(HPC, G - hg * HPC), n_splits, max_splits)
         if tid == 0:
             counters[item] = 0  # ready for the next launch
