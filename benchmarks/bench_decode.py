@@ -286,6 +286,7 @@ def option_variants():
 
     return {"": DecodeOptions(), " prefetch=quantized": DecodeOptions(l2_prefetch="quantized"),
             " prefetch=all": DecodeOptions(l2_prefetch="all"), " no register cap": DecodeOptions(max_registers=255),
+            " cap 128": DecodeOptions(max_registers=128),
             " per-16 softmax": DecodeOptions(joint_softmax=False),
             " no merge term": DecodeOptions(split_merge_cost=0),
             " fp16 in merge": DecodeOptions(tiered_fp16="merge"),  # formats by age only

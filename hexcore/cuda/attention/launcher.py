@@ -23,6 +23,9 @@ from .kernel import decode_kernel
 from .options import DEFAULT_OPTIONS, DecodeOptions
 from .shape import THREADS, DecodeShape, unsupported_reason
 
+UNCAPPED_REGISTERS = 255  # the decode kernel's "no cap" (ptxas's own choice up to 255)
+UNCAPPED_CTAS_PER_SM = 3  # the most CTAs per SM of the uncapped kernel (about 160 registers)
+
 
 @functools.cache
 def _num_sms() -> int:
@@ -116,6 +119,32 @@ def split_blocks_for(items: int, max_virtual: int, ctas_per_sm: int, options: De
         if best_cost is None or cost < best_cost:
             best, best_cost = blocks, cost
     return best
+
+
+def _choose_kernel(shape: DecodeShape, options: DecodeOptions, items: int, max_virtual: int, args: list,
+                   verify: bool):
+    """(kernel, resident CTAs per SM, blocks per split) of a launch of ``items`` (sequence,
+    KV head, head group) CTAs of up to ``max_virtual`` blocks each.
+
+    ``options.max_registers`` None: an INT4/INT2 launch whose split grid fits in one wave of
+    the uncapped kernel's resident CTAs (155-180 registers, no spills, two or three CTAs per
+    SM) takes that kernel; every other launch the 128-register one (four CTAs per SM, 8-32
+    spilled bytes). Where the SMs would hold fewer CTAs than they could anyway (few items:
+    B=1, B=32 x 8 KV heads), a warp that spills nothing finishes its blocks sooner; where the
+    items fill the SMs the fourth CTA is worth more (H200, ``benchmarks/RESULTS.md``,
+    twenty-first session: uncapped 2.7-12.5% faster at the shapes this rule takes it, but
+    INT2 at 16 x 32/8 16k, +1.2%; 1.6-4.9% slower on the same grid, 14-33% with more splits,
+    at the shapes it leaves capped; FP16 not measured, so capped)."""
+    bits = shape.bits
+    if options.max_registers is None and shape.quantized and items <= UNCAPPED_CTAS_PER_SM * _num_sms():
+        kernel = decode_kernel(shape, UNCAPPED_REGISTERS, options.l2_prefetch, options.joint_softmax, verify=verify)
+        ctas_per_sm = options.ctas_per_sm or _ctas_per_sm(kernel, args)
+        split_blocks = split_blocks_for(items, max_virtual, ctas_per_sm, options, bits)
+        if items * -(-max_virtual // split_blocks) <= ctas_per_sm * _num_sms():
+            return kernel, ctas_per_sm, split_blocks
+    kernel = decode_kernel(shape, options.max_registers, options.l2_prefetch, options.joint_softmax, verify=verify)
+    ctas_per_sm = options.ctas_per_sm or _ctas_per_sm(kernel, args)
+    return kernel, ctas_per_sm, split_blocks_for(items, max_virtual, ctas_per_sm, options, bits)
 
 
 def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, tail_slots, out=None,
@@ -252,8 +281,6 @@ def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scal
 
     shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
                         num_q_heads // cfg.num_kv_heads, cfg.group_size)
-    kernel = decode_kernel(shape, options.max_registers, options.l2_prefetch, options.joint_softmax,
-                           verify=bool(checks))
     items = batch * cfg.num_kv_heads * shape.head_groups
     max_virtual = max(1, -(-max_seq_len // cfg.block_size))
     part_o, part_ml, counters = workspace.get(1, 1, 1, 1)  # placeholders to size the kernel's occupancy
@@ -261,8 +288,7 @@ def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scal
                                                                    "k_tails", "v_tails")),
             flat_words(q), block_tables, seq_lens, tail_slots, flat(out), part_o, part_ml, counters,
             int(layer), store.num_blocks, store.max_seqs, 1, 1, np.float32(scale), *checks]
-    ctas_per_sm = options.ctas_per_sm or _ctas_per_sm(kernel, args)
-    split_blocks = split_blocks_for(items, max_virtual, ctas_per_sm, options, cfg.kv_dtype.bits)
+    kernel, ctas_per_sm, split_blocks = _choose_kernel(shape, options, items, max_virtual, args, bool(checks))
     splits = -(-max_virtual // split_blocks)
     args[12:15] = workspace.get(batch * num_q_heads, splits, cfg.head_dim, items)
     args[18], args[19] = split_blocks, splits

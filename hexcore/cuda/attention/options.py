@@ -45,10 +45,13 @@ class DecodeOptions:
       wave. None (the default) takes :data:`MERGE_COST` for the cache's dtype, fitted by
       ``python -m benchmarks.bench_splits`` on the H200; 0 leaves the choice to the waves
       alone.
-    - ``max_registers``: a register cap; None takes each kernel's default: 128 for the grid
-      decode kernel (four CTAs of 128 threads resident per SM; the 16-40 bytes it spills at
-      head_dim 128 cost less than the warps it adds, measured on the H200:
-      ``benchmarks/RESULTS.md``, "third session"), 128 for the persistent kernel with its item
+    - ``max_registers``: a register cap; None takes each kernel's default: for the grid
+      decode kernel 128 (four CTAs of 128 threads resident per SM; the 8-32 bytes it spills
+      at head_dim 128 cost less than the warps it adds), except an INT4/INT2 launch whose
+      splits fit in one wave of the uncapped kernel (few items: B=1, B=32 x 8 KV heads),
+      which runs uncapped, with no spills (``launcher._choose_kernel``; measured on the
+      H200: ``benchmarks/RESULTS.md``, "third" and "twenty-first session"),
+      128 for the persistent kernel with its item
       inlined, the compiler's choice with the item called (at 128 that one spills about 900
       bytes per thread). 255 means no cap.
     - ``l2_prefetch``: which sealed blocks a warp asks L2 for one block ahead of its copies

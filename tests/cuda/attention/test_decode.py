@@ -14,6 +14,7 @@ from hexcore import HexcoreConfigError, HexcoreInvalidArgumentError, KVCacheConf
 from hexcore.cuda import DecodeOptions, DecodePlan, DeviceKVStore, paged_decode
 from hexcore.cuda.attention import launcher
 from hexcore.cuda.attention.options import MERGE_COST
+from hexcore.cuda.attention.shape import DecodeShape
 from tests import reference as ref
 from tests.cuda.fill import random_cache
 
@@ -172,6 +173,34 @@ def test_split_count_fills_whole_waves(monkeypatch):
     default = DecodeOptions()
     assert [-(-1024 // launcher.split_blocks_for(8, 1024, 4, default, bits)) for bits in (16, 4, 2)] == [64, 64, 32]
     assert default.merge_cost(2) == MERGE_COST[2] and merged.merge_cost(2) == 0.7
+
+
+def test_few_quantized_items_take_the_uncapped_kernel(monkeypatch):
+    """INT4/INT2 launches whose splits fit in one wave of the uncapped kernel take it (B=1,
+    B=32 x 8 KV heads on the H200's 132 SMs); launches that fill the GPU, FP16 launches and an
+    explicit cap keep the 128-register kernel, each with its own CTAs per SM for the splits."""
+    monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
+    resident = {}
+    monkeypatch.setattr(launcher, "_ctas_per_sm", lambda kernel, args: resident.get(kernel, 4))
+    cases = [  # (bits, G, items, blocks, the uncapped kernel's CTAs per SM as compiled for the
+        # H200) -> (uncapped?, splits): the shapes of the twenty-first session's measurement
+        ((2, 4, 8, 1024, 3), (True, 32)), ((4, 4, 8, 4096, 3), (True, 49)),  # B=1 32k, 128k
+        ((2, 8, 256, 128, 2), (True, 1)),  # 32 x 64/8 4k INT2 (178 registers)
+        ((4, 8, 256, 128, 3), (False, 2)),  # INT4 there: 3 splits would be two waves uncapped
+        ((4, 4, 128, 512, 3), (True, 3)),  # 16 x 32/8 16k
+        ((2, 4, 512, 128, 3), (False, 1)), ((4, 4, 1024, 64, 3), (False, 1)),  # 64 x 32/8 4k, 128 x 32/8 2k
+        ((16, 4, 8, 1024, 3), (False, 64)),  # FP16 keeps the cap
+    ]
+    for (bits, group, items, blocks, ctas), (want_uncapped, want_splits) in cases:
+        shape = DecodeShape(bits, 8, 128, 32, group, 64)
+        uncapped = launcher.decode_kernel(shape, launcher.UNCAPPED_REGISTERS, "none", True, verify=False)
+        resident[uncapped] = ctas
+        for options, expect in ((DecodeOptions(), want_uncapped), (DecodeOptions(max_registers=128), False)):
+            kernel, resident_ctas, split_blocks = launcher._choose_kernel(shape, options, items, blocks, [], False)
+            assert (kernel is uncapped) == expect, (bits, group, items, options.max_registers)
+            assert resident_ctas == (ctas if expect else 4)
+            if options.max_registers is None:
+                assert -(-blocks // split_blocks) == want_splits, (bits, group, items)
 
 
 def test_options_are_validated():
