@@ -135,16 +135,16 @@ def _choose_kernel(shape: DecodeShape, options: DecodeOptions, items: int, max_v
     twenty-first session: uncapped 2.7-12.5% faster at the shapes this rule takes it, but
     INT2 at 16 x 32/8 16k, +1.2%; 1.6-4.9% slower on the same grid, 14-33% with more splits,
     at the shapes it leaves capped; FP16 not measured, so capped)."""
-    bits = shape.bits
-    if options.max_registers is None and shape.quantized and items <= UNCAPPED_CTAS_PER_SM * _num_sms():
-        kernel = decode_kernel(shape, UNCAPPED_REGISTERS, options.l2_prefetch, options.joint_softmax, verify=verify)
+    def sized(cap):
+        kernel = decode_kernel(shape, cap, options.l2_prefetch, options.joint_softmax, verify=verify)
         ctas_per_sm = options.ctas_per_sm or _ctas_per_sm(kernel, args)
-        split_blocks = split_blocks_for(items, max_virtual, ctas_per_sm, options, bits)
-        if items * -(-max_virtual // split_blocks) <= ctas_per_sm * _num_sms():
+        return kernel, ctas_per_sm, split_blocks_for(items, max_virtual, ctas_per_sm, options, shape.bits)
+
+    if options.max_registers is None and shape.quantized and items <= UNCAPPED_CTAS_PER_SM * _num_sms():
+        kernel, ctas_per_sm, split_blocks = sized(UNCAPPED_REGISTERS)
+        if items * -(-max_virtual // split_blocks) <= ctas_per_sm * _num_sms():  # one wave
             return kernel, ctas_per_sm, split_blocks
-    kernel = decode_kernel(shape, options.max_registers, options.l2_prefetch, options.joint_softmax, verify=verify)
-    ctas_per_sm = options.ctas_per_sm or _ctas_per_sm(kernel, args)
-    return kernel, ctas_per_sm, split_blocks_for(items, max_virtual, ctas_per_sm, options, bits)
+    return sized(options.max_registers)
 
 
 def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, tail_slots, out=None,
