@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from hexcore.cuda.device import (add_acq_rel, add_acq_rel_i32, exp2, load_cg_f32, load_relaxed, load_words, prefetch_l2, shfl_idx,
-                                 shfl_xor)
+from hexcore.cuda.device import (add_acq_rel, add_acq_rel_i32, exp2, load_cg_f32, load_relaxed, load_words,
+                                 prefetch_l2, shfl_idx, shfl_xor)
 
 
 @cuda.jit

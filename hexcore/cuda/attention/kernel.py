@@ -36,9 +36,9 @@ import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from ...host.checksum import HEAD_K1
-from ..device import (SHARED_ALIGN16, SIMULATOR, add_acq_rel_i32, cp_async_commit, cp_async_wait_all, cp_async_wait_one,
-                      device_function, exp2, ld, load_cg_f32, load_cg_f32x4, load_u32x4, prefetch_l2, shfl_idx_int,
-                      shfl_xor, syncwarp, thread_index_volatile, warp_ballot)
+from ..device import (SHARED_ALIGN16, SIMULATOR, add_acq_rel_i32, cp_async_commit, cp_async_wait_all,
+                      cp_async_wait_one, device_function, exp2, ld, load_cg_f32, load_cg_f32x4, load_u32x4, prefetch_l2,
+                      shfl_idx_int, shfl_xor, syncwarp, thread_index_volatile, warp_ballot)
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 from ..integrity import head_add, head_chunk, head_key, head_mix, warp_sum_u32
 from .fragments import NEG_INF, warp_functions
