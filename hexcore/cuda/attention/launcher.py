@@ -147,6 +147,16 @@ def _choose_kernel(shape: DecodeShape, options: DecodeOptions, items: int, max_v
     return sized(options.max_registers)
 
 
+def register_cap(launch: Launch, shape: DecodeShape, options: DecodeOptions) -> int | None:
+    """The register cap ``launch`` (a grid decode launch of ``shape`` made with ``options``,
+    no verification) was compiled with: ``options.max_registers``, or ``UNCAPPED_REGISTERS``
+    where ``_choose_kernel`` took the uncapped kernel for it, else None (the kernel's own)."""
+    if options.max_registers is None:
+        uncapped = decode_kernel(shape, UNCAPPED_REGISTERS, options.l2_prefetch, options.joint_softmax, verify=False)
+        return UNCAPPED_REGISTERS if launch.kernel is uncapped else None
+    return options.max_registers
+
+
 def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, tail_slots, out=None,
                  scale: float | None = None, max_seq_len: int | None = None, stream=None,
                  options: DecodeOptions | None = None, verify: DecodeVerify | None = None):

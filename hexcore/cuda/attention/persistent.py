@@ -464,8 +464,9 @@ class PersistentDecode:
         shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
                             self.out.shape[1] // cfg.num_kv_heads, cfg.group_size)
         o = self.options
-        kernel = persistent_kernel(shape, o.max_registers, o.l2_prefetch, o.joint_softmax, self._count,
-                                   o.persistent_item)
+        # the grid kernel's cap: uncapped where the launch fits one wave of it (B=1 INT4/INT2)
+        cap = launcher.register_cap(launch, shape, o)
+        kernel = persistent_kernel(shape, cap, o.l2_prefetch, o.joint_softmax, self._count, o.persistent_item)
         split_blocks = launch.args[18]
         max_virtual = split_blocks * splits
         # (the state's size depends on the grid this sizes: the log, also int64 [n], stands in)
