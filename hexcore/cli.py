@@ -185,10 +185,21 @@ def sequences_at_context(cfg: KVCacheConfig, budget_bytes: int, context: int) ->
     return budget_bytes // (cfg.tail_bytes + (context // cfg.block_size) * cfg.block_bytes)
 
 
-def _layout_report(preset: str, block_size: int) -> str:
+def _simulator_unless_gpu() -> bool:
+    """The CUDA simulator (made faster) when no GPU is present and the user chose nothing;
+    True when it is on. Before anything imports numba.cuda."""
     from ._runtime import use_simulator_if_no_gpu
 
     simulated = use_simulator_if_no_gpu()
+    if simulated:
+        from .cuda.simulated import use_fast_simulator
+
+        use_fast_simulator()
+    return simulated
+
+
+def _layout_report(preset: str, block_size: int) -> str:
+    simulated = _simulator_unless_gpu()
     from .cuda import layout_agrees
 
     where = "CUDA simulator" if simulated else "GPU"
@@ -202,9 +213,7 @@ def _layout_report(preset: str, block_size: int) -> str:
 
 
 def _serve_report(args) -> str:
-    from ._runtime import use_simulator_if_no_gpu
-
-    simulated = use_simulator_if_no_gpu()
+    simulated = _simulator_unless_gpu()
     from .demo import default_requests, demo_shape, format_summary, run_demo, write_json
 
     shape = demo_shape(simulated, args.preset, args.kv_dtype, args.block_size, format=args.format)

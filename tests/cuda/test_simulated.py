@@ -1,4 +1,5 @@
-"""hexcore.cuda.simulated.launches: the simulator's host launches seen or skipped by a hook."""
+"""hexcore.cuda.simulated: the simulator's host launches seen or skipped by a hook; its
+barriers woken instead of polled (installed for every test by tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from numba import cuda
 
 from hexcore.cuda.device import SIMULATOR
-from hexcore.cuda.simulated import launches
+from hexcore.cuda.simulated import launches, use_fast_simulator
 
 pytestmark = pytest.mark.skipif(not SIMULATOR, reason="a hook on numba's CUDA simulator")
 
@@ -62,3 +63,94 @@ def test_hooks_nest_and_an_exception_restores_the_simulator():
         raise RuntimeError("inside")
     _double[1, 2](out, np.ones(2, np.float32))
     assert order == ["inner", "outer"]
+
+
+@cuda.jit
+def _rotate_left_after_barriers(out, rounds, leave_before):
+    # each round: every thread reads its right neighbour's value, a barrier, writes it back,
+    # a barrier; threads at or past `leave_before` leave before the first barrier (their
+    # values stay), so a barrier must open for the threads that are still running
+    i = cuda.threadIdx.x
+    if i >= leave_before:
+        return
+    for _ in range(rounds):
+        right = out[(i + 1) % leave_before]
+        cuda.syncthreads()
+        out[i] = right
+        cuda.syncthreads()
+
+
+@cuda.jit
+def _count_then_raise_in_one(out, bad):
+    i = cuda.threadIdx.x
+    out[i] = cuda.syncthreads_count(i % 3 == 0)
+    if i == bad:
+        raise ValueError("thread raised")
+    cuda.syncthreads()  # the others wait here when `bad` raises
+    out[i] += 100
+
+
+def test_event_barriers_are_installed_and_open_for_the_threads_still_running():
+    from numba.cuda.simulator import kernel as simulator
+
+    assert use_fast_simulator() and use_fast_simulator()  # installed by conftest; idempotent
+    assert simulator.BlockManager._hexcore_fast
+    values = np.arange(64, dtype=np.float32)
+    out = cuda.to_device(values)
+    _rotate_left_after_barriers[2, 64](out, 5, 48)  # two blocks: the same rotation applied twice
+    np.testing.assert_array_equal(out.copy_to_host(), np.r_[np.roll(values[:48], -10), values[48:]])
+
+
+def test_event_barriers_count_and_a_raising_thread_aborts_the_block():
+    out = cuda.to_device(np.zeros(33, np.int64))
+    _count_then_raise_in_one[1, 33](out, 99)  # none raises
+    np.testing.assert_array_equal(out.copy_to_host(), 11 + 100)  # 0, 3, ..., 30
+    with pytest.raises(ValueError, match="tid=\\[7, 0, 0\\].*thread raised"):
+        _count_then_raise_in_one[1, 33](out, 7)  # the others were waiting: no hang
+    _count_then_raise_in_one[1, 33](out, 99)  # the simulator still runs
+    np.testing.assert_array_equal(out.copy_to_host(), 11 + 100)
+
+
+@cuda.jit(device=True)
+def _block_size():
+    return cuda.blockDim.x
+
+
+@cuda.jit
+def _write_block_size(out):
+    out[cuda.threadIdx.x] = _block_size()
+
+
+def test_device_calls_see_their_own_launch_and_the_module_is_restored_after():
+    import numba.cuda
+
+    for threads in (4, 8, 4):  # each launch's device calls see that launch's fake module
+        out = cuda.to_device(np.full(8, -1, np.int64))
+        _write_block_size[1, threads](out)
+        np.testing.assert_array_equal(out.copy_to_host()[:threads], threads)
+    assert globals()["cuda"] is numba.cuda  # the real module again between launches
+
+
+@cuda.jit
+def _write_indices(out):
+    x, y, z = cuda.threadIdx.x, cuda.threadIdx.y, cuda.threadIdx.z
+    flat = x + cuda.blockDim.x * (y + cuda.blockDim.y * z)
+    out[cuda.blockIdx.x, flat, 0] = x
+    out[cuda.blockIdx.x, flat, 1] = y
+    out[cuda.blockIdx.x, flat, 2] = z
+    out[cuda.blockIdx.x, flat, 3] = cuda.laneid
+
+
+def test_reused_threads_take_each_blocks_indices():
+    import threading
+
+    for block in ((4, 3, 2), (8, 8, 1), (5, 1, 1)):  # fewer, more, then fewer threads than parked
+        threads = int(np.prod(block))
+        out = cuda.to_device(np.full((2, threads, 4), -1, np.int64))
+        _write_indices[2, block](out)
+        z, y, x = np.unravel_index(np.arange(threads), block[::-1])
+        expected = np.stack([x, y, z, np.arange(threads) % 32], axis=1)
+        np.testing.assert_array_equal(out.copy_to_host(), np.stack([expected, expected]))
+    parked = threading.active_count()
+    _write_indices[3, (8, 8, 1)](cuda.to_device(np.zeros((3, 64, 4), np.int64)))
+    assert threading.active_count() == parked  # no new OS thread: the 64 parked ones ran it

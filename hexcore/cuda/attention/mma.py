@@ -200,17 +200,17 @@ else:
         warp.a[lane] = (a0, a1, a2, a3)
         warp.b[lane] = (b0, b1)
         warp.barrier.wait()  # every lane's fragments written
-        A = np.zeros((16, 16), np.float32)
-        B = np.zeros((16, 8), np.float32)
-        for src in range(32):
-            g, t = src // 4, src % 4
-            a = _halves(warp.a[src])  # a0 lo, a0 hi, a1 lo, ...
-            A[g, 2 * t:2 * t + 2], A[g + 8, 2 * t:2 * t + 2] = a[0:2], a[2:4]
-            A[g, 2 * t + 8:2 * t + 10], A[g + 8, 2 * t + 8:2 * t + 10] = a[4:6], a[6:8]
-            b = _halves(warp.b[src])
-            B[2 * t:2 * t + 2, g], B[2 * t + 8:2 * t + 10, g] = b[0:2], b[2:4]
+        # lane 4g + t holds A[g, 2t:2t+2], A[g+8, 2t:2t+2], A[g, 2t+8:2t+10], A[g+8, 2t+8:2t+10]
+        # (its a0..a3, low half first) and B[2t:2t+2, g], B[2t+8:2t+10, g] (b0, b1)
+        a = warp.a.view(np.float16).astype(np.float64).reshape(8, 4, 4, 2)  # [g, t, word, half]
+        b = warp.b.view(np.float16).astype(np.float64).reshape(8, 4, 2, 2)
         warp.barrier.wait()  # every lane has read them
-        C = A.astype(np.float64) @ B.astype(np.float64)
+        A = np.empty((16, 16))
+        A[:8, :8], A[8:, :8] = a[:, :, 0].reshape(8, 8), a[:, :, 1].reshape(8, 8)
+        A[:8, 8:], A[8:, 8:] = a[:, :, 2].reshape(8, 8), a[:, :, 3].reshape(8, 8)
+        B = np.empty((16, 8))
+        B[:8], B[8:] = b[:, :, 0].reshape(8, 8).T, b[:, :, 1].reshape(8, 8).T
+        C = A @ B
         g, t = lane // 4, lane % 4
         return (np.float32(c0 + C[g, 2 * t]), np.float32(c1 + C[g, 2 * t + 1]),
                 np.float32(c2 + C[g + 8, 2 * t]), np.float32(c3 + C[g + 8, 2 * t + 1]))
