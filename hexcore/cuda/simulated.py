@@ -18,6 +18,7 @@ launches from inside a running kernel, are not hooked. Hooks nest: an inner one'
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 
 
@@ -170,6 +171,16 @@ def _barrier(thread):
 _idle: list = []  # parked simulated threads, reused by the next block
 _idle_lock = threading.Lock()
 _worker_class = None
+
+
+def _forget_parked_threads():
+    """In a forked child: the parent's parked threads do not exist there."""
+    global _idle_lock
+    _idle.clear()
+    _idle_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_parked_threads)
 
 
 def _workers(simulator, count: int) -> list:

@@ -154,3 +154,20 @@ def test_reused_threads_take_each_blocks_indices():
     parked = threading.active_count()
     _write_indices[3, (8, 8, 1)](cuda.to_device(np.zeros((3, 64, 4), np.int64)))
     assert threading.active_count() == parked  # no new OS thread: the 64 parked ones ran it
+
+
+def test_a_forked_child_starts_its_own_threads():
+    import multiprocessing
+
+    _write_indices[1, 8](cuda.to_device(np.zeros((1, 8, 4), np.int64)))  # threads parked here
+    context = multiprocessing.get_context("fork")
+    child = context.Process(target=_launch_and_exit)
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0  # a child that handed the block to the parent's threads would hang
+
+
+def _launch_and_exit():
+    out = cuda.to_device(np.full((1, 8, 4), -1, np.int64))
+    _write_indices[1, 8](out)
+    raise SystemExit(0 if out.copy_to_host()[0, 7, 0] == 7 else 1)
