@@ -4,6 +4,7 @@ torch SDPA on contiguous FP16 KV and paged FlexAttention as peers in the same ru
     python -m benchmarks.bench_decode [--shapes all|quick|gqa|b1|B,HQ,HKV,CTX[;...]]
         [--dtypes fp16,int4,int2,int2-aged,...]
         [--variants [--variant-names "default,no register cap,..."]] [--flex all|N|none] [--peers|--no-peers] [--name NAME]
+        [--queued]
 
 A dtype ending in ``-aged`` is a format by age (``docs/formats.md``): its blocks in a store per
 pool, decoded by ``tiered_decode``'s prepared launches; ``int4+merge`` (any dtype + ``+merge``)
@@ -12,6 +13,11 @@ merge launch, against the fused merge of the plain row. ``-nomerge`` (e.g. ``int
 times the plain row's launch with the partials kernel in place of the decode kernel (same
 grid and arguments, every split's partial written, nothing merged): the fused merge's share
 of the plain row is ``1 - nomerge / plain`` (issue 12 asks it under 3% at B=1).
+
+``--queued`` times every row (peers too) with the calls enqueued before the GPU reaches them
+(``gpu_common.time_gpu``'s ``queue_ns``, 2 ms): the device's time alone, where a call's host
+time (a numba launch, a torch op) would otherwise set the pace of short decodes (B=1); rows
+carry ``queued``.
 
 ``--shapes`` also takes shapes of one's own, ``batch,query heads,KV heads,context`` separated
 by ``;`` (e.g. ``"32,32,8,4096;64,64,8,4096"``: the G=4 and G=8 layouts at one CTA load).
@@ -243,11 +249,15 @@ def _row(kernel, shape, seconds, nbytes, floor_bytes, sdpa_seconds=None, **extra
     return row
 
 
-def rows_for(shape, dtypes=("fp16", "int4", "int2"), variants=None, peers=True, flex=True):
-    """Rows of one shape: hexcore per dtype (and options variant), SDPA, paged FlexAttention."""
+def rows_for(shape, dtypes=("fp16", "int4", "int2"), variants=None, peers=True, flex=True, queue_ns=0):
+    """Rows of one shape: hexcore per dtype (and options variant), SDPA, paged FlexAttention;
+    ``queue_ns``: ``time_gpu``'s (0: the calls timed as the host enqueues them)."""
+    import functools
     import gc
 
     from benchmarks.gpu_common import time_gpu
+
+    time_gpu = functools.partial(time_gpu, queue_ns=queue_ns)
 
     rows, sdpa_seconds = [], None
     if peers:
@@ -327,7 +337,10 @@ def main(argv) -> None:
     rows = []
     for i, shape in enumerate(shapes):
         use_flex = flex == "all" or (flex.isdigit() and i < int(flex))
-        rows += rows_for(shape, dtypes, variants, peers="--no-peers" not in argv, flex=use_flex)
+        rows += rows_for(shape, dtypes, variants, peers="--no-peers" not in argv, flex=use_flex,
+                         queue_ns=2_000_000 if "--queued" in argv else 0)
+    for row in rows:
+        row["queued"] = "--queued" in argv
     save(f"decode_{arg('--name', 'table')}", rows)
 
 

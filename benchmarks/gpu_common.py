@@ -10,6 +10,8 @@ import time
 import numpy as np
 from numba import cuda, float32, uint32
 
+from hexcore.cuda.timer import global_timer_ns
+
 CEILING_READ_TBS = 4.47  # measured HBM read ceiling of the H200 (DESIGN.md §5)
 CEILING_COPY_TBS = 4.27  # measured device-to-device copy (read + write)
 
@@ -80,15 +82,31 @@ def check_filled(name: str, flat, lo: float, hi: float) -> None:
                                f"(first: {values[bad][0]!r}): the device fill is broken")
 
 
-def time_gpu(fn, warmup: int = 3, repeats: int = 10, inner: int = 10) -> float:
+@cuda.jit
+def _spin(ns):
+    # one thread holds the stream for ``ns`` nanoseconds of %globaltimer
+    t0 = global_timer_ns()
+    while global_timer_ns() - t0 < ns:
+        pass
+
+
+def time_gpu(fn, warmup: int = 3, repeats: int = 10, inner: int = 10, queue_ns: int = 0) -> float:
     """Median seconds per ``fn()`` on the device: CUDA events around ``inner`` calls
-    back to back (so host time overlaps device time), ``repeats`` times."""
+    back to back (so host time overlaps device time), ``repeats`` times.
+
+    ``queue_ns`` > 0: before each start event a one-thread kernel holds the default stream
+    for that long, so the host has enqueued the ``inner`` calls before the GPU reaches them
+    and the events time the device alone, kernel after kernel (without it a call whose
+    host time exceeds its device time is timed at its host rate, and the first call's host
+    time before the GPU sees it is counted too)."""
     for _ in range(warmup):
         fn()
     cuda.synchronize()
     times = []
     for _ in range(repeats):
         start, stop = cuda.event(), cuda.event()
+        if queue_ns:
+            _spin[1, 1](np.int64(queue_ns))
         start.record()
         for _ in range(inner):
             fn()

@@ -86,3 +86,35 @@ def test_the_fill_hash_is_32_bit_gpu():
     """The same on a GPU, where numba computes uint32 * uint32 in 64 bits: before the hash cut
     its products back, its high bits made the float fill write inf."""
     _check_fill_hash()
+
+
+def test_time_gpu_with_a_queue_holds_the_stream_before_each_timed_run(monkeypatch):
+    import time
+
+    from numba import cuda
+
+    from benchmarks import gpu_common
+
+    calls, spins = [], []
+    spin = gpu_common._spin
+
+    class Counting:
+        def __getitem__(self, config):
+            def launch(ns):
+                spins.append(int(ns))
+                t0 = time.perf_counter()
+                spin[config](ns)
+                spins.append(time.perf_counter() - t0)
+            return launch
+
+    # (the simulator's events time nothing and it has no event_elapsed_time)
+    monkeypatch.setattr(cuda, "event_elapsed_time", lambda start, stop: 1.0, raising=False)
+    gpu_common._spin = Counting()
+    try:
+        seconds = gpu_common.time_gpu(lambda: calls.append(1), warmup=2, repeats=3, inner=4, queue_ns=300_000)
+    finally:
+        gpu_common._spin = spin
+    cuda.synchronize()
+    assert len(calls) == 2 + 3 * 4 and seconds >= 0
+    assert spins[0::2] == [300_000] * 3  # one spin before each timed run, none in the warm-up
+    assert all(s >= 300e-6 for s in spins[1::2])  # each held its 0.3 ms (the simulator's clock is real time)
