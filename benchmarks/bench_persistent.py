@@ -3,12 +3,16 @@ yield, what a competing stream sees, and %globaltimer's granularity. One JSON li
 
     python -m benchmarks.bench_persistent [--shapes all|quick] [--dtypes fp16,int4,int2] [--skip-latency]
                                           [--registers default,168,128] [--items call,inline] [--skip-yields]
+                                          [--queued]
 
 Rows:
 - ``timer``: the smallest nonzero step of ``%globaltimer`` seen by one thread over many reads.
 - ``no_yield``: GPU time (events) of ``PersistentDecode.enqueue(layer, 1)`` with a budget
   no decode reaches (one slice, the reset included) against ``DecodePlan.run``; target
   ratio <= 1.05; also the eager ``run`` (which reads the cursor back) per call.
+- ``--queued``: the ``no_yield`` and ``yield_1ms`` GPU times with the calls enqueued before
+  the GPU reaches them (``gpu_common.time_gpu``'s ``queue_ns``, 2 ms: the device's time
+  alone, not a host-paced one); rows carry ``queued``.
 - ``--skip-yields``: the ``no_yield`` rows alone (no ``LONG`` decode, no ``yield_1ms`` rows).
 - ``yield_1ms``: the same with a 1 ms budget (first on a ~15 ms decode, ``LONG``, then on
   each decode shape; per persistent-kernel register cap of ``--registers``, "default" being
@@ -85,7 +89,9 @@ def case(dtype, batch, hq, hkv, ctx, num_blocks=None):
 LONG = (128, 32, 8, 131072)
 
 
-def cost_rows(dtype, shape, num_blocks=None, registers=None, item="inline", yields=True) -> list[dict]:
+def cost_rows(dtype, shape, num_blocks=None, registers=None, item="inline", yields=True, queue_ns=0) -> list[dict]:
+    import functools
+
     from benchmarks.gpu_common import host_seconds_per_call, time_gpu
     from hexcore.cuda import DecodePlan
     from hexcore.cuda.attention.options import DecodeOptions
@@ -93,7 +99,9 @@ def cost_rows(dtype, shape, num_blocks=None, registers=None, item="inline", yiel
 
     batch, hq, hkv, ctx = shape
     store, q, tables, lens, slots = case(dtype, *shape, num_blocks=num_blocks)
-    base = dict(dtype=dtype, B=batch, Hq=hq, Hkv=hkv, ctx=ctx, registers=registers or "default", item=item)
+    base = dict(dtype=dtype, B=batch, Hq=hq, Hkv=hkv, ctx=ctx, registers=registers or "default", item=item,
+                queued=queue_ns > 0)
+    time_gpu = functools.partial(time_gpu, queue_ns=queue_ns)
     # the persistent kernel's cap and item only (the plan keeps its own)
     options = DecodeOptions(max_registers=registers, persistent_item=item)
     plan = DecodePlan(q, store, tables, lens, slots, max_seq_len=ctx)
@@ -191,7 +199,8 @@ def main(argv) -> None:
         for dtype in dtypes:
             for cap in caps:
                 for item in items:
-                    for row in cost_rows(dtype, shape, registers=cap, item=item, yields=yields):
+                    for row in cost_rows(dtype, shape, registers=cap, item=item, yields=yields,
+                                         queue_ns=2_000_000 if "--queued" in argv else 0):
                         emit(row)
 
 
