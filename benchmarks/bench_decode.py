@@ -322,7 +322,7 @@ def parse_shapes(text: str) -> list:
 
 
 def main(argv) -> None:
-    from benchmarks.gpu_common import save
+    from benchmarks.gpu_common import QUEUE_NS, save
 
     def arg(flag, default):
         return argv[argv.index(flag) + 1] if flag in argv else default
@@ -338,7 +338,7 @@ def main(argv) -> None:
     for i, shape in enumerate(shapes):
         use_flex = flex == "all" or (flex.isdigit() and i < int(flex))
         rows += rows_for(shape, dtypes, variants, peers="--no-peers" not in argv, flex=use_flex,
-                         queue_ns=2_000_000 if "--queued" in argv else 0)
+                         queue_ns=QUEUE_NS if "--queued" in argv else 0)
     for row in rows:
         row["queued"] = "--queued" in argv
     save(f"decode_{arg('--name', 'table')}", rows)

@@ -180,6 +180,8 @@ def latency_rows() -> list[dict]:
 
 
 def main(argv) -> None:
+    from benchmarks.gpu_common import QUEUE_NS
+
     def arg(flag, default):
         return argv[argv.index(flag) + 1] if flag in argv else default
 
@@ -200,7 +202,7 @@ def main(argv) -> None:
             for cap in caps:
                 for item in items:
                     for row in cost_rows(dtype, shape, registers=cap, item=item, yields=yields,
-                                         queue_ns=2_000_000 if "--queued" in argv else 0):
+                                         queue_ns=QUEUE_NS if "--queued" in argv else 0):
                         emit(row)
 
 

@@ -14,6 +14,7 @@ from hexcore.cuda.timer import global_timer_ns
 
 CEILING_READ_TBS = 4.47  # measured HBM read ceiling of the H200 (DESIGN.md §5)
 CEILING_COPY_TBS = 4.27  # measured device-to-device copy (read + write)
+QUEUE_NS = 2_000_000  # the benchmarks' --queued: the stream held 2 ms before each timed run
 
 
 @cuda.jit(device=True)

@@ -109,11 +109,8 @@ def test_time_gpu_with_a_queue_holds_the_stream_before_each_timed_run(monkeypatc
 
     # (the simulator's events time nothing and it has no event_elapsed_time)
     monkeypatch.setattr(cuda, "event_elapsed_time", lambda start, stop: 1.0, raising=False)
-    gpu_common._spin = Counting()
-    try:
-        seconds = gpu_common.time_gpu(lambda: calls.append(1), warmup=2, repeats=3, inner=4, queue_ns=300_000)
-    finally:
-        gpu_common._spin = spin
+    monkeypatch.setattr(gpu_common, "_spin", Counting())
+    seconds = gpu_common.time_gpu(lambda: calls.append(1), warmup=2, repeats=3, inner=4, queue_ns=300_000)
     cuda.synchronize()
     assert len(calls) == 2 + 3 * 4 and seconds >= 0
     assert spins[0::2] == [300_000] * 3  # one spin before each timed run, none in the warm-up

@@ -1,6 +1,7 @@
 """Hooks on numba's CUDA simulator: kernel launches from the host, seen or replaced; and a
-faster simulator (barriers that wake their threads instead of being polled, device calls
-without a module swap each: ``use_fast_simulator``).
+faster simulator (barriers that wake their threads instead of being polled, OS threads reused
+block after block, one module swap per launch instead of one per device call:
+``use_fast_simulator``).
 
 On the simulator a launch is a call of ``FakeCUDAKernel``, the same object a running
 kernel calls for a device function. ``launches(hook)`` gives every launch from the host to
