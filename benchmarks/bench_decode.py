@@ -22,7 +22,8 @@ carry ``queued``.
 ``--shapes`` also takes shapes of one's own, ``batch,query heads,KV heads,context`` separated
 by ``;`` (e.g. ``"32,32,8,4096;64,64,8,4096"``: the G=4 and G=8 layouts at one CTA load).
 ``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, softmax per 16 tokens, the
-split policy without its merge term, a format's FP16 pool inside the merge launch) and the
+split policy without its merge term, a format's FP16 pool inside the merge launch, programmatic
+dependent launches or plain ones, splits sized for 2 or 3 resident CTAs per SM) and the
 decode kernel's verify variant (``verify 1/16``: every block's head digests recorded, the
 blocks with ``block % 16 == 0`` checked as they are read, issue 14's sampled verification
 inside the decode; ``verify every=0``: the variant checking nothing, its fixed cost; the rows
@@ -300,6 +301,9 @@ def option_variants():
             " per-16 softmax": DecodeOptions(joint_softmax=False),
             " no merge term": DecodeOptions(split_merge_cost=0),
             " fp16 in merge": DecodeOptions(tiered_fp16="merge"),  # formats by age only
+            " dependent launch": DecodeOptions(dependent_launch=True),
+            " plain launch": DecodeOptions(dependent_launch=False),
+            " ctas 2": DecodeOptions(ctas_per_sm=2), " ctas 3": DecodeOptions(ctas_per_sm=3),
             " verify 1/16": VerifySample(16), " verify every=0": VerifySample(0)}
 
 

@@ -1,7 +1,8 @@
 """Every kernel once on small shapes, for compute-sanitizer (memcheck, racecheck,
 initcheck, synccheck): append, seal (from tails and from rows), copy (blocks, tails), dequantize, the layout check,
 paged decode (every dtype, MHA and GQA, one split and many, a head group of 9; the verify
-variant checking every block against head digests the head-digest kernel recorded), a
+variant checking every block against head digests the head-digest kernel recorded; a plan of
+programmatic dependent launches), a
 DecodeGraph step (and one that verifies blocks against their digests inside the step), prefill over a cached prefix (gather and extend kernels, one sequence and a batch), block
 checksums and guard words, the persistent decode (several slices), and a format by age's
 kernels (the seal with fitted keys, re-seals between pools, the partials decode and its merge).
@@ -52,6 +53,7 @@ def run_dtype(dtype: str, rng, only_new: bool = False) -> None:
         cuda.synchronize()
         assert not np.isnan(out.copy_to_host()).any(), (dtype, group)
     run_verify_decode(store, tables, rng)
+    run_dependent_decode(store, tables, rng)
     run_new_kernels(store, tables, rng)
     graph = DecodeGraph(store, 8, max_blocks_per_seq=3, batch_buckets=(2,), backend="driver")
     views = graph.buffers(2)
@@ -100,6 +102,22 @@ def run_verify_decode(store, tables, rng) -> None:
         cuda.synchronize()
         assert np.array_equal(plain.view(np.uint16), checked.view(np.uint16)), store.config.kv_dtype
     assert verify.flags.copy_to_host()[0] == 0, store.config.kv_dtype
+
+
+def run_dependent_decode(store, tables, rng) -> None:
+    """A DecodePlan of programmatic dependent launches (``DecodeOptions.dependent_launch``),
+    one split and many, three runs back to back: each may start while the one before it
+    finishes, and waits for it."""
+    from hexcore.cuda import DecodePlan
+
+    q = cuda.to_device(rng.standard_normal((2, 8, 128)).astype(np.float16))
+    d = [cuda.to_device(a) for a in (tables, np.array([35, 32], np.int32), np.array([0, 1], np.int32))]
+    for options in (DecodeOptions(dependent_launch=True), dataclasses.replace(SPLIT, dependent_launch=True)):
+        plan = DecodePlan(q, store, *d, max_seq_len=35, options=options)
+        for _ in range(3):
+            plan.run(0)
+        cuda.synchronize()
+        assert not np.isnan(plan.out.copy_to_host()).any(), store.config.kv_dtype
 
 
 def run_new_kernels(store, tables, rng) -> None:

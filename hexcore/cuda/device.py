@@ -52,6 +52,15 @@ Helpers
 - ``prefetch_l2(words, i, nbytes)``: ask for ``nbytes`` (a multiple of 16) of the uint32
   array ``words`` from word ``i`` (16-byte aligned) into L2, without waiting
   (``cp.async.bulk.prefetch.L2.global``, sm_90). One lane issues it for the whole range.
+- ``wait_prior_grids()`` and ``allow_dependent_grids()``: programmatic dependent launch
+  (sm_90, ``griddepcontrol.wait`` / ``griddepcontrol.launch_dependents``). A kernel launched
+  with the launch attribute ``PROGRAMMATIC_STREAM_SERIALIZATION`` (``launch.PreparedLaunch``,
+  ``dependent=True``) may start while the kernel before it on the stream is still running;
+  ``wait_prior_grids()`` waits until that kernel has finished and its writes are visible,
+  so a kernel calls it before its first global read or write. ``allow_dependent_grids()``
+  lets the next such kernel start once every CTA of this one has called it (or exited).
+  Without the attribute both are no-ops; the twins do nothing (the simulator runs launches
+  one after another).
 
 The twins of the warp operations exchange values through a per-warp slot table and a
 ``threading.Barrier`` of 32 simulated lanes, so a lane that skips a call deadlocks the
@@ -299,6 +308,16 @@ if not SIMULATOR:
         return statement
 
     _commit = _asm_statement("cp.async.commit_group;")
+    _griddep_wait = _asm_statement("griddepcontrol.wait;")
+    _griddep_launch = _asm_statement("griddepcontrol.launch_dependents;")
+
+    @device_function
+    def wait_prior_grids():
+        _griddep_wait()
+
+    @device_function
+    def allow_dependent_grids():
+        _griddep_launch()
     _wait_one = _asm_statement("cp.async.wait_group 1;")
     _wait_all = _asm_statement("cp.async.wait_all;")
 
@@ -461,6 +480,14 @@ else:
     def cp_async16_at(dst, dst_index, src, src_index, words):
         for k in range(4):
             dst[dst_index + words + k] = src[src_index + words + k]
+
+    @cuda.jit(device=True)
+    def wait_prior_grids():
+        pass  # the simulator runs one launch after another
+
+    @cuda.jit(device=True)
+    def allow_dependent_grids():
+        pass
 
     @cuda.jit(device=True)
     def cp_async_commit():

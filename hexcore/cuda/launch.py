@@ -59,9 +59,10 @@ class Launch(NamedTuple):
         if not self.empty:
             self.kernel[self.grid, self.block, resolve_stream(stream).numba](*self.args)
 
-    def prepare(self, path: str = "raw") -> "PreparedLaunch":
-        """This launch marshalled once: ``run(stream)`` replays it (capture-safe)."""
-        return PreparedLaunch(self.kernel, self.grid, self.block, self.args, path=path)
+    def prepare(self, path: str = "raw", dependent: bool = False) -> "PreparedLaunch":
+        """This launch marshalled once: ``run(stream)`` replays it (capture-safe);
+        ``dependent``: as a programmatic dependent launch (:class:`PreparedLaunch`)."""
+        return PreparedLaunch(self.kernel, self.grid, self.block, self.args, path=path, dependent=dependent)
 
 
 class PreparedLaunch:
@@ -69,11 +70,21 @@ class PreparedLaunch:
 
     The argument arrays are kept alive by this object; their contents may change
     between runs, their addresses must not. On the simulator it is a plain launch.
+
+    ``dependent=True`` (``path`` "raw" only): each run is a programmatic dependent launch
+    (``cuLaunchKernelEx`` with ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``): the
+    GPU may start its CTAs before the kernel ahead of it on the stream has finished, once
+    every CTA of that kernel has called ``device.allow_dependent_grids`` (or exited). Only for
+    a kernel that calls ``device.wait_prior_grids`` before it touches global memory.
     """
 
-    def __init__(self, dispatcher, griddim, blockdim, args, path: str = "raw"):
+    def __init__(self, dispatcher, griddim, blockdim, args, path: str = "raw", dependent: bool = False):
         if path not in PATHS:
             raise HexcoreInvalidArgumentError(f"path: expected one of {PATHS}, got {path!r}")
+        if not isinstance(dependent, bool) or (dependent and path != "raw"):
+            raise HexcoreInvalidArgumentError(f"dependent: expected a bool, True only with path 'raw', got "
+                                              f"{dependent!r} with path {path!r}")
+        self.dependent = dependent
         self._dispatcher, self._griddim, self._blockdim = dispatcher, griddim, blockdim
         self._args = tuple(args)
         self.grid, self.block = _dim3(griddim), _dim3(blockdim)
@@ -101,6 +112,7 @@ class PreparedLaunch:
         # cuLaunchKernel takes in place of a CUfunction (cuda.core casts it the same way)
         self._head = (driver.CUfunction(int(function.handle)), *self.grid, *self.block, 0)
         self._launch = driver.cuLaunchKernel
+        self._configs: dict = {}  # CUstream handle -> its CUlaunchConfig (dependent launches)
 
     def as_launch(self) -> Launch:
         """The :class:`Launch` this replays, with its arguments as they are now (after any
@@ -193,9 +205,30 @@ class PreparedLaunch:
             function, config, values = self._core
             launch(Stream.from_handle(int(entry[1])), config, function, *values)
             return
-        err = self._launch(*self._head, entry[1], self._params, 0)[0]
+        if self.dependent:
+            err = self._launch_dependent(entry[1])
+        else:
+            err = self._launch(*self._head, entry[1], self._params, 0)[0]
         if err:
             self._retry(err, entry[1])
+
+    def _launch_dependent(self, handle):
+        from cuda.bindings import driver
+
+        config = self._configs.get(int(handle))
+        if config is None:
+            if len(self._configs) >= MAX_STREAMS:
+                self._configs.clear()
+            attribute = driver.CUlaunchAttribute()
+            attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attribute.value.programmaticStreamSerializationAllowed = 1
+            config = driver.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = self.grid
+            config.blockDimX, config.blockDimY, config.blockDimZ = self.block
+            config.sharedMemBytes, config.hStream = 0, handle
+            config.attrs, config.numAttrs = [attribute], 1
+            self._configs[int(handle)] = config
+        return driver.cuLaunchKernelEx(config, self._head[0], self._params, 0)[0]
 
     def _retry(self, err, handle) -> None:
         # a thread that never touched numba has no current context: make numba's
@@ -206,7 +239,10 @@ class PreparedLaunch:
             from numba import cuda
 
             cuda.current_context()
-            err = self._launch(*self._head, handle, self._params, 0)[0]
+            if self.dependent:
+                err = self._launch_dependent(handle)
+            else:
+                err = self._launch(*self._head, handle, self._params, 0)[0]
         if err:
             raise HexcoreCudaError(f"cuLaunchKernel({self.name}, grid {self.grid}, block {self.block}) failed: "
                                    f"{getattr(err, 'name', err)} ({int(err)})")

@@ -36,9 +36,10 @@ import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from ...host.checksum import HEAD_K1
-from ..device import (SHARED_ALIGN16, SIMULATOR, add_acq_rel_i32, cp_async_commit, cp_async_wait_all,
-                      cp_async_wait_one, device_function, exp2, ld, load_cg_f32, load_cg_f32x4, load_u32x4, prefetch_l2,
-                      shfl_idx_int, shfl_xor, syncwarp, thread_index_volatile, warp_ballot)
+from ..device import (SHARED_ALIGN16, SIMULATOR, add_acq_rel_i32, allow_dependent_grids, cp_async_commit,
+                      cp_async_wait_all, cp_async_wait_one, device_function, exp2, ld, load_cg_f32, load_cg_f32x4,
+                      load_u32x4, prefetch_l2, shfl_idx_int, shfl_xor, syncwarp, thread_index_volatile,
+                      wait_prior_grids, warp_ballot)
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 from ..integrity import head_add, head_chunk, head_key, head_mix, warp_sum_u32
 from .fragments import NEG_INF, warp_functions
@@ -63,14 +64,18 @@ else:
 
 @functools.cache
 def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
-                  joint_softmax: bool = True, partials: bool = False, verify: bool = False):
+                  joint_softmax: bool = True, partials: bool = False, verify: bool = False, dependent: bool = False):
     """The decode kernel of ``shape``, compiled on first launch (cached); the other
     arguments are DecodeOptions fields of the same names (``max_registers`` None: 128). One CTA per work item: the grid
     ``(splits, num_kv_heads * head_groups, batch)`` names the item's split, KV head and head
     group, and sequence (``decode_item_function``). ``partials``: the kernel of one pool of a
     format by age (``decode_item_function``). ``verify``: the variant that checks sampled
     sealed blocks against their head digests as it reads them, with four more arguments
-    (``head_sums, vctl, flags, found``: ``decode_item_function``)."""
+    (``head_sums, vctl, flags, found``: ``decode_item_function``). ``dependent``: the kernel
+    for a programmatic dependent launch (``DecodeOptions.dependent_launch``): every CTA first
+    waits for the grid before it on the stream (``wait_prior_grids``), then lets the next
+    dependent launch start (``allow_dependent_grids``); the kernel's ``waits_for_prior_grids``
+    says which it is."""
     decode_item = decode_item_function(shape, l2_prefetch, joint_softmax, partials, verify=verify)
     HG = shape.head_groups
     cap = GRID_REGISTERS if max_registers is None else max_registers
@@ -91,10 +96,15 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
     @cuda.jit(**options)
     def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots, out,
                part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale):
+        if dependent:
+            wait_prior_grids()
         decode_item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots,
                     out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale,
                     cuda.blockIdx.x, cuda.blockIdx.y // HG, cuda.blockIdx.y % HG, cuda.blockIdx.z)
+        if dependent:
+            allow_dependent_grids()
 
+    kernel.waits_for_prior_grids = dependent  # launcher.prepare_decode launches it as a dependent launch
     return kernel
 
 

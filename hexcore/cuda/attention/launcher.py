@@ -15,7 +15,7 @@ from ...errors import HexcoreInvalidArgumentError
 from ..arrays import (check_id_range, check_outside_store, checked, checked_ids, checked_layer, checked_store,
                       device_only)
 from ..device import SIMULATOR
-from ..launch import Launch
+from ..launch import Launch, PreparedLaunch
 from ..store import DeviceKVStore, flat_words
 from ..streams import resolve_stream
 from ..views import flat
@@ -30,6 +30,18 @@ UNCAPPED_CTAS_PER_SM = 3  # the most CTAs per SM of the uncapped kernel (about 1
 @functools.cache
 def _num_sms() -> int:
     return 1 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
+
+
+def _dependent(options: DecodeOptions) -> bool:
+    """``options.dependent`` for the current GPU (the simulator stands for an sm_90 one)."""
+    return options.dependent((9, 0) if SIMULATOR else cuda.get_current_device().compute_capability)
+
+
+def prepare_decode(launch: Launch, options: DecodeOptions) -> PreparedLaunch:
+    """``launch`` (a grid decode launch made with ``options``) prepared on ``options.launch_path``,
+    as a programmatic dependent launch exactly when its kernel waits for the grid before it
+    (``decode_kernel(dependent=True)``, which ``_choose_kernel`` picks by ``_dependent``)."""
+    return launch.prepare(options.launch_path, dependent=getattr(launch.kernel, "waits_for_prior_grids", False))
 
 
 class DecodeVerify(NamedTuple):
@@ -102,18 +114,20 @@ class Workspace:
 _workspace = Workspace()
 
 
-def split_blocks_for(items: int, max_virtual: int, ctas_per_sm: int, options: DecodeOptions, bits: int = 16) -> int:
+def split_blocks_for(items: int, max_virtual: int, ctas_per_sm: int, options: DecodeOptions, bits: int = 16,
+                     one_wave: bool = False) -> int:
     """Blocks per split for ``items`` (sequence, KV head, head group) CTAs of up to
     ``max_virtual`` blocks each of a ``bits`` cache: the split count whose waves of resident
     CTAs finish first, ``waves * (blocks per split + options.split_overhead) + splits *
     options.merge_cost(bits)``, no split shorter than ``options.min_split_blocks`` (the
-    fewest splits among equals)."""
+    fewest splits among equals). ``one_wave``: only split counts whose CTAs are all resident
+    at once (one split when even that is not)."""
     slots = max(1, ctas_per_sm * _num_sms())
     merge_cost = options.merge_cost(bits)
     best, best_cost = max_virtual, None
     for splits in range(1, min(max_virtual, -(-4 * slots // items)) + 1):  # more than 4 waves never pay
         blocks = -(-max_virtual // splits)
-        if blocks < options.min_split_blocks and splits > 1:
+        if (blocks < options.min_split_blocks or (one_wave and items * splits > slots)) and splits > 1:
             break
         cost = -(-items * splits // slots) * (blocks + options.split_overhead) + splits * merge_cost
         if best_cost is None or cost < best_cost:
@@ -126,22 +140,26 @@ def _choose_kernel(shape: DecodeShape, options: DecodeOptions, items: int, max_v
     """(kernel, resident CTAs per SM, blocks per split) of a launch of ``items`` (sequence,
     KV head, head group) CTAs of up to ``max_virtual`` blocks each.
 
-    ``options.max_registers`` None: an INT4/INT2 launch whose split grid fits in one wave of
-    the uncapped kernel's resident CTAs (155-180 registers, no spills, two or three CTAs per
-    SM) takes that kernel; every other launch the 128-register one (four CTAs per SM, 8-32
-    spilled bytes). Where the SMs would hold fewer CTAs than they could anyway (few items:
-    B=1, B=32 x 8 KV heads), a warp that spills nothing finishes its blocks sooner; where the
-    items fill the SMs the fourth CTA is worth more (H200, ``benchmarks/RESULTS.md``,
-    twenty-first session: uncapped 2.7-12.5% faster at the shapes this rule takes it, but
-    INT2 at 16 x 32/8 16k, +1.2%; 1.6-4.9% slower on the same grid, 14-33% with more splits,
-    at the shapes it leaves capped; FP16 not measured, so capped)."""
-    def sized(cap):
-        kernel = decode_kernel(shape, cap, options.l2_prefetch, options.joint_softmax, verify=verify)
+    ``options.max_registers`` None: an INT4/INT2 launch whose items fit in one wave of the
+    uncapped kernel's resident CTAs (155-180 registers, no spills, two or three CTAs per SM)
+    takes that kernel, split as finely as one wave allows (``split_blocks_for``,
+    ``one_wave``); every other launch the 128-register one (four CTAs per SM, 8-32 spilled
+    bytes). Where the SMs would hold fewer CTAs than they could anyway (few items: B=1, B=32 x
+    8 KV heads), a warp that spills nothing finishes its blocks sooner; where the items fill
+    the SMs the fourth CTA is worth more (H200, ``benchmarks/RESULTS.md``, twenty-first
+    session: uncapped 2.7-12.5% faster at the shapes this rule takes it, but INT2 at 16 x 32/8
+    16k, +1.2%; 1.6-4.9% slower on the same grid, 14-33% with more splits, at the shapes it
+    leaves capped; twenty-fourth session: INT4 at 32 x 64/8 4k, one wave of 256 unsplit
+    uncapped CTAs, 10% faster than two waves' worth of splits capped; FP16 capped: unsplit
+    there, 6% slower)."""
+    def sized(cap, one_wave=False):
+        kernel = decode_kernel(shape, cap, options.l2_prefetch, options.joint_softmax, verify=verify,
+                               dependent=_dependent(options) and not verify)
         ctas_per_sm = options.ctas_per_sm or _ctas_per_sm(kernel, args)
-        return kernel, ctas_per_sm, split_blocks_for(items, max_virtual, ctas_per_sm, options, shape.bits)
+        return kernel, ctas_per_sm, split_blocks_for(items, max_virtual, ctas_per_sm, options, shape.bits, one_wave)
 
     if options.max_registers is None and shape.quantized and items <= UNCAPPED_CTAS_PER_SM * _num_sms():
-        kernel, ctas_per_sm, split_blocks = sized(UNCAPPED_REGISTERS)
+        kernel, ctas_per_sm, split_blocks = sized(UNCAPPED_REGISTERS, one_wave=True)
         if items * -(-max_virtual // split_blocks) <= ctas_per_sm * _num_sms():  # one wave
             return kernel, ctas_per_sm, split_blocks
     return sized(options.max_registers)
@@ -152,7 +170,8 @@ def register_cap(launch: Launch, shape: DecodeShape, options: DecodeOptions) -> 
     no verification) was compiled with: ``options.max_registers``, or ``UNCAPPED_REGISTERS``
     where ``_choose_kernel`` took the uncapped kernel for it, else None (the kernel's own)."""
     if options.max_registers is None:
-        uncapped = decode_kernel(shape, UNCAPPED_REGISTERS, options.l2_prefetch, options.joint_softmax, verify=False)
+        uncapped = decode_kernel(shape, UNCAPPED_REGISTERS, options.l2_prefetch, options.joint_softmax, verify=False,
+                                 dependent=_dependent(options))
         return UNCAPPED_REGISTERS if launch.kernel is uncapped else None
     return options.max_registers
 
@@ -238,7 +257,7 @@ class DecodePlan:
         if prepared is None:
             launch, _ = decode_launch(self._inputs[0], self.store, layer, *self._inputs[1:], self.out, self._scale,
                                       self._max_seq_len, self.options, self._workspace, self._verify)
-            prepared = self._layers[layer] = launch.prepare(self.options.launch_path)
+            prepared = self._layers[layer] = prepare_decode(launch, self.options)
         return prepared
 
     def run(self, layer: int, stream=None):

@@ -69,6 +69,17 @@ class DecodeOptions:
       CTAs per SM). Measured on the H200 against the grid kernel's time, no yield: inline
       1.04-1.13x at B=64 and 1.19-1.28x at B=1 32k, call 1.05-1.37x and 1.33-1.46x
       (``benchmarks/RESULTS.md``, "eleventh session").
+    - ``dependent_launch``: whether prepared decode launches (``DecodePlan``, ``DecodeGraph``,
+      the engine's steps) are programmatic dependent launches (``launch.PreparedLaunch``,
+      ``dependent``): the kernel waits for the one ahead of it on the stream before its first
+      read (``device.wait_prior_grids``) and, once its work is done, lets the next one's CTAs
+      be scheduled (``device.allow_dependent_grids``), so the next launch's latency overlaps
+      this one's last CTAs. None (the default): on for the "raw" launch path on a GPU of
+      compute capability 9.0 or newer (the PTX needs sm_90), off otherwise; True needs
+      ``launch_path`` "raw". Measured on the H200 against plain launches (queued, 21 rows of
+      the decode table): 0.2-6.5% faster at every row, about 1 us a launch (B=1 1k: 9.6 ->
+      8.6 us; ``benchmarks/RESULTS.md``, twenty-fourth session). Eager ``paged_decode``
+      launches are plain ones.
     - ``tiered_fp16``: where a format by age decodes its FP16 pool (the sink, young blocks,
       tails; ``tiered.py``): "merge" (the default: inside the merge launch, each CTA its own
       (sequence, head) first, one launch fewer; 2-7% faster on grouped-query shapes, 0.5-1%
@@ -86,6 +97,7 @@ class DecodeOptions:
     launch_path: str = "raw"
     persistent_item: str = "inline"
     tiered_fp16: str = "merge"
+    dependent_launch: bool | None = None
 
     def __post_init__(self):
         for name in ("split_overhead", "split_merge_cost"):
@@ -111,6 +123,17 @@ class DecodeOptions:
             raise HexcoreConfigError(f"tiered_fp16: expected one of {TIERED_FP16}, got {self.tiered_fp16!r}")
         if self.launch_path not in PATHS:
             raise HexcoreConfigError(f"launch_path: expected one of {PATHS}, got {self.launch_path!r}")
+        if not (self.dependent_launch is None or isinstance(self.dependent_launch, bool)) \
+                or (self.dependent_launch and self.launch_path != "raw"):
+            raise HexcoreConfigError(f"dependent_launch: expected None or a bool, True only with launch_path 'raw', "
+                                     f"got {self.dependent_launch!r} with launch_path {self.launch_path!r}")
+
+    def dependent(self, compute_capability: tuple[int, int]) -> bool:
+        """Whether prepared decode launches on a GPU of ``compute_capability`` are
+        programmatic dependent launches (``dependent_launch``, None resolved)."""
+        if self.dependent_launch is not None:
+            return self.dependent_launch
+        return self.launch_path == "raw" and tuple(compute_capability) >= (9, 0)
 
     def merge_cost(self, bits: int) -> float:
         """``split_merge_cost`` for a cache of ``bits`` (16, 4 or 2) per value."""

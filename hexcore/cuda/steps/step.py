@@ -22,7 +22,7 @@ import numpy as np
 from numba import cuda
 
 from ...errors import HexcoreInvalidArgumentError
-from ..attention.launcher import Workspace, decode_launch
+from ..attention.launcher import Workspace, decode_launch, prepare_decode
 from ..attention.options import DEFAULT_OPTIONS, DecodeOptions
 from ..blocks import prepare_copy_tails
 from ..launch import PreparedLaunch
@@ -129,7 +129,7 @@ class DecodeStep:
         for layer in range(cfg.num_layers):
             launch, _ = decode_launch(buffers.q[layer], store, layer, self.block_tables, rows["seq_lens"],
                                       rows["tail_slots"], buffers.out[layer], scale, max_seq_len, options, workspace)
-            self._decode.append(launch.prepare(options.launch_path))
+            self._decode.append(prepare_decode(launch, options))
         self._layers: dict = {}
 
     def enqueue_all(self, stream=0, num_seals: int | None = None, num_verify: int | None = None) -> None:

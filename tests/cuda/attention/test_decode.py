@@ -15,6 +15,7 @@ from hexcore.cuda import DecodeOptions, DecodePlan, DeviceKVStore, paged_decode
 from hexcore.cuda.attention import launcher
 from hexcore.cuda.attention.options import MERGE_COST
 from hexcore.cuda.attention.shape import DecodeShape
+from hexcore.cuda.timer import global_timer_ns
 from tests import reference as ref
 from tests.cuda.fill import random_cache
 
@@ -164,6 +165,11 @@ def test_split_count_fills_whole_waves(monkeypatch):
     blocks = launcher.split_blocks_for(512, 128, 3, opts)  # 1.3 waves unsplit: split into ~4 even waves
     assert -(-128 // blocks) in (3, 4)
     assert launcher.split_blocks_for(8, 4, 3, opts) == 4  # no split below min_split_blocks
+    # one_wave: only split counts whose CTAs are resident together
+    assert launcher.split_blocks_for(256, 128, 3, opts) == 43  # 3 splits: two waves of 43 blocks
+    assert launcher.split_blocks_for(256, 128, 3, opts, one_wave=True) == 128  # 2 splits would be 512 > 396
+    assert launcher.split_blocks_for(128, 512, 3, opts, one_wave=True) == 171  # 3 splits, 384 CTAs
+    assert launcher.split_blocks_for(500, 128, 3, opts, one_wave=True) == 128  # not even one split fits
     # a merge cost per split: B=1 at 32k (1024 blocks) takes fewer, longer splits, 128k as many
     merged = DecodeOptions(split_merge_cost=0.7)
     assert launcher.split_blocks_for(8, 1024, 4, opts) == 16  # 64 splits: one wave of 528 slots
@@ -186,14 +192,15 @@ def test_few_quantized_items_take_the_uncapped_kernel(monkeypatch):
         # H200) -> (uncapped?, splits): the shapes of the twenty-first session's measurement
         ((2, 4, 8, 1024, 3), (True, 32)), ((4, 4, 8, 4096, 3), (True, 49)),  # B=1 32k, 128k
         ((2, 8, 256, 128, 2), (True, 1)),  # 32 x 64/8 4k INT2 (178 registers)
-        ((4, 8, 256, 128, 3), (False, 2)),  # INT4 there: 3 splits would be two waves uncapped
+        ((4, 8, 256, 128, 3), (True, 1)),  # INT4 there: one unsplit wave (3 splits would be two)
         ((4, 4, 128, 512, 3), (True, 3)),  # 16 x 32/8 16k
         ((2, 4, 512, 128, 3), (False, 1)), ((4, 4, 1024, 64, 3), (False, 1)),  # 64 x 32/8 4k, 128 x 32/8 2k
         ((16, 4, 8, 1024, 3), (False, 64)),  # FP16 keeps the cap
     ]
     for (bits, group, items, blocks, ctas), (want_uncapped, want_splits) in cases:
         shape = DecodeShape(bits, 8, 128, 32, group, 64)
-        uncapped = launcher.decode_kernel(shape, launcher.UNCAPPED_REGISTERS, "none", True, verify=False)
+        uncapped = launcher.decode_kernel(shape, launcher.UNCAPPED_REGISTERS, "none", True, verify=False,
+                                          dependent=True)  # (the default on an sm_90 GPU and the simulator)
         resident[uncapped] = ctas
         for options, expect in ((DecodeOptions(), want_uncapped), (DecodeOptions(max_registers=128), False)):
             kernel, resident_ctas, split_blocks = launcher._choose_kernel(shape, options, items, blocks, [], False)
@@ -206,7 +213,8 @@ def test_few_quantized_items_take_the_uncapped_kernel(monkeypatch):
 def test_options_are_validated():
     for bad in (dict(ctas_per_sm=0), dict(min_split_blocks=True), dict(max_registers=-1), dict(l2_prefetch="x"),
                 dict(launch_path="fast"), dict(split_overhead=float("nan")), dict(persistent_item="jump"),
-                dict(tiered_fp16="first"), dict(split_merge_cost=-1.0), dict(split_merge_cost="0.7")):
+                dict(tiered_fp16="first"), dict(split_merge_cost=-1.0), dict(split_merge_cost="0.7"),
+                dict(dependent_launch=1), dict(dependent_launch=True, launch_path="core")):
         with pytest.raises(HexcoreConfigError, match=next(iter(bad))):
             DecodeOptions(**bad)
 
@@ -290,6 +298,73 @@ def test_paged_decode_keeps_nothing_alive():
     del store
     gc.collect()
     assert alive() is None
+
+
+@cuda.jit
+def _write_after(delay_ns, src, dst):
+    # one thread: wait delay_ns on the GPU's clock, then dst[:] = src (a kernel that writes
+    # the decode's q while a dependent decode launched after it may already be resident)
+    if cuda.grid(1) == 0:
+        t0 = global_timer_ns()
+        while global_timer_ns() - t0 < delay_ns:
+            pass
+        for i in range(src.size):
+            dst[i] = src[i]
+
+
+def check_dependent_launch(dtype, head_dim, block_size, seq_lens, rng, runs):
+    """``DecodeOptions(dependent_launch=True)``: the plan's decode may start while the kernel
+    ahead of it runs (on a GPU), so it must wait for it: a slow kernel writes q just before
+    each run, and every run attends with that q, in a one-split and a split launch."""
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=head_dim, block_size=block_size, kv_dtype=dtype)
+    store, tables, tails, keys, values = random_cache(cfg, seq_lens, rng)
+    shape = (len(seq_lens), 8, head_dim)
+    q, staged = cuda.device_array(shape, np.float16), cuda.device_array(shape, np.float16)
+    d_tables, lens, slots = (cuda.to_device(a) for a in (tables, np.array(seq_lens, np.int32), tails))
+    for options in (DecodeOptions(dependent_launch=True),
+                    DecodeOptions(dependent_launch=True, ctas_per_sm=64, min_split_blocks=1)):
+        out = cuda.device_array(shape, np.float16)
+        plan = DecodePlan(q, store, d_tables, lens, slots, max_seq_len=max(seq_lens), out=out, options=options)
+        assert plan.launch(0).dependent
+        for _ in range(runs):
+            q_host = rng.standard_normal(shape).astype(np.float16)
+            staged.copy_to_device(q_host)
+            out.copy_to_device(np.full(shape, np.nan, np.float16))
+            _write_after[1, 1](200_000, staged.reshape(-1), q.reshape(-1))
+            got = plan.run(0).copy_to_host()
+            assert not np.isnan(got).any(), "an output element was not written"
+            err = ref.relative_l2(got, ref.decode_attention(q_host, keys, values, 1 / math.sqrt(head_dim)))
+            assert err <= TOLERANCE, f"relative L2 error {err:.2e} (a q of the previous run?)"
+
+
+def test_dependent_launch_is_the_default_on_sm90_and_the_raw_path(monkeypatch, rng):
+    """None resolves to dependent launches on sm_90+ with the raw path only; a plan prepares
+    its launch as dependent exactly when its kernel waits for the grid before it (not the
+    verify variant, nor a plain kernel)."""
+    default, plain, core = DecodeOptions(), DecodeOptions(dependent_launch=False), DecodeOptions(launch_path="core")
+    assert default.dependent((9, 0)) and default.dependent((10, 0))
+    assert not default.dependent((8, 0)) and not core.dependent((9, 0)) and not plain.dependent((9, 0))
+    assert DecodeOptions(dependent_launch=True).dependent((8, 0))  # explicit: as asked
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16)
+    store = DeviceKVStore(cfg, num_blocks=2, max_seqs=1)
+    args = [cuda.to_device(a) for a in (np.zeros((1, 2, 64), np.float16), np.zeros((1, 1), np.int32),
+                                        np.array([3], np.int32), np.array([0], np.int32))]
+    for options, want in ((default, True), (plain, False), (core, False)):
+        launch = DecodePlan(args[0], store, *args[1:], max_seq_len=3, options=options).launch(0)
+        assert launch.dependent is want and launch.as_launch().kernel.waits_for_prior_grids is want
+    monkeypatch.setattr(launcher.cuda, "get_current_device", lambda: type("D", (), {"compute_capability": (8, 0)}))
+    monkeypatch.setattr(launcher, "SIMULATOR", False)
+    assert not launcher._dependent(default)  # an sm_80 GPU: plain launches, no griddepcontrol in the kernel
+
+
+def test_dependent_launch_reads_what_the_kernel_before_it_wrote(rng):
+    check_dependent_launch("int4", 64, 16, [40, 17, 5], rng, runs=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "int4", "int2"])
+def test_dependent_launch_reads_what_the_kernel_before_it_wrote_gpu(dtype, rng):
+    check_dependent_launch(dtype, 128, 32, [3000, 300, 40, 5], rng, runs=5)
 
 
 @pytest.mark.gpu

@@ -17,6 +17,7 @@ import pytest
 from hexcore import KVCacheConfig
 from hexcore.cuda import (
     DecodeGraph,
+    DecodeOptions,
     DeviceKVStore,
     append,
     copy_tails,
@@ -102,13 +103,14 @@ def eager_runner(store, cache, num_q_heads):
     return step
 
 
-def graph_runner(buckets, backend="auto"):
-    """Steps through a DecodeGraph; the runner keeps it as ``.graph``."""
+def graph_runner(buckets, backend="auto", options=None):
+    """Steps through a DecodeGraph (``options``: its DecodeOptions); the runner keeps it as ``.graph``."""
 
     def make(store, cache, num_q_heads):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the simulator says it runs eagerly
-            graph = DecodeGraph(store, num_q_heads, cache.max_blocks_per_seq, batch_buckets=buckets, backend=backend)
+            graph = DecodeGraph(store, num_q_heads, cache.max_blocks_per_seq, batch_buckets=buckets, backend=backend,
+                                options=options)
 
         def step(result, q, k, v, forks):
             views = graph.buffers(q.shape[1])
@@ -186,6 +188,26 @@ def test_graph_steps_equal_eager_steps(dtype, layers, heads, buckets, seed):
     graph = run_workload(cfg, heads, graph_runner(buckets), seed)
     assert_same(eager, graph)
     assert graph[2].graph.prepared == expected_keys(buckets, cfg.block_size), f"seed {seed}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", "driver"])
+@pytest.mark.parametrize("dtype", ["fp16", "int2"])
+def test_graph_steps_with_dependent_launches_equal_eager_steps_gpu(dtype, backend, seed):
+    """``DecodeOptions(dependent_launch=True)``: the captured step's decodes are programmatic
+    dependent launches (each may start while the seal or the previous layer's decode, which
+    shares its split workspace, finishes); the outputs are the eager steps'."""
+    if backend == "torch":
+        pytest.importorskip("torch")
+    cfg = KVCacheConfig(num_layers=4, num_kv_heads=8, head_dim=128, block_size=16, kv_dtype=dtype, group_size=64)
+    prompts = {"A": 300, "B": 95}
+    script = SCRIPT + [{"batch": "AD"}] * 3
+    kwargs = {"prompts": prompts, "script": script, "max_seqs": 8, "num_blocks": 64}
+    eager = run_workload(cfg, 32, eager_runner, seed, **kwargs)
+    options = DecodeOptions(dependent_launch=True, ctas_per_sm=16, min_split_blocks=1)  # split sequences
+    graph = run_workload(cfg, 32, graph_runner((1, 2, 4, 8), backend, options), seed, **kwargs)
+    assert_same(eager, graph)
+    assert len(graph[2].graph.captured) < len(script), "no step replayed a graph"
 
 
 @pytest.mark.gpu
