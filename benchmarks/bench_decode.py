@@ -127,16 +127,21 @@ def out_finite(out) -> bool:
 
 def without_merge(plan, cfg: KVCacheConfig, num_q_heads: int, options=None):
     """The plan's layer-0 launch with the partials kernel (``decode_kernel(partials=True)``)
-    in place of its decode kernel: the same grid and arguments, no fused merge."""
+    in place of its decode kernel: the same grid, arguments, register cap and launch kind
+    (plain or dependent), no fused merge."""
     from hexcore.cuda.attention.kernel import decode_kernel
     from hexcore.cuda.attention.options import DEFAULT_OPTIONS
     from hexcore.cuda.attention.shape import DecodeShape
 
+    from hexcore.cuda.attention.launcher import prepare_decode, register_cap
+
     o = options or DEFAULT_OPTIONS
     shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
                         num_q_heads // cfg.num_kv_heads, cfg.group_size)
-    kernel = decode_kernel(shape, o.max_registers, o.l2_prefetch, o.joint_softmax, partials=True)
-    return plan.launch(0).as_launch()._replace(kernel=kernel).prepare()
+    launch = plan.launch(0).as_launch()
+    kernel = decode_kernel(shape, register_cap(launch, shape, o), o.l2_prefetch, o.joint_softmax, partials=True,
+                           dependent=launch.kernel.waits_for_prior_grids)
+    return prepare_decode(launch._replace(kernel=kernel), o)
 
 
 def tiered_case(name: str, batch: int, num_q_heads: int, num_kv_heads: int, ctx: int, options=None):

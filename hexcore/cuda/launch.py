@@ -75,7 +75,8 @@ class PreparedLaunch:
     (``cuLaunchKernelEx`` with ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``): the
     GPU may start its CTAs before the kernel ahead of it on the stream has finished, once
     every CTA of that kernel has called ``device.allow_dependent_grids`` (or exited). Only for
-    a kernel that calls ``device.wait_prior_grids`` before it touches global memory.
+    a kernel that calls ``device.wait_prior_grids`` before it touches global memory and says
+    so with a true ``waits_for_prior_grids`` attribute (others are refused).
     """
 
     def __init__(self, dispatcher, griddim, blockdim, args, path: str = "raw", dependent: bool = False):
@@ -84,6 +85,11 @@ class PreparedLaunch:
         if not isinstance(dependent, bool) or (dependent and path != "raw"):
             raise HexcoreInvalidArgumentError(f"dependent: expected a bool, True only with path 'raw', got "
                                               f"{dependent!r} with path {path!r}")
+        if dependent and not getattr(dispatcher, "waits_for_prior_grids", False):
+            raise HexcoreInvalidArgumentError(
+                f"dependent: True for kernel {getattr(getattr(dispatcher, 'py_func', None), '__name__', dispatcher)!s}, "
+                f"which does not wait for "
+                f"the grid before it (no waits_for_prior_grids): it would race with that grid")
         self.dependent = dependent
         self._dispatcher, self._griddim, self._blockdim = dispatcher, griddim, blockdim
         self._args = tuple(args)
@@ -244,7 +250,8 @@ class PreparedLaunch:
             else:
                 err = self._launch(*self._head, handle, self._params, 0)[0]
         if err:
-            raise HexcoreCudaError(f"cuLaunchKernel({self.name}, grid {self.grid}, block {self.block}) failed: "
+            call = "cuLaunchKernelEx" if self.dependent else "cuLaunchKernel"
+            raise HexcoreCudaError(f"{call}({self.name}, grid {self.grid}, block {self.block}) failed: "
                                    f"{getattr(err, 'name', err)} ({int(err)})")
 
 

@@ -300,3 +300,24 @@ def test_launch_description_runs_prepares_and_checks_its_path(rng):
     np.testing.assert_array_equal(got.copy_to_host(), expect.copy_to_host())
     with pytest.raises(HexcoreInvalidArgumentError, match="path"):
         launch.prepare("fast")
+
+
+def test_dependent_launches_only_for_kernels_that_wait(rng):
+    """``dependent=True`` is refused with the core path and for a kernel that does not wait
+    for the grid before it (it would race with it); a kernel that says it waits is taken."""
+    args = (cuda.device_array(40), *_mixed_args(rng))
+    with pytest.raises(HexcoreInvalidArgumentError, match="dependent: True for kernel _mixed"):
+        Launch(_mixed, 2, 32, args).prepare(dependent=True)
+    with pytest.raises(HexcoreInvalidArgumentError, match="only with path 'raw'"):
+        PreparedLaunch(_mixed, 2, 32, args, path="core", dependent=True)
+    with pytest.raises(HexcoreInvalidArgumentError, match="expected a bool"):
+        PreparedLaunch(_mixed, 2, 32, args, dependent=1)
+    _waiting.waits_for_prior_grids = True
+    prepared = Launch(_waiting, 2, 32, args).prepare(dependent=True)
+    prepared.run()
+    assert prepared.dependent and not Launch(_waiting, 2, 32, args).prepare().dependent
+
+
+@cuda.jit
+def _waiting(out, a2d, b1d, i32, i64, f32, f64, u8):
+    pass

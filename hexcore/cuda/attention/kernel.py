@@ -74,8 +74,8 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
     (``head_sums, vctl, flags, found``: ``decode_item_function``). ``dependent``: the kernel
     for a programmatic dependent launch (``DecodeOptions.dependent_launch``): every CTA first
     waits for the grid before it on the stream (``wait_prior_grids``), then lets the next
-    dependent launch start (``allow_dependent_grids``); the kernel's ``waits_for_prior_grids``
-    says which it is."""
+    dependent launch start (``allow_dependent_grids``), not with ``verify``; the kernel's
+    ``waits_for_prior_grids`` says which it is."""
     decode_item = decode_item_function(shape, l2_prefetch, joint_softmax, partials, verify=verify)
     HG = shape.head_groups
     cap = GRID_REGISTERS if max_registers is None else max_registers
@@ -91,6 +91,7 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
                         max_splits, scale, cuda.blockIdx.x, cuda.blockIdx.y // HG, cuda.blockIdx.y % HG,
                         cuda.blockIdx.z, head_sums, vctl, flags, found)
 
+        verify_kernel.waits_for_prior_grids = False  # (``dependent`` does not apply: always a plain launch)
         return verify_kernel
 
     @cuda.jit(**options)

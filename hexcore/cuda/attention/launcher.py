@@ -142,8 +142,8 @@ def _choose_kernel(shape: DecodeShape, options: DecodeOptions, items: int, max_v
 
     ``options.max_registers`` None: an INT4/INT2 launch whose items fit in one wave of the
     uncapped kernel's resident CTAs (155-180 registers, no spills, two or three CTAs per SM)
-    takes that kernel, split as finely as one wave allows (``split_blocks_for``,
-    ``one_wave``); every other launch the 128-register one (four CTAs per SM, 8-32 spilled
+    takes that kernel, with the split count the wave model picks among those that fit one
+    wave (``split_blocks_for``, ``one_wave``); every other launch the 128-register one (four CTAs per SM, 8-32 spilled
     bytes). Where the SMs would hold fewer CTAs than they could anyway (few items: B=1, B=32 x
     8 KV heads), a warp that spills nothing finishes its blocks sooner; where the items fill
     the SMs the fourth CTA is worth more (H200, ``benchmarks/RESULTS.md``, twenty-first

@@ -79,7 +79,9 @@ class DecodeOptions:
       ``launch_path`` "raw". Measured on the H200 against plain launches (queued, 21 rows of
       the decode table): 0.2-6.5% faster at every row, about 1 us a launch (B=1 1k: 9.6 ->
       8.6 us; ``benchmarks/RESULTS.md``, twenty-fourth session). Eager ``paged_decode``
-      launches are plain ones.
+      launches and the verify variant's are plain ones. ``DecodeGraph`` captures them into
+      its graphs as programmatic edges (checked with the H200's driver 580, CUDA 13.0; an
+      older driver that cannot capture them wants ``dependent_launch=False``).
     - ``tiered_fp16``: where a format by age decodes its FP16 pool (the sink, young blocks,
       tails; ``tiered.py``): "merge" (the default: inside the merge launch, each CTA its own
       (sequence, head) first, one launch fewer; 2-7% faster on grouped-query shapes, 0.5-1%
@@ -131,9 +133,13 @@ class DecodeOptions:
     def dependent(self, compute_capability: tuple[int, int]) -> bool:
         """Whether prepared decode launches on a GPU of ``compute_capability`` are
         programmatic dependent launches (``dependent_launch``, None resolved)."""
+        sm90 = tuple(compute_capability) >= (9, 0)
+        if self.dependent_launch and not sm90:
+            raise HexcoreConfigError(f"dependent_launch: True needs compute capability 9.0 or newer (griddepcontrol), "
+                                     f"got {tuple(compute_capability)}")
         if self.dependent_launch is not None:
             return self.dependent_launch
-        return self.launch_path == "raw" and tuple(compute_capability) >= (9, 0)
+        return self.launch_path == "raw" and sm90
 
     def merge_cost(self, bits: int) -> float:
         """``split_merge_cost`` for a cache of ``bits`` (16, 4 or 2) per value."""

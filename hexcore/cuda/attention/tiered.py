@@ -35,7 +35,7 @@ from ..device import SIMULATOR
 from .kernel import GRID_REGISTERS, decode_item_function, decode_kernel, merge_function
 from ..uploads import upload_once
 from ..views import flat, layer_of, sliced
-from .launcher import Workspace, check_host_index, decode_launch
+from .launcher import Workspace, check_host_index, decode_launch, register_cap
 from .options import DEFAULT_OPTIONS, DecodeOptions
 from .shape import HEADS_PER_CTA, THREADS, DecodeShape
 
@@ -226,9 +226,11 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
 
 
 def _partials(launch: Launch, shape: DecodeShape, options: DecodeOptions, part_o, part_ml, total: int) -> Launch:
-    # the pool's launch with the partials kernel, its partial arrays starting at its first
-    # slot, and a row stride of every pool's slots (`total`)
-    kernel = decode_kernel(shape, options.max_registers, options.l2_prefetch, options.joint_softmax, partials=True)
+    # the pool's launch with the partials kernel at the register cap its split count was
+    # sized for (uncapped where the grid launch is: launcher.register_cap), its partial arrays
+    # starting at its first slot, and a row stride of every pool's slots (`total`)
+    cap = register_cap(launch, shape, options)
+    kernel = decode_kernel(shape, cap, options.l2_prefetch, options.joint_softmax, partials=True)
     args = list(launch.args)
     args[12], args[13], args[19] = part_o, part_ml, total
     return Launch(kernel, launch.grid, launch.block, tuple(args))

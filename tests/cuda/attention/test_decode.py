@@ -15,6 +15,7 @@ from hexcore.cuda import DecodeOptions, DecodePlan, DeviceKVStore, paged_decode
 from hexcore.cuda.attention import launcher
 from hexcore.cuda.attention.options import MERGE_COST
 from hexcore.cuda.attention.shape import DecodeShape
+from hexcore.cuda.device import allow_dependent_grids
 from hexcore.cuda.timer import global_timer_ns
 from tests import reference as ref
 from tests.cuda.fill import random_cache
@@ -302,8 +303,9 @@ def test_paged_decode_keeps_nothing_alive():
 
 @cuda.jit
 def _write_after(delay_ns, src, dst):
-    # one thread: wait delay_ns on the GPU's clock, then dst[:] = src (a kernel that writes
-    # the decode's q while a dependent decode launched after it may already be resident)
+    # one thread: let the dependent launch after it start at once, wait delay_ns on the GPU's
+    # clock, then dst[:] = src: a decode that did not wait for it would read the old q
+    allow_dependent_grids()
     if cuda.grid(1) == 0:
         t0 = global_timer_ns()
         while global_timer_ns() - t0 < delay_ns:
@@ -344,7 +346,9 @@ def test_dependent_launch_is_the_default_on_sm90_and_the_raw_path(monkeypatch, r
     default, plain, core = DecodeOptions(), DecodeOptions(dependent_launch=False), DecodeOptions(launch_path="core")
     assert default.dependent((9, 0)) and default.dependent((10, 0))
     assert not default.dependent((8, 0)) and not core.dependent((9, 0)) and not plain.dependent((9, 0))
-    assert DecodeOptions(dependent_launch=True).dependent((8, 0))  # explicit: as asked
+    assert DecodeOptions(dependent_launch=True).dependent((9, 0))
+    with pytest.raises(HexcoreConfigError, match="dependent_launch: True needs compute capability 9.0"):
+        DecodeOptions(dependent_launch=True).dependent((8, 0))  # the PTX would not compile
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16)
     store = DeviceKVStore(cfg, num_blocks=2, max_seqs=1)
     args = [cuda.to_device(a) for a in (np.zeros((1, 2, 64), np.float16), np.zeros((1, 1), np.int32),

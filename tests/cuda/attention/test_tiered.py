@@ -281,3 +281,23 @@ def test_a_prompt_grown_at_once_holds_what_token_steps_hold(name, seed):
         outs.append(tiered_decode(q, st, [t for t, _ in tables], [x for _, x in tables],
                                   np.array([n % BS], np.int32), c.tail_pools(sid), sid).copy_to_host())
     assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
+
+
+def test_each_pool_runs_the_register_cap_its_splits_were_sized_for():
+    """A pool whose grid launch would take the uncapped kernel (few items) runs the uncapped
+    partials kernel, one that would not (an explicit cap) the capped one: the split count
+    each pool gets (``launcher._choose_kernel``) assumes that kernel's resident CTAs."""
+    from hexcore.cuda.attention import launcher
+    from hexcore.cuda.attention.kernel import decode_kernel
+    from hexcore.cuda.attention.shape import DecodeShape
+    from hexcore.cuda.attention.tiered import tiered_decode_launches
+
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="int4")
+    store = DeviceKVStore(cfg, num_blocks=2, max_seqs=1)
+    shape = DecodeShape(4, 1, 64, 16, 2, cfg.group_size)
+    q = np.zeros((1, 2, 64), np.float16)
+    tables, counts = [np.array([[0, 1]], np.int32)], [np.array([2], np.int32)]
+    for options, cap in ((DecodeOptions(), launcher.UNCAPPED_REGISTERS), (DecodeOptions(max_registers=128), 128)):
+        launches, _ = tiered_decode_launches(q, [store], tables, counts, np.zeros(1, np.int32),
+                                             np.zeros(1, np.int32), np.zeros(1, np.int32), options=options)
+        assert launches[0].kernel is decode_kernel(shape, cap, "none", True, partials=True), options
