@@ -53,7 +53,7 @@ from numba import cuda, int32, int64
 
 from ...errors import HexcoreInvalidArgumentError
 from ..arrays import device_only
-from ..device import SIMULATOR, add_acq_rel, load_relaxed, shfl_idx_int
+from ..device import SIMULATOR, add_acq_rel, allow_dependent_grids, load_relaxed, shfl_idx_int, wait_prior_grids
 from ..streams import resolve_stream
 from ..timer import global_timer_ns
 from . import launcher
@@ -108,7 +108,8 @@ class PersistentStats(NamedTuple):
 
 @functools.cache
 def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
-                      joint_softmax: bool = True, count_items: bool = False, item_call: str = "inline"):
+                      joint_softmax: bool = True, count_items: bool = False, item_call: str = "inline",
+                      dependent: bool = False):
     """The slice kernel of ``shape``: the decode kernel's arguments, then ``state`` int64
     ``[STATE_WORDS + grid]``, ``log`` int64 ``[MAX_LOGGED * LOG_WORDS]``, ``item_counts`` int32 (``[items]``
     with ``count_items``), ``budget_ns``, ``num_items``, ``flags`` (``FIRST`` | ``LAST``).
@@ -130,7 +131,12 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
     no cap; at a cap of 128, the grid kernel's and this item's default, 60-144 bytes of spill
     stores against the called item's ~900). On the H200 (eleventh session) it is faster than
     the called item on every grouped-query shape measured, 1.05-1.28x the grid kernel's time
-    against 1.20-1.46x."""
+    against 1.20-1.46x.
+
+    ``dependent``: the slice kernel for programmatic dependent launches (as the grid
+    kernel's, ``kernel.decode_kernel``): it waits for the grid before it on the stream before
+    its first state read, and lets the next slice be scheduled once it is done; its
+    ``waits_for_prior_grids`` says which it is."""
     inline = item_call == "inline"
     decode_item = decode_item_function.__wrapped__(shape, l2_prefetch, joint_softmax, volatile_tid=inline)
     HG, YS = shape.head_groups, shape.H * shape.head_groups
@@ -162,6 +168,8 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
     def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots, out,
                part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale, state, log,
                item_counts, budget_ns, num_items, flags):
+        if dependent:
+            wait_prior_grids()  # the previous slice (or kernel) done and its writes visible: I2
         tid = cuda.threadIdx.x
         # thread 0's clock and queue, kept in shared memory so that nothing of it lives in
         # registers across an item: now, start, last read, longest item, items taken, latest
@@ -195,7 +203,10 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
             cuda.syncthreads()  # s[6] (the next item, or -1) set
         if tid == 0:
             end_slice(state, log, counters, s[3], s[5], s[4], num_items, s[9], flags)
+        if dependent:
+            allow_dependent_grids()
 
+    kernel.waits_for_prior_grids = dependent
     return kernel
 
 
@@ -466,7 +477,8 @@ class PersistentDecode:
         o = self.options
         # the grid kernel's cap: uncapped where the launch fits one wave of it (B=1 INT4/INT2)
         cap = launcher.register_cap(launch, shape, o)
-        kernel = persistent_kernel(shape, cap, o.l2_prefetch, o.joint_softmax, self._count, o.persistent_item)
+        kernel = persistent_kernel(shape, cap, o.l2_prefetch, o.joint_softmax, self._count, o.persistent_item,
+                                   launcher._dependent(o))
         split_blocks = launch.args[18]
         max_virtual = split_blocks * splits
         # (the state's size depends on the grid this sizes: the log, also int64 [n], stands in)
@@ -519,8 +531,8 @@ class PersistentDecode:
         """The layer's prepared slice launch with ``flags``."""
         _, slices, launch = self._prepared(layer)
         if flags not in slices:
-            slices[flags] = launcher.Launch(launch.kernel, launch.grid, launch.block,
-                                            (*launch.args, np.int64(flags))).prepare(self.options.launch_path)
+            slices[flags] = launcher.prepare_decode(launcher.Launch(launch.kernel, launch.grid, launch.block,
+                                                                    (*launch.args, np.int64(flags))), self.options)
         return slices[flags]
 
     def _start_call(self, layer: int, stream) -> None:

@@ -276,8 +276,13 @@ def test_slice_kernel_takes_the_grid_launchs_register_cap(monkeypatch):
             np.zeros((batch, 32, 64), np.float16), np.zeros((batch, 1), np.int32), np.full(batch, 3, np.int32),
             np.zeros(batch, np.int32)))
         decode = PersistentDecode(q, _store(cfg), tables, lens, slots, 100, max_seq_len=3, options=options)
-        expect = persistent_kernel(shape, want, "none", True, False, "inline")
+        expect = persistent_kernel(shape, want, "none", True, False, "inline", True)
         assert decode._sized[0] is expect, (dtype, batch, options.max_registers, want)
+        reset, slice_launch = decode.launches(0)
+        assert slice_launch.dependent and expect.waits_for_prior_grids and not reset.dependent
+    plain = PersistentDecode(q, _store(cfg), tables, lens, slots, 100, max_seq_len=3,
+                             options=DecodeOptions(dependent_launch=False))
+    assert not plain.launches(0)[1].dependent and not plain._sized[0].waits_for_prior_grids
 
 
 def _store(cfg):
