@@ -39,9 +39,9 @@ check)
     tail -n 3 "$R"/cluster-memcheck.log "$R"/cluster-racecheck.log
     ;;
 bench)
-    shapes="32,64,8,4096;16,32,8,16384;64,32,8,4096;64,32,32,4096"
+    shapes="32,64,8,4096;16,32,8,16384;1,32,8,1024;1,32,8,4096;64,32,8,4096;64,32,32,4096"
     for i in 1 2; do  # the cluster merge as a variant: default and cluster rows in the same run
-        OUT=$R in_copy cluster-merge timeout 140 python3 -m benchmarks.bench_decode --shapes "$shapes" --variants \
+        OUT=$R in_copy cluster-merge timeout 170 python3 -m benchmarks.bench_decode --shapes "$shapes" --variants \
             --variant-names "default,cluster merge" --flex none --no-peers --queued --name cluster$i > "$R/cluster$i.log" 2>&1
     done
     for i in 1 2; do  # one merge round up to 128 splits: main and the patch alternating
