@@ -443,7 +443,9 @@ class PersistentDecode:
     budget, a number in (0, 1e6] and at least the model's time of one item (else
     :class:`BudgetError`). ``count_items`` makes every slice count the items it takes
     (``stats().item_counts``). ``options.ctas_per_sm`` sets the slice grid (resident CTAs
-    per SM; default: the compiled kernel's occupancy).
+    per SM; default: the compiled kernel's occupancy); ``options.dependent_launch`` makes the
+    slices programmatic dependent launches (by default on sm_90+ with the raw launch path, as
+    ``DecodePlan``'s decode).
     """
 
     def __init__(self, q, store, block_tables, seq_lens, tail_slots, budget_us, max_seq_len: int | None = None,
