@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The GPU calls prepared on 2026-12-04 (twenty-fifth session) for the two experiments beside
-# this file, cluster-merge/ and merge-chunk-128/: run from the repository root on the lent
-# H200 with .whl/ carried, `bash benchmarks/experiments/2026-12-04-next-calls.sh check` as one
-# call (~400 s: the patches' GPU tests beside memcheck and racecheck) and `... bench` as the
-# next (~450 s: both patches against main, alternating). Each patch runs in its own copy of
-# the tree under /tmp; results go to $OUT.
+# The GPU calls prepared on 2026-12-04 (twenty-fifth session) for the three experiments beside
+# this file, cluster-merge/, merge-chunk-128/ and early-loads/: run from the repository root on
+# the lent H200 with .whl/ carried, each argument as one call:
+#   check        ~400 s: cluster-merge's and merge-chunk-128's GPU tests beside memcheck and
+#                racecheck of the cluster patch
+#   bench        ~450 s: the cluster merge as a variant; merge-chunk-128 against main
+#   check-early  ~400 s: early-loads' GPU tests (attention, device, steps) beside memcheck
+#                and racecheck
+#   bench-early  ~300 s: early-loads against main, alternating
+# Each patch runs in its own copy of the tree under /tmp; results go to $OUT.
 set -u
 site=/tmp/hexcore-site
 mkdir -p "$site"
@@ -13,7 +17,7 @@ export NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1
 R=${OUT:-/tmp/r}
 mkdir -p "$R"
 git log --oneline -1 > "$R/head.txt"
-for name in cluster-merge merge-chunk-128; do
+for name in cluster-merge merge-chunk-128 early-loads; do
     [ -d "/tmp/$name" ] && continue
     cp -r . "/tmp/$name" && (cd "/tmp/$name" && git apply "benchmarks/experiments/2026-12-04-$name/$name.diff")
 done
@@ -54,7 +58,30 @@ bench)
         echo "== $f"; grep -E "^hexcore" "$f" | cut -d'|' -f1,2,3,5,6
     done
     ;;
+check-early)
+    for tool in memcheck racecheck; do
+        (in_copy early-loads timeout 400 compute-sanitizer --tool $tool --error-exitcode 1 python3 -m benchmarks.sanitize \
+            > "$R/early-$tool.log" 2>&1; echo "$tool rc $?" >> "$R/early-$tool.log") &
+    done
+    in_copy early-loads timeout 380 python3 -m pytest -m gpu -q -rs -p no:cacheprovider -n 6 tests/cuda/attention \
+        tests/cuda/test_device.py tests/cuda/steps > "$R/early-tests.log" 2>&1
+    echo "early tests rc $?"; tail -2 "$R/early-tests.log"
+    wait
+    tail -n 3 "$R"/early-memcheck.log "$R"/early-racecheck.log
+    ;;
+bench-early)
+    shapes="1,32,8,1024;1,32,8,32768;1,32,8,131072;16,32,8,16384;32,64,8,4096;128,32,8,2048"
+    for i in 1 2; do
+        for copy in main early-loads; do
+            OUT=$R in_copy $copy timeout 75 python3 -m benchmarks.bench_decode --shapes "$shapes" --flex none \
+                --no-peers --queued --name "early-$copy$i" > "$R/early-$copy$i.log" 2>&1
+        done
+    done
+    for f in "$R"/early-main1.log "$R"/early-early-loads1.log "$R"/early-main2.log "$R"/early-early-loads2.log; do
+        echo "== $f"; grep -E "^hexcore" "$f" | cut -d'|' -f1,2,3,5,6
+    done
+    ;;
 *)
-    echo "usage: $0 check|bench" >&2; exit 2
+    echo "usage: $0 check|bench|check-early|bench-early" >&2; exit 2
     ;;
 esac
