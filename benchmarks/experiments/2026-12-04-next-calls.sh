@@ -7,7 +7,7 @@
 #   bench        ~450 s: the cluster merge as a variant; merge-chunk-128 against main
 #   check-early  ~400 s: early-loads' GPU tests (attention, device, steps) beside memcheck
 #                and racecheck
-#   bench-early  ~300 s: early-loads against main, alternating
+#   bench-early  ~400 s: early-loads against main, alternating
 # Each patch runs in its own copy of the tree under /tmp; results go to $OUT.
 set -u
 site=/tmp/hexcore-site
@@ -73,7 +73,7 @@ bench-early)
     shapes="1,32,8,1024;1,32,8,32768;1,32,8,131072;16,32,8,16384;32,64,8,4096;128,32,8,2048"
     for i in 1 2; do
         for copy in main early-loads; do
-            OUT=$R in_copy $copy timeout 75 python3 -m benchmarks.bench_decode --shapes "$shapes" --flex none \
+            OUT=$R in_copy $copy timeout 100 python3 -m benchmarks.bench_decode --shapes "$shapes" --flex none \
                 --no-peers --queued --name "early-$copy$i" > "$R/early-$copy$i.log" 2>&1
         done
     done
