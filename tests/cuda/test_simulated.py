@@ -1,5 +1,6 @@
 """hexcore.cuda.simulated: the simulator's host launches seen or skipped by a hook; its
-barriers woken instead of polled (installed for every test by tests/conftest.py)."""
+barriers woken instead of polled, and a block's shared arrays allocated once under a lock
+(installed for every test by tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -171,3 +172,60 @@ def _launch_and_exit():
     out = cuda.to_device(np.full((1, 8, 4), -1, np.int64))
     _write_indices[1, 8](out)
     raise SystemExit(0 if out.copy_to_host()[0, 7, 0] == 7 else 1)
+
+
+def _threads_sharing_one_array(array, threads: int = 32) -> int:
+    """How many different arrays ``threads`` threads, released together, get from one
+    ``cuda.shared.array`` call site of one block (``array``: FakeCUDAShared.array)."""
+    import threading
+
+    from numba.cuda.simulator import kernelapi
+
+    shared = kernelapi.FakeCUDAShared(0)
+    start = threading.Barrier(threads)
+    got = [None] * threads
+
+    def run(i):
+        start.wait()
+        got[i] = id(array(shared, (4096,), np.float32))  # one call site for every thread
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return len(set(got))
+
+
+def test_threads_of_a_block_share_its_shared_arrays():
+    """Every thread of a block that reaches a ``cuda.shared.array`` line at the same time gets
+    the same array (the stock simulator's look-up and allocation race: with a 1 us switch
+    interval 2 of 20 such trials gave a thread its own array)."""
+    import sys
+
+    from numba.cuda.simulator import kernelapi
+
+    from hexcore.cuda import simulated
+
+    assert kernelapi.FakeCUDAShared.array is simulated._shared_array  # installed (tests/conftest.py)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        assert all(_threads_sharing_one_array(simulated._shared_array) == 1 for _ in range(40))
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def test_shared_arrays_keep_one_array_per_call_site_and_dynamic_shared_memory():
+    from numba.cuda.simulator import kernelapi
+
+    from hexcore.cuda.simulated import _shared_array
+
+    shared = kernelapi.FakeCUDAShared(64)
+    a = _shared_array(shared, (8,), np.float32)
+    b = _shared_array(shared, (8,), np.float32)  # another line: another array
+    assert a is not b and a.shape == (8,) and a.dtype == np.float32
+    again = [_shared_array(shared, (8,), np.int32) for _ in range(2)]  # one line, twice: the same
+    assert again[0] is again[1]
+    dynamic = _shared_array(shared, 0, np.float32)
+    assert dynamic.shape == (16,) and np.shares_memory(dynamic, _shared_array(shared, 0, np.int32))
