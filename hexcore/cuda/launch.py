@@ -86,10 +86,10 @@ class PreparedLaunch:
             raise HexcoreInvalidArgumentError(f"dependent: expected a bool, True only with path 'raw', got "
                                               f"{dependent!r} with path {path!r}")
         if dependent and not getattr(dispatcher, "waits_for_prior_grids", False):
+            name = getattr(getattr(dispatcher, "py_func", None), "__name__", dispatcher)
             raise HexcoreInvalidArgumentError(
-                f"dependent: True for kernel {getattr(getattr(dispatcher, 'py_func', None), '__name__', dispatcher)!s}, "
-                f"which does not wait for "
-                f"the grid before it (no waits_for_prior_grids): it would race with that grid")
+                f"dependent: True for kernel {name!s}, which does not wait for the grid before it "
+                f"(no waits_for_prior_grids): it would race with that grid")
         self.dependent = dependent
         self._dispatcher, self._griddim, self._blockdim = dispatcher, griddim, blockdim
         self._args = tuple(args)
@@ -211,12 +211,15 @@ class PreparedLaunch:
             function, config, values = self._core
             launch(Stream.from_handle(int(entry[1])), config, function, *values)
             return
-        if self.dependent:
-            err = self._launch_dependent(entry[1])
-        else:
-            err = self._launch(*self._head, entry[1], self._params, 0)[0]
+        err = self._enqueue(entry[1])
         if err:
             self._retry(err, entry[1])
+
+    def _enqueue(self, handle):
+        # the driver's launch on stream `handle`: its error code (0: enqueued)
+        if self.dependent:
+            return self._launch_dependent(handle)
+        return self._launch(*self._head, handle, self._params, 0)[0]
 
     def _launch_dependent(self, handle):
         from cuda.bindings import driver
@@ -245,10 +248,7 @@ class PreparedLaunch:
             from numba import cuda
 
             cuda.current_context()
-            if self.dependent:
-                err = self._launch_dependent(handle)
-            else:
-                err = self._launch(*self._head, handle, self._params, 0)[0]
+            err = self._enqueue(handle)
         if err:
             call = "cuLaunchKernelEx" if self.dependent else "cuLaunchKernel"
             raise HexcoreCudaError(f"{call}({self.name}, grid {self.grid}, block {self.block}) failed: "

@@ -69,18 +69,22 @@ def use_fast_simulator() -> bool:
       the allocation are not atomic: two threads that reach the line at once can each
       allocate one, and the first then writes and reads an array no other thread sees
       (measured: 2 of 20 trials of 32 threads with a 1 us switch interval; under load the
-      tiered, prefill and INT4 graph tests gave wrong bits now and then). Here the look-up
-      and allocation hold a lock, and the call site is read from the caller's frame, not a
-      formatted stack (``traceback.extract_stack`` reads source lines).
+      tiered, prefill and INT4 graph tests gave wrong bits now and then). Here the
+      allocation holds a lock (the look-up is made again under it), and the call site is
+      read from the caller's frame, not a formatted stack (``traceback.extract_stack`` reads
+      source lines).
 
     Installed for the process (the simulator's classes are patched), idempotent; returns
     False and changes nothing when numba's simulator is off or its classes are not the ones
     this was written for (numba-cuda 0.30), so the stock ones stay in use.
     """
+    global _shared_array
     from numba import config
 
     if not config.ENABLE_CUDASIM:
         return False
+    from numba.cuda import types
+    from numba.cuda.np import numpy_support
     from numba.cuda.simulator import kernel as simulator
     from numba.cuda.simulator import kernelapi
 
@@ -94,7 +98,8 @@ def use_fast_simulator() -> bool:
     stock_call = kernel.__call__
     thread.syncthreads = _barrier
     manager.run = _run_block
-    kernelapi.FakeCUDAShared.array = _shared_array
+    _shared_array = kernelapi.FakeCUDAShared.array = _make_shared_array(kernelapi.FakeCUDAShared.array, types,
+                                                                        numpy_support)
     kernel.__call__ = lambda self, *args: _call_pinning_modules(self, args, stock_call, simulator)
     manager._hexcore_fast = True
     return True
@@ -178,31 +183,35 @@ def _barrier(thread):
             raise RuntimeError("abort flag set on syncthreads clear")
 
 
-_shared_lock = threading.Lock()
+_shared_array = None  # FakeCUDAShared.array once use_fast_simulator has installed it
 
 
-def _shared_array(self, shape, dtype, alignment=None):
-    """``FakeCUDAShared.array``: the block's shared array of this call site (the caller's file
-    and line, as the simulator keys it), allocated by the first thread to get here; dynamic
-    shared memory (``shape`` 0) as the simulator gives it."""
+def _make_shared_array(stock, types, numpy_support):
+    """``FakeCUDAShared.array`` in place of ``stock``: the block's shared array of a call site
+    (the caller's file and line, as the simulator keys it), looked up without a lock and
+    allocated under one, by the first thread to get there; dynamic shared memory (``shape``
+    0) and an alignment (refused) are the stock method's."""
     import sys
 
     import numpy as np
-    from numba.cuda import types
-    from numba.cuda.np import numpy_support
 
-    if alignment is not None:
-        raise RuntimeError("Array alignment is not supported in cudasim")
-    dtype = np.dtype(numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else dtype)
-    if shape == 0:
-        return np.frombuffer(self._dynshared.data, dtype=dtype, count=self._dynshared_size // dtype.itemsize)
-    frame = sys._getframe(1)
-    caller = (frame.f_code.co_filename, frame.f_lineno)
-    with _shared_lock:
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        dtype = np.dtype(numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else dtype)
+        if shape == 0 or alignment is not None:
+            return stock(self, shape, dtype, alignment)
+        frame = sys._getframe(1)
+        caller = (frame.f_code.co_filename, frame.f_lineno)
         found = self._allocations.get(caller)
         if found is None:
-            found = self._allocations[caller] = np.empty(shape, dtype)
-    return found
+            with lock:
+                found = self._allocations.get(caller)
+                if found is None:
+                    found = self._allocations[caller] = np.empty(shape, dtype)
+        return found
+
+    return array
 
 
 _idle: list = []  # parked simulated threads, reused by the next block

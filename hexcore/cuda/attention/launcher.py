@@ -32,7 +32,7 @@ def _num_sms() -> int:
     return 1 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-def _dependent(options: DecodeOptions) -> bool:
+def dependent_launches(options: DecodeOptions) -> bool:
     """``options.dependent`` for the current GPU (the simulator stands for an sm_90 one)."""
     return options.dependent((9, 0) if SIMULATOR else cuda.get_current_device().compute_capability)
 
@@ -40,7 +40,7 @@ def _dependent(options: DecodeOptions) -> bool:
 def prepare_decode(launch: Launch, options: DecodeOptions) -> PreparedLaunch:
     """``launch`` (a grid decode launch made with ``options``) prepared on ``options.launch_path``,
     as a programmatic dependent launch exactly when its kernel waits for the grid before it
-    (``decode_kernel(dependent=True)``, which ``_choose_kernel`` picks by ``_dependent``)."""
+    (``decode_kernel(dependent=True)``, which ``_choose_kernel`` picks by ``dependent_launches``)."""
     return launch.prepare(options.launch_path, dependent=getattr(launch.kernel, "waits_for_prior_grids", False))
 
 
@@ -143,8 +143,8 @@ def _choose_kernel(shape: DecodeShape, options: DecodeOptions, items: int, max_v
     ``options.max_registers`` None: an INT4/INT2 launch whose items fit in one wave of the
     uncapped kernel's resident CTAs (155-180 registers, no spills, two or three CTAs per SM)
     takes that kernel, with the split count the wave model picks among those that fit one
-    wave (``split_blocks_for``, ``one_wave``); every other launch the 128-register one (four CTAs per SM, 8-32 spilled
-    bytes). Where the SMs would hold fewer CTAs than they could anyway (few items: B=1, B=32 x
+    wave (``split_blocks_for``, ``one_wave``); every other launch the 128-register one (four
+    CTAs per SM, 8-32 spilled bytes). Where the SMs would hold fewer CTAs than they could anyway (few items: B=1, B=32 x
     8 KV heads), a warp that spills nothing finishes its blocks sooner; where the items fill
     the SMs the fourth CTA is worth more (H200, ``benchmarks/RESULTS.md``, twenty-first
     session: uncapped 2.7-12.5% faster at the shapes this rule takes it, but INT2 at 16 x 32/8
@@ -154,7 +154,7 @@ def _choose_kernel(shape: DecodeShape, options: DecodeOptions, items: int, max_v
     there, 6% slower)."""
     def sized(cap, one_wave=False):
         kernel = decode_kernel(shape, cap, options.l2_prefetch, options.joint_softmax, verify=verify,
-                               dependent=_dependent(options) and not verify)
+                               dependent=dependent_launches(options) and not verify)
         ctas_per_sm = options.ctas_per_sm or _ctas_per_sm(kernel, args)
         return kernel, ctas_per_sm, split_blocks_for(items, max_virtual, ctas_per_sm, options, shape.bits, one_wave)
 
@@ -171,7 +171,7 @@ def register_cap(launch: Launch, shape: DecodeShape, options: DecodeOptions) -> 
     where ``_choose_kernel`` took the uncapped kernel for it, else None (the kernel's own)."""
     if options.max_registers is None:
         uncapped = decode_kernel(shape, UNCAPPED_REGISTERS, options.l2_prefetch, options.joint_softmax, verify=False,
-                                 dependent=_dependent(options))
+                                 dependent=dependent_launches(options))
         return UNCAPPED_REGISTERS if launch.kernel is uncapped else None
     return options.max_registers
 

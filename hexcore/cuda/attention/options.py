@@ -70,8 +70,8 @@ class DecodeOptions:
       1.04-1.13x at B=64 and 1.19-1.28x at B=1 32k, call 1.05-1.37x and 1.33-1.46x
       (``benchmarks/RESULTS.md``, "eleventh session").
     - ``dependent_launch``: whether prepared decode launches (``DecodePlan``, ``DecodeGraph``,
-      the engine's steps, the persistent decode's slices) are programmatic dependent launches (``launch.PreparedLaunch``,
-      ``dependent``): the kernel waits for the one ahead of it on the stream before its first
+      the engine's steps, the persistent decode's slices) are programmatic dependent launches
+      (``launch.PreparedLaunch``, ``dependent``): the kernel waits for the one ahead of it on the stream before its first
       read (``device.wait_prior_grids``) and, once its work is done, lets the next one's CTAs
       be scheduled (``device.allow_dependent_grids``), so the next launch's latency overlaps
       this one's last CTAs. None (the default): on for the "raw" launch path on a GPU of

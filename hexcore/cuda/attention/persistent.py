@@ -480,7 +480,7 @@ class PersistentDecode:
         # the grid kernel's cap: uncapped where the launch fits one wave of it (B=1 INT4/INT2)
         cap = launcher.register_cap(launch, shape, o)
         kernel = persistent_kernel(shape, cap, o.l2_prefetch, o.joint_softmax, self._count, o.persistent_item,
-                                   launcher._dependent(o))
+                                   launcher.dependent_launches(o))
         split_blocks = launch.args[18]
         max_virtual = split_blocks * splits
         # (the state's size depends on the grid this sizes: the log, also int64 [n], stands in)

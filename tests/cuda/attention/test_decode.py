@@ -358,7 +358,7 @@ def test_dependent_launch_is_the_default_on_sm90_and_the_raw_path(monkeypatch, r
         assert launch.dependent is want and launch.as_launch().kernel.waits_for_prior_grids is want
     monkeypatch.setattr(launcher.cuda, "get_current_device", lambda: type("D", (), {"compute_capability": (8, 0)}))
     monkeypatch.setattr(launcher, "SIMULATOR", False)
-    assert not launcher._dependent(default)  # an sm_80 GPU: plain launches, no griddepcontrol in the kernel
+    assert not launcher.dependent_launches(default)  # an sm_80 GPU: plain launches, no griddepcontrol in the kernel
 
 
 def test_dependent_launch_reads_what_the_kernel_before_it_wrote(rng):
