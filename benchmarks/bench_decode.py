@@ -130,10 +130,9 @@ def without_merge(plan, cfg: KVCacheConfig, num_q_heads: int, options=None):
     in place of its decode kernel: the same grid, arguments, register cap and launch kind
     (plain or dependent), no fused merge."""
     from hexcore.cuda.attention.kernel import decode_kernel
+    from hexcore.cuda.attention.launcher import prepare_decode, register_cap
     from hexcore.cuda.attention.options import DEFAULT_OPTIONS
     from hexcore.cuda.attention.shape import DecodeShape
-
-    from hexcore.cuda.attention.launcher import prepare_decode, register_cap
 
     o = options or DEFAULT_OPTIONS
     shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
