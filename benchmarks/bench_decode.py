@@ -199,7 +199,8 @@ def kernel_info(plan) -> dict:
         sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
         attrs = compiled._codelibrary.get_cufunc().attrs
         return dict(regs=attrs.regs, local=attrs.local, smem=attrs.shared, grid=list(launch.grid),
-                    ctas_per_sm=compiled.max_cooperative_grid_blocks(launch.block[0]) // sms)
+                    ctas_per_sm=compiled.max_cooperative_grid_blocks(launch.block[0]) // sms,
+                    cluster=getattr(plan.launch(0), "cluster", 1))
     except Exception:  # an older package: no such details
         return {}
 
@@ -308,6 +309,7 @@ def option_variants():
             " dependent launch": DecodeOptions(dependent_launch=True),
             " plain launch": DecodeOptions(dependent_launch=False),
             " ctas 2": DecodeOptions(ctas_per_sm=2), " ctas 3": DecodeOptions(ctas_per_sm=3),
+            " cluster merge": DecodeOptions(cluster_merge=True), " no cluster merge": DecodeOptions(cluster_merge=False),
             " verify 1/16": VerifySample(16), " verify every=0": VerifySample(0)}
 
 

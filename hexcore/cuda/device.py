@@ -28,6 +28,10 @@ Helpers
   the whole CTA's earlier writes (cumulativity), and its acquire followed by a
   ``syncthreads`` orders every thread's later reads: a split-K handshake with no
   ``threadfence`` (``membar.gl``, a sequentially consistent fence, in every thread).
+- ``load_where(a, i, j, ok)``: ``a[i, j]`` of a 2-D int32 array if ``ok``, else -1, as one
+  predicated load (``@p ld.global.b32``, no branch): a read that may be out of range only
+  when it is not needed, which the compiler then issues with the loads before it (a branch
+  around it made ptxas issue it after the reads the branch's condition waited for).
 - ``load_relaxed(a, i)``: ``a[i]`` of a 1-D int64 array by a relaxed load at GPU scope
   (``ld.relaxed.gpu.global.s64``): from L2, never from a stale L1 line, and ordered after an
   earlier acquire (``add_acq_rel``) of this thread.
@@ -61,6 +65,18 @@ Helpers
   lets the next such kernel start once every CTA of this one has called it (or exited).
   Without the attribute both are no-ops; the twins do nothing (the simulator runs launches
   one after another).
+- ``cluster_sync()`` and ``load_cluster_f32(a, i, rank)``: thread block clusters (sm_90). In
+  a launch with a cluster dimension (``launch.PreparedLaunch``, ``cluster``), every thread
+  of every CTA of the cluster meets at ``cluster_sync()`` (``barrier.cluster.arrive`` with
+  release semantics, then ``barrier.cluster.wait`` with acquire), so the shared memory each
+  CTA wrote before it is visible to the others after it; ``load_cluster_f32(a, i, rank)``
+  reads ``a[i]`` of a 1-D float32 *shared* array in the CTA of cluster rank ``rank``
+  (``mapa`` of the generic address, then a generic load: distributed shared memory). A CTA
+  must not exit while another may still read its shared memory: ``cluster_sync_relaxed()``
+  (a relaxed arrive: no fence, so it does not wait for this thread's global stores as the
+  release does, ``MEMBAR.ALL.GPU`` in SASS) ends such a phase once every thread has used
+  what it read. The twins are a cluster of one CTA (``syncthreads``, ``a[i]``): the
+  simulator runs a grid's CTAs one after another, so no cluster larger than one runs there.
 
 The twins of the warp operations exchange values through a per-warp slot table and a
 ``threading.Barrier`` of 32 simulated lanes, so a lane that skips a call deadlocks the
@@ -192,6 +208,23 @@ if not SIMULATOR:
         return sig, codegen
 
     @intrinsic
+    def _load_where(typingctx, array, i, j, ok):
+        if not (isinstance(array, types.Array) and array.dtype == types.int32 and array.ndim == 2):
+            return None
+        sig = types.int32(array, types.int64, types.int64, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1], args[2]])
+            fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(64), ir.IntType(32)])
+            text = ("{\n\t.reg .pred ok;\n\tsetp.ne.u32 ok, $2, 0;\n\tmov.b32 $0, -1;\n\t"
+                    "@ok ld.global.b32 $0, [$1];\n\t}")
+            asm = ir.InlineAsm(fnty, text, "=r,l,r", side_effect=False)
+            return builder.call(asm, [builder.ptrtoint(ptr, ir.IntType(64)), args[3]])
+
+        return sig, codegen
+
+    @intrinsic
     def _load_relaxed(typingctx, array, index):
         if not _int64_array(array):
             return None
@@ -310,6 +343,24 @@ if not SIMULATOR:
     _commit = _asm_statement("cp.async.commit_group;")
     _griddep_wait = _asm_statement("griddepcontrol.wait;")
     _griddep_launch = _asm_statement("griddepcontrol.launch_dependents;")
+    _cluster_barrier = _asm_statement("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;")
+    _cluster_barrier_relaxed = _asm_statement("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;")
+
+    @intrinsic
+    def _load_cluster(typingctx, array, index, rank):
+        if not (isinstance(array, types.Array) and array.dtype == types.float32 and array.ndim == 1):
+            return None
+        sig = types.float32(array, index, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]])
+            fnty = ir.FunctionType(ir.FloatType(), [ir.IntType(64), ir.IntType(32)])
+            text = "{\n\t.reg .u64 remote;\n\tmapa.u64 remote, $1, $2;\n\tld.f32 $0, [remote];\n\t}"
+            asm = ir.InlineAsm(fnty, text, "=f,l,r,~{memory}", side_effect=True)
+            return builder.call(asm, [builder.ptrtoint(ptr, ir.IntType(64)), args[2]])
+
+        return sig, codegen
 
     @device_function
     def wait_prior_grids():
@@ -318,6 +369,18 @@ if not SIMULATOR:
     @device_function
     def allow_dependent_grids():
         _griddep_launch()
+
+    @device_function
+    def cluster_sync():
+        _cluster_barrier()
+
+    @device_function
+    def cluster_sync_relaxed():
+        _cluster_barrier_relaxed()
+
+    @device_function
+    def load_cluster_f32(array, index, rank):
+        return _load_cluster(array, index, types.uint32(rank))
     _wait_one = _asm_statement("cp.async.wait_group 1;")
     _wait_all = _asm_statement("cp.async.wait_all;")
 
@@ -374,6 +437,10 @@ if not SIMULATOR:
     @device_function
     def load_relaxed(array, index):
         return _load_relaxed(array, index)
+
+    @device_function
+    def load_where(array, i, j, ok):
+        return _load_where(array, types.int64(i), types.int64(j), types.uint32(ok))
 
     @device_function
     def load_cg_f32x4(array, index):
@@ -468,6 +535,10 @@ else:
         return array[index]
 
     @cuda.jit(device=True)
+    def load_where(array, i, j, ok):
+        return array[i, j] if ok else np.int32(-1)
+
+    @cuda.jit(device=True)
     def load_cg_f32x4(array, index):
         return array[index], array[index + 1], array[index + 2], array[index + 3]
 
@@ -488,6 +559,18 @@ else:
     @cuda.jit(device=True)
     def allow_dependent_grids():
         pass
+
+    @cuda.jit(device=True)
+    def cluster_sync():
+        cuda.syncthreads()  # a cluster of one CTA (the simulator runs CTAs one after another)
+
+    @cuda.jit(device=True)
+    def cluster_sync_relaxed():
+        cuda.syncthreads()
+
+    @cuda.jit(device=True)
+    def load_cluster_f32(array, index, rank):
+        return array[index]  # rank 0 of a cluster of one
 
     @cuda.jit(device=True)
     def cp_async_commit():

@@ -36,6 +36,7 @@ from .streams import resolve_stream, stream_handle
 from .views import memo
 
 PATHS = ("raw", "core")  # cuLaunchKernel, or cuda.core.launch
+MAX_CLUSTER = 8  # the portable thread block cluster size
 
 
 class Launch(NamedTuple):
@@ -59,10 +60,12 @@ class Launch(NamedTuple):
         if not self.empty:
             self.kernel[self.grid, self.block, resolve_stream(stream).numba](*self.args)
 
-    def prepare(self, path: str = "raw", dependent: bool = False) -> "PreparedLaunch":
+    def prepare(self, path: str = "raw", dependent: bool = False, cluster: int = 1) -> "PreparedLaunch":
         """This launch marshalled once: ``run(stream)`` replays it (capture-safe);
-        ``dependent``: as a programmatic dependent launch (:class:`PreparedLaunch`)."""
-        return PreparedLaunch(self.kernel, self.grid, self.block, self.args, path=path, dependent=dependent)
+        ``dependent``: as a programmatic dependent launch, ``cluster``: in thread block
+        clusters of that many CTAs along x (:class:`PreparedLaunch`)."""
+        return PreparedLaunch(self.kernel, self.grid, self.block, self.args, path=path, dependent=dependent,
+                              cluster=cluster)
 
 
 class PreparedLaunch:
@@ -77,9 +80,16 @@ class PreparedLaunch:
     every CTA of that kernel has called ``device.allow_dependent_grids`` (or exited). Only for
     a kernel that calls ``device.wait_prior_grids`` before it touches global memory and says
     so with a true ``waits_for_prior_grids`` attribute (others are refused).
+
+    ``cluster`` > 1 (``path`` "raw" only, a GPU of compute capability 9.0 or newer): each run
+    launches the grid in thread block clusters of ``cluster`` consecutive CTAs along x
+    (``CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION``), which the GPU schedules together and whose
+    CTAs can read each other's shared memory (``device.load_cluster_f32``); the grid's x must
+    be a multiple of it, at most 8. On the simulator (no clusters) it is refused.
     """
 
-    def __init__(self, dispatcher, griddim, blockdim, args, path: str = "raw", dependent: bool = False):
+    def __init__(self, dispatcher, griddim, blockdim, args, path: str = "raw", dependent: bool = False,
+                 cluster: int = 1):
         if path not in PATHS:
             raise HexcoreInvalidArgumentError(f"path: expected one of {PATHS}, got {path!r}")
         if not isinstance(dependent, bool) or (dependent and path != "raw"):
@@ -94,6 +104,12 @@ class PreparedLaunch:
         self._dispatcher, self._griddim, self._blockdim = dispatcher, griddim, blockdim
         self._args = tuple(args)
         self.grid, self.block = _dim3(griddim), _dim3(blockdim)
+        if isinstance(cluster, bool) or not isinstance(cluster, int) or not 1 <= cluster <= MAX_CLUSTER \
+                or self.grid[0] % cluster or (cluster > 1 and (path != "raw" or SIMULATOR)):
+            raise HexcoreInvalidArgumentError(
+                f"cluster: expected an int in [1, {MAX_CLUSTER}] dividing the grid's x {self.grid[0]}, above 1 only "
+                f"with path 'raw' on a GPU, got {cluster!r} with path {path!r}{' on the simulator' if SIMULATOR else ''}")
+        self.cluster = cluster
         if SIMULATOR:
             return
         argtypes = tuple(dispatcher.typeof_pyval(a) for a in self._args)
@@ -217,25 +233,35 @@ class PreparedLaunch:
 
     def _enqueue(self, handle):
         # the driver's launch on stream `handle`: its error code (0: enqueued)
-        if self.dependent:
-            return self._launch_dependent(handle)
+        if self.dependent or self.cluster > 1:
+            return self._launch_ex(handle)
         return self._launch(*self._head, handle, self._params, 0)[0]
 
-    def _launch_dependent(self, handle):
+    def _launch_ex(self, handle):
+        # cuLaunchKernelEx with this launch's attributes (dependent, cluster); a config per stream
         from cuda.bindings import driver
 
         config = self._configs.get(int(handle))
         if config is None:
             if len(self._configs) >= MAX_STREAMS:
                 self._configs.clear()
-            attribute = driver.CUlaunchAttribute()
-            attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            attribute.value.programmaticStreamSerializationAllowed = 1
+            attributes = []
+            if self.dependent:
+                attribute = driver.CUlaunchAttribute()
+                attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+                attribute.value.programmaticStreamSerializationAllowed = 1
+                attributes.append(attribute)
+            if self.cluster > 1:
+                attribute = driver.CUlaunchAttribute()
+                attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+                attribute.value.clusterDim.x, attribute.value.clusterDim.y = self.cluster, 1
+                attribute.value.clusterDim.z = 1
+                attributes.append(attribute)
             config = driver.CUlaunchConfig()
             config.gridDimX, config.gridDimY, config.gridDimZ = self.grid
             config.blockDimX, config.blockDimY, config.blockDimZ = self.block
             config.sharedMemBytes, config.hStream = 0, handle
-            config.attrs, config.numAttrs = [attribute], 1
+            config.attrs, config.numAttrs = attributes, len(attributes)
             self._configs[int(handle)] = config
         return driver.cuLaunchKernelEx(config, self._head[0], self._params, 0)[0]
 
@@ -250,7 +276,7 @@ class PreparedLaunch:
             cuda.current_context()
             err = self._enqueue(handle)
         if err:
-            call = "cuLaunchKernelEx" if self.dependent else "cuLaunchKernel"
+            call = "cuLaunchKernelEx" if self.dependent or self.cluster > 1 else "cuLaunchKernel"
             raise HexcoreCudaError(f"{call}({self.name}, grid {self.grid}, block {self.block}) failed: "
                                    f"{getattr(err, 'name', err)} ({int(err)})")
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from hexcore.cuda.device import (add_acq_rel, add_acq_rel_i32, exp2, load_cg_f32, load_relaxed, load_words,
-                                 prefetch_l2, shfl_idx, shfl_xor)
+from hexcore.cuda.device import (add_acq_rel, add_acq_rel_i32, exp2, load_cg_f32, load_relaxed, load_where,
+                                 load_words, prefetch_l2, shfl_idx, shfl_xor)
 
 
 @cuda.jit
@@ -149,3 +149,32 @@ def test_every_cp_async16_destination_is_declared_16_byte_aligned():
         assert declared.get(name), f"{name}: cp_async16's destination has no cuda.shared.array declaration"
         assert all(aligned for _, aligned in declared[name]), \
             f"{name}: declared without 16-byte alignment: {declared[name]}"
+
+
+@cuda.jit
+def _load_where_kernel(table, rows, cols, oks, out):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = load_where(table, rows[i], cols[i], oks[i])
+
+
+def check_load_where():
+    """``load_where(a, i, j, ok)``: ``a[i, j]`` where ``ok``, else -1 (the address is not read:
+    an out-of-range (i, j) with ``ok`` false is allowed)."""
+    table = np.arange(12, dtype=np.int32).reshape(3, 4) + 100
+    rows = np.array([0, 2, 1, 2, 0, 7], np.int64)  # (7, 9): far outside the table, not read
+    cols = np.array([0, 3, 2, 3, 1, 9], np.int64)
+    oks = np.array([1, 1, 0, 1, 0, 0], np.uint32)
+    out = cuda.to_device(np.zeros(6, np.int32))
+    _load_where_kernel[1, 32](cuda.to_device(table), cuda.to_device(rows), cuda.to_device(cols),
+                              cuda.to_device(oks), out)
+    assert out.copy_to_host().tolist() == [100, 111, -1, 111, -1, -1]
+
+
+def test_load_where_reads_only_where_asked():
+    check_load_where()
+
+
+@pytest.mark.gpu
+def test_load_where_reads_only_where_asked_on_gpu():
+    check_load_where()

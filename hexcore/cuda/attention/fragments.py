@@ -56,7 +56,8 @@ LAZY = np.float32(8.0)
 class WarpFunctions(NamedTuple):
     """The device functions of one shape (see the module docstring)."""
 
-    load_q: object
+    load_q_words: object
+    scale_q: object
     unscale_q: object
     issue_chunk: object
     fold_keys: object
@@ -155,13 +156,19 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
         return pos - 8 if pos + BITS > 10 else pos
 
     @device_function
-    def load_q(q, row, lane, valid, qh, factor):
-        # qh[r]: q of head row `row` (channels tig*D/4 + 2r, +1) times factor (a quantized
-        # kernel: times 2**(P - e) for register r's field exponent e, the factor the raw codes
-        # ask for; unscale_q undoes it); zero if not valid
+    def load_q_words(q, row, lane, qh):
+        # qh[r]: the raw words of q's head row `row` (channels tig*D/4 + 2r, +1), 16-byte
+        # loads; scale_q makes them the mma's operand. Split so that a kernel can issue these
+        # loads first and use them after other loads are in flight
         tig = (lane & 3)
         for i in range(KREGS // 4):
             load_words(q, row * (D // 2) + tig * KREGS + 4 * i, 4, qh, 4 * i)
+
+    @device_function
+    def scale_q(qh, valid, factor):
+        # qh (load_q_words') times factor (a quantized kernel: times 2**(P - e) for register
+        # r's field exponent e, the factor the raw codes ask for; unscale_q undoes it); zero
+        # if not valid
         for r in range(KREGS):
             w = qh[r]
             f = factor * float32(1 << (8 + P - reg_exponent(r))) * float32(1.0 / 256) if QUANTIZED else factor
@@ -483,5 +490,5 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
                 o[4 * t + 3] += hi
         return state[0], shfl_idx(stats[2], tig), state[1], shfl_idx(stats[3], tig)
 
-    return WarpFunctions(load_q, unscale_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish, pair_codes,
+    return WarpFunctions(load_q_words, scale_q, unscale_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish, pair_codes,
                          unscale_values)

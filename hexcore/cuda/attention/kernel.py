@@ -36,10 +36,10 @@ import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from ...host.checksum import HEAD_K1
-from ..device import (SHARED_ALIGN16, SIMULATOR, add_acq_rel_i32, allow_dependent_grids, cp_async_commit,
-                      cp_async_wait_all, cp_async_wait_one, device_function, exp2, ld, load_cg_f32, load_cg_f32x4,
-                      load_u32x4, prefetch_l2, shfl_idx_int, shfl_xor, syncwarp, thread_index_volatile,
-                      wait_prior_grids, warp_ballot)
+from ..device import (SHARED_ALIGN16, SIMULATOR, add_acq_rel_i32, allow_dependent_grids, cluster_sync,
+                      cluster_sync_relaxed, cp_async_commit, cp_async_wait_all, cp_async_wait_one, device_function,
+                      exp2, ld, load_cg_f32, load_cg_f32x4, load_cluster_f32, load_u32x4, load_where, prefetch_l2,
+                      shfl_idx_int, shfl_xor, syncwarp, thread_index_volatile, wait_prior_grids, warp_ballot)
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 from ..integrity import head_add, head_chunk, head_key, head_mix, warp_sum_u32
 from .fragments import NEG_INF, warp_functions
@@ -47,6 +47,7 @@ from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape
 
 LOG2E = 1.4426950408889634
 MERGE_CHUNK = 64  # splits whose weights are staged in shared memory per merge round
+MAX_CLUSTER = 8  # the portable thread block cluster size: a cluster merge's most splits
 GRID_REGISTERS = 128  # the grid kernel's default register cap (DecodeOptions.max_registers)
 
 
@@ -64,7 +65,8 @@ else:
 
 @functools.cache
 def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
-                  joint_softmax: bool = True, partials: bool = False, verify: bool = False, dependent: bool = False):
+                  joint_softmax: bool = True, partials: bool = False, verify: bool = False, dependent: bool = False,
+                  cluster: bool = False):
     """The decode kernel of ``shape``, compiled on first launch (cached); the other
     arguments are DecodeOptions fields of the same names (``max_registers`` None: 128). One CTA per work item: the grid
     ``(splits, num_kv_heads * head_groups, batch)`` names the item's split, KV head and head
@@ -75,8 +77,14 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
     for a programmatic dependent launch (``DecodeOptions.dependent_launch``): every CTA first
     waits for the grid before it on the stream (``wait_prior_grids``), then lets the next
     dependent launch start (``allow_dependent_grids``), not with ``verify``; the kernel's
-    ``waits_for_prior_grids`` says which it is."""
-    decode_item = decode_item_function(shape, l2_prefetch, joint_softmax, partials, verify=verify)
+    ``waits_for_prior_grids`` says which it is. ``cluster``: the kernel for a launch whose
+    clusters are the splits of one item (``launch.PreparedLaunch``, ``cluster`` = the grid's
+    ``splits``, 2 to ``MAX_CLUSTER``): the splits merge through distributed shared memory
+    (``decode_item_function``), not the workspace; not with ``partials`` or ``verify``. Every
+    other grid kernel has ``cluster_twin()``, itself with ``cluster``."""
+    if cluster and (partials or verify):
+        raise ValueError("decode_kernel: cluster is for the grid kernel (not with partials or verify)")
+    decode_item = decode_item_function(shape, l2_prefetch, joint_softmax, partials, verify=verify, cluster=cluster)
     HG = shape.head_groups
     cap = GRID_REGISTERS if max_registers is None else max_registers
     options = {} if SIMULATOR else {"max_registers": cap}
@@ -106,12 +114,17 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
             allow_dependent_grids()
 
     kernel.waits_for_prior_grids = dependent  # launcher.prepare_decode launches it as a dependent launch
+    kernel.merges_in_cluster = cluster  # launcher.prepare_decode launches it with clusters of its splits
+    if not cluster and not partials:
+        kernel.cluster_twin = functools.partial(decode_kernel, shape, max_registers, l2_prefetch, joint_softmax,
+                                                dependent=dependent, cluster=True)
     return kernel
 
 
 @functools.cache
 def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_softmax: bool = True,
-                         partials: bool = False, volatile_tid: bool = False, verify: bool = False):
+                         partials: bool = False, volatile_tid: bool = False, verify: bool = False,
+                         cluster: bool = False):
     """``decode_item(<the decode kernel's arguments>, split, h, hg, b)``: one work item, done by
     the whole CTA (every thread calls it, and every thread returns from it together): the
     split ``split`` of sequence ``b`` for KV head ``h`` and its query heads of head group
@@ -139,9 +152,18 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     block's rows, L1/L2 hits, after computing them), then lane 0 compares the sum with
     ``head_sums[block, layer, h]``; a mismatch adds 1 to ``flags[0]`` (atomic) and, as
     mismatch ``k < F``, writes (block, layer) into ``found[k]``. Nothing else changes: the
-    outputs are the plain item's. Tails are never checked (they are not sealed)."""
-    VERIFY = verify
-    (load_q, unscale_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish, pair_codes,
+    outputs are the plain item's. Tails are never checked (they are not sealed).
+
+    ``cluster`` (the grid kernel of a cluster launch, ``decode_kernel``): the CTAs of a
+    cluster are the splits of one (sequence, KV head, head group), cluster rank = ``split``.
+    A sequence of more than one split merges in the cluster: each CTA leaves its partial in
+    its own shared memory (an item past the sequence's splits an empty one, ``m`` -inf),
+    then ``cluster_merge_function``'s merge: no workspace, no count, no last CTA. A sequence
+    of one split (or none) writes as the plain kernel does; the choice is the same in every
+    CTA of the cluster."""
+    VERIFY, CLUSTER = verify, cluster
+    STAT_WORDS = 2 * HEADS_PER_CTA if cluster else 1  # the cluster's (m, l) per head
+    (load_q_words, scale_q, unscale_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish, pair_codes,
      unscale_values) = warp_functions(shape, joint_softmax)
     H, D, BS, G = shape.H, shape.D, shape.BS, shape.G
     HG, NG, MT = shape.head_groups, shape.num_groups, shape.m_tiles
@@ -158,6 +180,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     HPC, CW = HEADS_PER_CTA, shape.chunk
     SCORES, O_REGS = (8 if PAIR else 4) * CK, 4 * shape.m_tiles  # local array sizes
     merge_splits = merge_function(D)
+    cluster_merge = cluster_merge_function(D)
     PREFETCH = l2_prefetch == "all" or (l2_prefetch == "quantized" and QUANTIZED)
     RUN_BYTES, META_BYTES = BS * RW * 4, (4 * D, 4 * BS * NG)  # a block's code run; key, value metadata
     RING_K, RING_V, RING_VM = shape.ring_regions
@@ -261,13 +284,26 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
 
     @cuda.jit(device=True)
     def warp_block(block_tables, b, first, count, c, lane, ids):
-        # the block id of the warp's c-th sealed block (virtual block first + 4c), c < count:
-        # lane i holds the id of the warp's block 32 * (c // 32) + i in ids[0], read from the
-        # table once per 32 blocks, so no chunk waits on a table read before its copies
+        # the block id of the warp's c-th sealed block (virtual block first + 4c), 0 < c <
+        # count: lane i holds the id of the warp's block 32 * (c // 32) + i in ids[0], read
+        # from the table once per 32 blocks, so no chunk waits on a table read before its
+        # copies; the first 32 ids are the item's early read (`seed_blocks`, c = 0 and 1 from
+        # `first_blocks`)
         if c & 31 == 0:
             i = c + lane
             ids[0] = block_tables[b, first + WARPS * i] if i < count else -1
         return shfl_idx_int(ids[0], c & 31)
+
+    @cuda.jit(device=True)
+    def seed_blocks(early, count, lane, ids):
+        # ids[0]: the ids of the warp's first 32 sealed blocks (lane i: block i), from the
+        # item's early table read (lanes past `count` -1)
+        ids[0] = early if lane < count else -1
+
+    @cuda.jit(device=True)
+    def first_blocks(count, ids):
+        # the ids of the warp's sealed blocks 0 and 1 (-1 past `count`) after seed_blocks
+        return (shfl_idx_int(ids[0], 0) if count > 0 else -1), (shfl_idx_int(ids[0], 1) if count > 1 else -1)
 
     @cuda.jit(device=True)
     def issue(pool, ring, stage, sub, block, head_row, vb, last, b, h, layer, num_blocks, block_tables, k_codes,
@@ -296,14 +332,30 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
         # f32 flat; part_ml: [B*Hq, max_splits, 2] f32 flat; counters: [B * H * HG] int32
         tid = thread_index_volatile() if volatile_tid else cuda.threadIdx.x
         warp, lane = tid >> 5, tid & 31
+        gid = (lane >> 2)
+        q_valid = hg * HPC + gid < G  # rows past the group's heads stay zero
+        head0 = h * G + hg * HPC  # first query head of the CTA
+        q_row = b * H * G + head0 + (gid if q_valid else 0)
+        qh = cuda.local.array(KREGS, np.uint32)
+        early = int32(-1)
+        if QUANTIZED:
+            # the item's first global reads in one round trip: its sequence length, the ids
+            # of the warp's first 32 blocks (lane i: virtual block split * split_blocks + warp
+            # + 4i, clamped into the table; used only below the sequence's sealed count) and
+            # q's raw words; before, each waited for the one before it. On the H200 1-5%
+            # faster for INT4/INT2 at B=1 and 0.4-2.4% at larger shapes, but FP16 0.2-0.8%
+            # slower at 32k-128k and B >= 16 (twenty-sixth session), so FP16 reads as before
+            load_q_words(q, q_row, lane, qh)
+            width = block_tables.shape[1]
+            early = load_where(block_tables, b, min(split * split_blocks + warp + WARPS * lane, max(width, 1) - 1),
+                               width > 0)
         # device index arrays are not checked by the launcher: a length is clamped to what
         # the table describes and what the grid and workspace were sized for
         seq_len = max(0, min(seq_lens[b], (block_tables.shape[1] + 1) * BS - 1, max_splits * split_blocks * BS))
         n_sealed = seq_len // BS
         n_virtual = (seq_len + BS - 1) // BS
         n_splits = (n_virtual + split_blocks - 1) // split_blocks
-        head0 = h * G + hg * HPC  # first query head of the CTA
-        if split >= n_splits:
+        if split >= n_splits and not (CLUSTER and n_splits > 1):  # (in a cluster: an empty partial below)
             if partials:  # an empty partial: weight 0 in the merge
                 for i in range(tid, HPC * D, THREADS):
                     if hg * HPC + i // D < G:
@@ -317,10 +369,9 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                     if hg * HPC + i // D < G:
                         out[(b * H * G + head0 + i // D) * D + i % D] = 0
             return
-        vb0 = split * split_blocks
+        vb0 = min(split * split_blocks, n_virtual) if CLUSTER else split * split_blocks
         vb1 = min(vb0 + split_blocks, n_virtual)
 
-        qh = cuda.local.array(KREGS, np.uint32)
         qs = cuda.local.array(KREGS, np.uint32)
         kw = cuda.local.array(KWORDS, np.uint32)
         vw = cuda.local.array(VWORDS, np.uint32)
@@ -333,9 +384,10 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
         for i in range(4):
             stats[i] = 0
         state[0] = state[1] = NEG_INF
-        gid = (lane >> 2)
-        q_valid = hg * HPC + gid < G  # rows past the group's heads stay zero
-        load_q(q, b * H * G + head0 + (gid if q_valid else 0), lane, q_valid, qh, float32(scale * LOG2E))
+        factor = float32(scale * LOG2E)
+        if not QUANTIZED:
+            load_q_words(q, q_row, lane, qh)
+            scale_q(qh, q_valid, factor)
 
         ring = cuda.shared.array(RING_WORDS, uint32, alignment=SHARED_ALIGN16)  # per warp: two stages of sealed chunks
         if QUANTIZED:
@@ -348,11 +400,16 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
             count = max(0, (last - first + WARPS - 1) // WARPS)  # the warp's sealed blocks
             head_row = (layer * num_blocks) * H + h
             ids = cuda.local.array(1, int32)
+            seed_blocks(early, count, lane, ids)
             if PAIR:  # two blocks per iteration (`block`, `block2`), one softmax update over both
                 picks = cuda.local.array(1, uint32)
                 stage, spare = warp * 4 * STAGE, warp * 4 * STAGE + 2 * STAGE  # pairs of stages: computed, being filled
-                block, checking = pick_block(block_tables, b, first, count, 0, lane, ids, picks, num_blocks, check)
-                block2, checking2 = pick_block(block_tables, b, first, count, 1, lane, ids, picks, num_blocks, check)
+                if VERIFY:
+                    block, checking = pick_block(block_tables, b, first, count, 0, lane, ids, picks, num_blocks, check)
+                    block2, checking2 = pick_block(block_tables, b, first, count, 1, lane, ids, picks, num_blocks,
+                                                   check)
+                else:
+                    (block, block2), checking, checking2 = first_blocks(count, ids), False, False
                 if count > 0:
                     issue(pool, ring, stage, 0, block, head_row, first, last, b, h, layer, num_blocks, block_tables,
                           k_codes, v_codes, k_meta, v_meta, lane)
@@ -360,6 +417,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                     issue(pool, ring, stage + STAGE, 0, block2, head_row, first + WARPS, last, b, h, layer, num_blocks,
                           block_tables, k_codes, v_codes, k_meta, v_meta, lane)
                 cp_async_commit()
+                scale_q(qh, q_valid, factor)  # (its words came with the length; the copies fly)
                 c = 0
                 while c < count:
                     c_next = c + 2
@@ -404,11 +462,12 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                                                          check[1]) if count > 0 else (-1, False)
                     digest = uint32(0)
                 else:
-                    block = warp_block(block_tables, b, first, count, 0, lane, ids) if count > 0 else -1
+                    block, _ = first_blocks(count, ids)
                 if count > 0:
                     issue(pool, ring, stage, 0, block, head_row, first, last, b, h, layer, num_blocks, block_tables,
                           k_codes, v_codes, k_meta, v_meta, lane)
                 cp_async_commit()
+                scale_q(qh, q_valid, factor)  # (its words came with the length; the copies fly)
                 corr_lo = corr_hi = float32(0)
                 c, sub = 0, 0
                 while c < count:
@@ -474,6 +533,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
         s_o = ring.view(np.float32)  # [WARPS, HPC, D], once every warp is done with the ring
         s_ml = cuda.shared.array((WARPS, HPC, 2), float32)
         s_flag = cuda.shared.array(1, int32)
+        s_stat = cuda.shared.array(STAT_WORDS, float32)  # per head (m, l): read by the cluster
         tig = (lane & 3)
         cuda.syncthreads()  # every warp is done with the ring
         for t in range(MT):
@@ -493,6 +553,9 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                 s_ml[w, tid, 1] = weight
             s_ml[0, tid, 0] = m
             s_ml[1, tid, 0] = total
+            if CLUSTER:
+                s_stat[2 * tid] = m
+                s_stat[2 * tid + 1] = total
         cuda.syncthreads()  # weights ready
         row0 = b * H * G + head0  # row of the CTA's first head in out / part_*
         for i in range(tid, HPC * D, THREADS):
@@ -504,12 +567,17 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                 acc += s_ml[w, j, 1] * s_o[(w * HPC + j) * D + d]
             if n_splits == 1 and not partials:
                 out[(row0 + j) * D + d] = acc / s_ml[1, j, 0]
+            elif CLUSTER:  # warp 0's slot of (j, d): only this thread reads or writes it here
+                s_o[j * D + d] = acc
             else:
                 part_o[((row0 + j) * max_splits + split) * D + d] = acc
                 if d == 0:
                     part_ml[((row0 + j) * max_splits + split) * 2] = s_ml[0, j, 0]
                     part_ml[((row0 + j) * max_splits + split) * 2 + 1] = s_ml[1, j, 0]
         if n_splits == 1 or partials:
+            return
+        if CLUSTER:
+            cluster_merge(s_o, s_stat, out, row0, min(HPC, G - hg * HPC), cuda.gridDim.x, split)
             return
 
         # ---- the last CTA of this (sequence, KV head, head group) merges the splits -------
@@ -670,6 +738,54 @@ def merge_function(D: int):
                     out[(row0 + jj) * D + d + k] = acc[4 * r + k]
 
     return merge_splits
+
+
+def cluster_merge_function(D: int):
+    """``cluster_merge(s_o, s_stat, out, row0, heads, splits, rank)``: the merge of a cluster
+    of ``splits`` CTAs (2 to ``MAX_CLUSTER``), called by every thread of rank ``rank``:
+    ``out[row0 + j][d] = sum_c 2**(m_c - M) o_c[j, d] / sum_c 2**(m_c - M) l_c[j]`` for the
+    outputs ``i = j * D + d`` (``j < heads``) of this rank's share (``i = rank * THREADS +
+    tid``, step ``splits * THREADS``), where CTA ``c``'s partial is ``o_c[j, d]`` = its
+    ``s_o[j * D + d]`` and ``(m_c, l_c)`` = its ``s_stat[2j], s_stat[2j + 1]``. A
+    ``cluster_sync`` before (every CTA's partial visible) and a relaxed one after (each CTA's
+    shared memory alive until the others have read it; no fence to wait for ``out``'s stores). The loads of an output from the cluster's CTAs are
+    issued together: one round of distributed shared memory latency per output."""
+
+    @device_function
+    def remote8(array, at, splits, empty):
+        # array[at] of the cluster's CTAs 0..7 (empty past `splits`; a cluster has at least 2)
+        v2 = load_cluster_f32(array, at, 2) if splits > 2 else empty
+        v3 = load_cluster_f32(array, at, 3) if splits > 3 else empty
+        v4 = load_cluster_f32(array, at, 4) if splits > 4 else empty
+        v5 = load_cluster_f32(array, at, 5) if splits > 5 else empty
+        v6 = load_cluster_f32(array, at, 6) if splits > 6 else empty
+        v7 = load_cluster_f32(array, at, 7) if splits > 7 else empty
+        return load_cluster_f32(array, at, 0), load_cluster_f32(array, at, 1), v2, v3, v4, v5, v6, v7
+
+    @device_function
+    def weight(m, top):
+        return exp2(m - top) if m > NEG_INF else float32(0)
+
+    @device_function
+    def cluster_merge(s_o, s_stat, out, row0, heads, splits, rank):
+        tid = cuda.threadIdx.x
+        cluster_sync()  # every CTA's partial in its shared memory, visible to the cluster
+        i = rank * THREADS + tid
+        while i < heads * D:  # (a range here would divide for its trip count)
+            j = i // D
+            m0, m1, m2, m3, m4, m5, m6, m7 = remote8(s_stat, 2 * j, splits, NEG_INF)
+            l0, l1, l2, l3, l4, l5, l6, l7 = remote8(s_stat, 2 * j + 1, splits, float32(0))
+            o0, o1, o2, o3, o4, o5, o6, o7 = remote8(s_o, i, splits, float32(0))
+            top = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+            w0, w1, w2, w3 = weight(m0, top), weight(m1, top), weight(m2, top), weight(m3, top)
+            w4, w5, w6, w7 = weight(m4, top), weight(m5, top), weight(m6, top), weight(m7, top)
+            total = ((w0 * l0 + w1 * l1) + (w2 * l2 + w3 * l3)) + ((w4 * l4 + w5 * l5) + (w6 * l6 + w7 * l7))
+            acc = ((w0 * o0 + w1 * o1) + (w2 * o2 + w3 * o3)) + ((w4 * o4 + w5 * o5) + (w6 * o6 + w7 * o7))
+            out[(row0 + j) * D + i % D] = acc / total
+            i += splits * THREADS
+        cluster_sync_relaxed()  # no CTA leaves while another may still read its shared memory
+
+    return cluster_merge
 
 
 def softmax_scale(head_dim: int, scale: float | None) -> float:

@@ -19,7 +19,7 @@ from ..launch import Launch, PreparedLaunch
 from ..store import DeviceKVStore, flat_words
 from ..streams import resolve_stream
 from ..views import flat
-from .kernel import decode_kernel
+from .kernel import MAX_CLUSTER, decode_kernel
 from .options import DEFAULT_OPTIONS, DecodeOptions
 from .shape import THREADS, DecodeShape, unsupported_reason
 
@@ -40,8 +40,19 @@ def dependent_launches(options: DecodeOptions) -> bool:
 def prepare_decode(launch: Launch, options: DecodeOptions) -> PreparedLaunch:
     """``launch`` (a grid decode launch made with ``options``) prepared on ``options.launch_path``,
     as a programmatic dependent launch exactly when its kernel waits for the grid before it
-    (``decode_kernel(dependent=True)``, which ``_choose_kernel`` picks by ``dependent_launches``)."""
-    return launch.prepare(options.launch_path, dependent=getattr(launch.kernel, "waits_for_prior_grids", False))
+    (``decode_kernel(dependent=True)``, which ``_choose_kernel`` picks by ``dependent_launches``),
+    and on a GPU, where ``options.cluster`` says so for its split count and how much of a wave
+    its CTAs fill, as the kernel's ``cluster_twin`` in clusters of one item's splits."""
+    dependent = getattr(launch.kernel, "waits_for_prior_grids", False)
+    cluster = 1
+    if not SIMULATOR and hasattr(launch.kernel, "cluster_twin"):
+        splits, heads, batch = launch.grid
+        slots = (options.ctas_per_sm or _ctas_per_sm(launch.kernel, list(launch.args))) * _num_sms()
+        cc = cuda.get_current_device().compute_capability
+        cluster = options.cluster(cc, splits, MAX_CLUSTER, splits * heads * batch / slots)
+    if cluster > 1:
+        launch = launch._replace(kernel=launch.kernel.cluster_twin())
+    return launch.prepare(options.launch_path, dependent=dependent, cluster=cluster)
 
 
 class DecodeVerify(NamedTuple):

@@ -25,6 +25,13 @@ TIERED_FP16 = ("launch", "merge")
 # FP16's and INT4's fewer splits were slower (INT4 at 128k: 58.4 -> 63.0 us), so they keep 0
 MERGE_COST = {16: 0.0, 4: 0.0, 2: 1.12}
 
+# the most of one wave of resident CTAs a grid may fill and still merge its splits in thread
+# block clusters by default (DecodeOptions.cluster_merge None). On the H200 (twenty-sixth
+# session) B=1 1k (64 CTAs of 528 slots) gained 25-30%, while grids filling the wave lost
+# 28-41% (16 x 32/8 16k: 384 and 512 CTAs in clusters of 3 and 4); nothing between was
+# measured, so the rule keeps to the half where no cluster placement can need a second wave
+CLUSTER_MAX_FILL = 0.5
+
 
 @dataclasses.dataclass(frozen=True)
 class DecodeOptions:
@@ -87,6 +94,17 @@ class DecodeOptions:
       (sequence, head) first, one launch fewer; 2-7% faster on grouped-query shapes, 0.5-1%
       slower with one query head per KV head, measured on the H200) or "launch" (its own
       partials launch before the merge).
+    - ``cluster_merge``: whether a prepared grid decode whose items have 2 to 8 splits
+      (``kernel.MAX_CLUSTER``) launches each item's splits as one thread block cluster that
+      merges through distributed shared memory (``kernel.decode_kernel``, ``cluster``)
+      instead of the workspace and the last CTA's merge. None (the default): on for the
+      "raw" launch path on compute capability 9.0 or newer where the grid fills at most
+      ``CLUSTER_MAX_FILL`` of one wave of resident CTAs, off otherwise; True: wherever an
+      item has 2 to 8 splits (needs the "raw" path and sm_90: ``HexcoreConfigError``).
+      Measured on the H200 (``benchmarks/RESULTS.md``, twenty-sixth session): B=1 1k 32/8,
+      64 CTAs, 25-30% faster (FP16 8.6 -> 6.4 us); grids that fill the wave slower (16 x
+      32/8 16k, 384-512 CTAs in clusters of 3-4: 28-41%), hence the fill rule. The simulator
+      has no clusters and merges as before; so do eager ``paged_decode`` launches.
     """
 
     ctas_per_sm: int | None = None
@@ -100,6 +118,7 @@ class DecodeOptions:
     persistent_item: str = "inline"
     tiered_fp16: str = "merge"
     dependent_launch: bool | None = None
+    cluster_merge: bool | None = None
 
     def __post_init__(self):
         for name in ("split_overhead", "split_merge_cost"):
@@ -129,6 +148,10 @@ class DecodeOptions:
                 or (self.dependent_launch and self.launch_path != "raw"):
             raise HexcoreConfigError(f"dependent_launch: expected None or a bool, True only with launch_path 'raw', "
                                      f"got {self.dependent_launch!r} with launch_path {self.launch_path!r}")
+        if not (self.cluster_merge is None or isinstance(self.cluster_merge, bool)) \
+                or (self.cluster_merge and self.launch_path != "raw"):
+            raise HexcoreConfigError(f"cluster_merge: expected None or a bool, True only with launch_path 'raw', "
+                                     f"got {self.cluster_merge!r} with launch_path {self.launch_path!r}")
 
     def dependent(self, compute_capability: tuple[int, int]) -> bool:
         """Whether prepared decode launches on a GPU of ``compute_capability`` are
@@ -140,6 +163,21 @@ class DecodeOptions:
         if self.dependent_launch is not None:
             return self.dependent_launch
         return self.launch_path == "raw" and sm90
+
+    def cluster(self, compute_capability: tuple[int, int], splits: int, max_cluster: int, fill: float) -> int:
+        """The thread block cluster size of a prepared grid decode of ``splits`` splits per
+        item whose CTAs fill ``fill`` of one wave of resident CTAs, on a GPU of
+        ``compute_capability`` (``cluster_merge``, None resolved): ``splits`` where clusters
+        are on and ``2 <= splits <= max_cluster``, else 1 (no clusters)."""
+        sm90 = tuple(compute_capability) >= (9, 0)
+        if self.cluster_merge and not sm90:
+            raise HexcoreConfigError(f"cluster_merge: True needs compute capability 9.0 or newer (thread block "
+                                     f"clusters), got {tuple(compute_capability)}")
+        if self.cluster_merge is None:
+            on = self.launch_path == "raw" and sm90 and fill <= CLUSTER_MAX_FILL
+        else:
+            on = self.cluster_merge
+        return splits if on and 2 <= splits <= max_cluster else 1
 
     def merge_cost(self, bits: int) -> float:
         """``split_merge_cost`` for a cache of ``bits`` (16, 4 or 2) per value."""

@@ -13,7 +13,7 @@ from numba import cuda
 from hexcore import HexcoreConfigError, HexcoreInvalidArgumentError, KVCacheConfig
 from hexcore.cuda import DecodeOptions, DecodePlan, DeviceKVStore, paged_decode
 from hexcore.cuda.attention import launcher
-from hexcore.cuda.attention.options import MERGE_COST
+from hexcore.cuda.attention.options import CLUSTER_MAX_FILL, MERGE_COST
 from hexcore.cuda.attention.shape import DecodeShape
 from hexcore.cuda.device import allow_dependent_grids
 from hexcore.cuda.timer import global_timer_ns
@@ -387,3 +387,82 @@ def test_decode_plan_gpu(rng):
         out.copy_to_device(np.full(q_host.shape, np.nan, np.float16))
         got = plan.run(0).copy_to_host()
         assert ref.relative_l2(got, ref.decode_attention(q_host, keys, values, 1 / math.sqrt(128))) <= TOLERANCE
+
+
+def test_cluster_merge_options_and_sizes():
+    """``cluster_merge``: None or a bool, True only with the raw path and on sm_90+; the
+    cluster is the item's splits when they number 2 to 8, else none; by default only where
+    the grid fills at most ``CLUSTER_MAX_FILL`` of a wave, on the raw path and sm_90+."""
+    for bad in (dict(cluster_merge=1), dict(cluster_merge="yes"), dict(cluster_merge=True, launch_path="core")):
+        with pytest.raises(HexcoreConfigError, match="cluster_merge"):
+            DecodeOptions(**bad)
+    on, auto = DecodeOptions(cluster_merge=True), DecodeOptions()
+    assert [on.cluster((9, 0), s, 8, 1.0) for s in (1, 2, 5, 8, 9, 64)] == [1, 2, 5, 8, 1, 1]
+    assert [auto.cluster((9, 0), s, 8, 0.1) for s in (1, 2, 5, 8, 9)] == [1, 2, 5, 8, 1]
+    assert [auto.cluster((9, 0), 4, 8, f) for f in (0.0, CLUSTER_MAX_FILL, 0.51, 1.0)] == [4, 4, 1, 1]
+    assert auto.cluster((8, 0), 4, 8, 0.1) == 1 and DecodeOptions(launch_path="core").cluster((9, 0), 4, 8, 0.1) == 1
+    assert DecodeOptions(cluster_merge=False).cluster((9, 0), 4, 8, 0.1) == 1
+    with pytest.raises(HexcoreConfigError, match="cluster_merge: True needs compute capability 9.0"):
+        on.cluster((8, 0), 4, 8, 0.1)
+
+
+def test_cluster_launches_are_checked():
+    """``PreparedLaunch(cluster=n)``: an int in [1, 8] dividing the grid's x, above 1 only on a
+    GPU with the raw path (the simulator has no clusters)."""
+    from hexcore.cuda.launch import PreparedLaunch
+
+    kernel = launcher.decode_kernel(DecodeShape(16, 1, 64, 16, 1, 64))
+    for cluster, grid in ((0, (4, 1, 1)), (9, (9, 1, 1)), (True, (4, 1, 1)), (3, (4, 1, 1)), (2.0, (4, 1, 1))):
+        with pytest.raises(HexcoreInvalidArgumentError, match="cluster"):
+            PreparedLaunch(kernel, grid, 128, (), cluster=cluster)
+    if cuda.is_available() and not launcher.SIMULATOR:
+        with pytest.raises(HexcoreInvalidArgumentError, match="cluster"):
+            PreparedLaunch(kernel, (4, 1, 1), 128, (), path="core", cluster=2)
+    else:
+        with pytest.raises(HexcoreInvalidArgumentError, match="on the simulator"):
+            PreparedLaunch(kernel, (4, 1, 1), 128, (), cluster=2)
+
+
+def check_cluster_merge(dtype, head_dim, group, seq_lens, rng, runs=3):
+    """A plan with ``cluster_merge``: its items' 2-8 splits launched as clusters (on a GPU)
+    that merge in distributed shared memory, ragged sequences (one split, none, fewer than
+    the grid's: CTAs with an empty partial) against the float64 reference, fresh q each run,
+    the output poisoned before each; a split per block (no merge term), so the sequence
+    lengths set the cluster size."""
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=head_dim, block_size=32, kv_dtype=dtype)
+    store, tables, tails, keys, values = random_cache(cfg, seq_lens, rng)
+    shape = (len(seq_lens), 2 * group, head_dim)
+    q, out = cuda.device_array(shape, np.float16), cuda.device_array(shape, np.float16)
+    d_tables, lens, slots = (cuda.to_device(a) for a in (tables, np.array(seq_lens, np.int32), tails))
+    options = DecodeOptions(cluster_merge=True, ctas_per_sm=64, min_split_blocks=1, split_merge_cost=0)
+    plan = DecodePlan(q, store, d_tables, lens, slots, max_seq_len=max(seq_lens), out=out, options=options)
+    launch = plan.launch(0)
+    splits = launch.grid[0]
+    want = splits if not launcher.SIMULATOR and 2 <= splits <= 8 else 1
+    assert launch.cluster == want and launch.as_launch().kernel.merges_in_cluster is (want > 1)
+    for _ in range(runs):
+        q_host = rng.standard_normal(shape).astype(np.float16)
+        q.copy_to_device(q_host)
+        out.copy_to_device(np.full(shape, np.nan, np.float16))
+        got = plan.run(0).copy_to_host()
+        assert not np.isnan(got).any(), "an output element was not written"
+        err = ref.relative_l2(got, ref.decode_attention(q_host, keys, values, 1 / math.sqrt(head_dim)))
+        assert err <= TOLERANCE, f"relative L2 error {err:.2e} ({splits} splits, cluster {want})"
+    return splits
+
+
+def test_cluster_merge_falls_back_to_the_workspace_merge_on_the_simulator(rng):
+    assert check_cluster_merge("int4", 64, 4, [100, 40, 5, 0], rng, runs=1) > 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,head_dim,group,seq_lens,splits", [
+    ("fp16", 128, 4, [250, 100, 40, 5, 0, 256], 8),  # 40 tokens: 2 of 8 splits (six empty CTAs), 5: one, 0: none
+    ("int4", 128, 4, [250, 100, 40, 5, 0, 256], 8),
+    ("int2", 128, 4, [250, 100, 40, 5, 0, 256], 8),
+    ("fp16", 128, 8, [64, 40, 1], 2),  # a full head group (eight heads a CTA)
+    ("int2", 64, 1, [90, 40, 5, 0], 3),
+    ("int4", 128, 12, [150, 64, 33, 0], 5),  # two head groups, the second of four heads
+])
+def test_cluster_merge_matches_reference_gpu(dtype, head_dim, group, seq_lens, splits, rng):
+    assert check_cluster_merge(dtype, head_dim, group, seq_lens, rng) == splits

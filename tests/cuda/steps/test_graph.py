@@ -191,12 +191,14 @@ def test_graph_steps_equal_eager_steps(dtype, layers, heads, buckets, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cluster", [False, True])
 @pytest.mark.parametrize("backend", ["torch", "driver"])
 @pytest.mark.parametrize("dtype", ["fp16", "int2"])
-def test_graph_steps_with_dependent_launches_equal_eager_steps_gpu(dtype, backend, seed):
+def test_graph_steps_with_dependent_launches_equal_eager_steps_gpu(dtype, backend, cluster, seed):
     """``DecodeOptions(dependent_launch=True)``: the captured step's decodes are programmatic
     dependent launches (each may start while the seal or the previous layer's decode, which
-    shares its split workspace, finishes); the outputs are the eager steps'."""
+    shares its split workspace, finishes); the outputs are the eager steps'. ``cluster``:
+    with ``cluster_merge``, the decodes of 2-8 splits are captured as cluster launches."""
     if backend == "torch":
         pytest.importorskip("torch")
     cfg = KVCacheConfig(num_layers=4, num_kv_heads=8, head_dim=128, block_size=16, kv_dtype=dtype, group_size=64)
@@ -204,10 +206,14 @@ def test_graph_steps_with_dependent_launches_equal_eager_steps_gpu(dtype, backen
     script = SCRIPT + [{"batch": "AD"}] * 3
     kwargs = {"prompts": prompts, "script": script, "max_seqs": 8, "num_blocks": 64}
     eager = run_workload(cfg, 32, eager_runner, seed, **kwargs)
-    options = DecodeOptions(dependent_launch=True, ctas_per_sm=16, min_split_blocks=1)  # split sequences
+    options = DecodeOptions(dependent_launch=True, ctas_per_sm=16, min_split_blocks=1,  # 2-8 splits a sequence
+                            split_merge_cost=2.0, cluster_merge=cluster)
     graph = run_workload(cfg, 32, graph_runner((1, 2, 4, 8), backend, options), seed, **kwargs)
     assert_same(eager, graph)
     assert len(graph[2].graph.captured) < len(script), "no step replayed a graph"
+    decodes = [p for step in graph[2].graph._steps.values() for p in step._decode]
+    assert any(p.grid[0] > 1 for p in decodes), "no decode was split"
+    assert any(p.cluster > 1 for p in decodes) is cluster, [(p.grid, p.cluster) for p in decodes]
 
 
 @pytest.mark.gpu
