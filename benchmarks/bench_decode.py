@@ -200,9 +200,19 @@ def kernel_info(plan) -> dict:
         attrs = compiled._codelibrary.get_cufunc().attrs
         return dict(regs=attrs.regs, local=attrs.local, smem=attrs.shared, grid=list(launch.grid),
                     ctas_per_sm=compiled.max_cooperative_grid_blocks(launch.block[0]) // sms,
-                    cluster=getattr(plan.launch(0), "cluster", 1))
+                    cluster=getattr(plan.launch(0), "cluster", 1), max_clusters=_max_clusters(plan.launch(0)))
     except Exception:  # an older package: no such details
         return {}
+
+
+def _max_clusters(prepared) -> int | None:
+    """The clusters a cluster launch's GPU holds at once (``PreparedLaunch.max_active_clusters``),
+    None for a plain launch, or the driver's error as text."""
+    query = getattr(prepared, "max_active_clusters", None)  # (an older package: none)
+    try:
+        return query() if query is not None else None
+    except Exception as exc:  # reported in the row, never a failed benchmark
+        return f"{type(exc).__name__}: {exc}"[:120]
 
 
 def sdpa_case(batch: int, num_q_heads: int, num_kv_heads: int, ctx: int):

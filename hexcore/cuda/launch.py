@@ -231,6 +231,24 @@ class PreparedLaunch:
         if err:
             self._retry(err, entry[1])
 
+    def max_active_clusters(self) -> int | None:
+        """How many of this launch's clusters the GPU holds at once (the driver's
+        ``cuOccupancyMaxActiveClusters`` for its kernel, block and cluster size): a grid of
+        more clusters than that runs in more than one wave. None without clusters (``cluster``
+        1) or on the simulator."""
+        if SIMULATOR or self.cluster == 1:
+            return None
+        from cuda.bindings import driver
+
+        config = self._config(driver, driver.CUstream(0))
+        err, function = driver.cuKernelGetFunction(driver.CUkernel(int(self._head[0])))
+        if not err:
+            err, count = driver.cuOccupancyMaxActiveClusters(function, config)
+        if err:
+            raise HexcoreCudaError(f"cuOccupancyMaxActiveClusters({self.name}, cluster {self.cluster}) failed: "
+                                   f"{getattr(err, 'name', err)} ({int(err)})")
+        return int(count)
+
     def _enqueue(self, handle):
         # the driver's launch on stream `handle`: its error code (0: enqueued)
         if self.dependent or self.cluster > 1:
@@ -238,9 +256,13 @@ class PreparedLaunch:
         return self._launch(*self._head, handle, self._params, 0)[0]
 
     def _launch_ex(self, handle):
-        # cuLaunchKernelEx with this launch's attributes (dependent, cluster); a config per stream
+        # cuLaunchKernelEx with this launch's attributes (dependent, cluster)
         from cuda.bindings import driver
 
+        return driver.cuLaunchKernelEx(self._config(driver, handle), self._head[0], self._params, 0)[0]
+
+    def _config(self, driver, handle):
+        # the CUlaunchConfig of this launch on stream `handle` (made once per stream)
         config = self._configs.get(int(handle))
         if config is None:
             if len(self._configs) >= MAX_STREAMS:
@@ -263,7 +285,7 @@ class PreparedLaunch:
             config.sharedMemBytes, config.hStream = 0, handle
             config.attrs, config.numAttrs = attributes, len(attributes)
             self._configs[int(handle)] = config
-        return driver.cuLaunchKernelEx(config, self._head[0], self._params, 0)[0]
+        return config
 
     def _retry(self, err, handle) -> None:
         # a thread that never touched numba has no current context: make numba's

@@ -440,6 +440,8 @@ def check_cluster_merge(dtype, head_dim, group, seq_lens, rng, runs=3):
     splits = launch.grid[0]
     want = splits if not launcher.SIMULATOR and 2 <= splits <= 8 else 1
     assert launch.cluster == want and launch.as_launch().kernel.merges_in_cluster is (want > 1)
+    held = launch.max_active_clusters()  # the driver's count of co-resident clusters; None without
+    assert held is None if want == 1 else 1 <= held <= launcher._num_sms() * 32 // want, held
     for _ in range(runs):
         q_host = rng.standard_normal(shape).astype(np.float16)
         q.copy_to_device(q_host)
