@@ -239,11 +239,11 @@ class PreparedLaunch:
         if SIMULATOR or self.cluster == 1:
             return None
         from cuda.bindings import driver
+        from numba import cuda
 
-        config = self._config(driver, driver.CUstream(0))
-        err, function = driver.cuKernelGetFunction(driver.CUkernel(int(self._head[0])))
-        if not err:
-            err, count = driver.cuOccupancyMaxActiveClusters(function, config)
+        cuda.current_context()  # (the kernel handle is a CUkernel cast to a CUfunction, as for
+        # the launch: the driver reads the current context for it)
+        err, count = driver.cuOccupancyMaxActiveClusters(self._head[0], self._config(driver, driver.CUstream(0)))
         if err:
             raise HexcoreCudaError(f"cuOccupancyMaxActiveClusters({self.name}, cluster {self.cluster}) failed: "
                                    f"{getattr(err, 'name', err)} ({int(err)})")
