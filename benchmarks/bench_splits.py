@@ -2,7 +2,7 @@
 per split (``DecodeOptions.split_merge_cost``) for each dtype.
 
     python -m benchmarks.bench_splits [--shapes 1x32x8x32768,1x32x8x131072] [--dtypes fp16,int4,int2]
-        [--ctas 1,2,4,8,16]
+        [--ctas 1,2,4,8,16] [--cluster-merge auto|on|off|both]
 
 Each shape (``BxHqxHkvxctx``) and dtype is decoded with ``DecodeOptions(ctas_per_sm=c)`` for
 each ``c`` of ``--ctas``, which steers the split count (about ``c`` x SMs / items splits per
@@ -12,7 +12,8 @@ over all its rows, the least-squares fit
     ms = a * waves * blocks_per_split + m * splits + c_shape        (one constant per shape)
 
 (``waves``: the grid's CTAs over the kernel's resident CTAs on the GPU, which ``ctas_per_sm``
-does not change) and ``split_merge_cost = m / a``: the merge's cost per split in blocks of
+does not change; rows merged in a cluster, ``--cluster-merge on`` or ``both``, are left out of the
+fit) and ``split_merge_cost = m / a``: the merge's cost per split in blocks of
 that dtype's work. On the eleventh session's sweep (B=1, 32k and 128k, before the merge
 rewrite) ``m`` came out at 0.13-0.17 us per split for every dtype (the partials are float32
 whatever the cache's dtype) and ``a`` at 0.1-0.33 us per block, so the cost in blocks
@@ -59,27 +60,32 @@ def policy_splits(shape, ctas_per_sm: int, merge_cost: float) -> int:
     return -(-max_virtual // blocks)
 
 
-def sweep(shapes, dtypes, ctas) -> list[dict]:
+def sweep(shapes, dtypes, ctas, clusters=(None,)) -> list[dict]:
+    """Rows per shape, dtype, ``ctas_per_sm`` steer and ``DecodeOptions.cluster_merge`` value
+    of ``clusters`` (None: the default rule; True: each item's 2-8 splits as a cluster)."""
     from numba import cuda
 
     from benchmarks.bench_decode import decode_case
     from benchmarks.gpu_common import time_gpu
     from hexcore.cuda import DecodeOptions
 
-    sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    sms = getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 1)  # (the simulator: one)
     rows = []
     for shape in shapes:
         for dtype in dtypes:
-            for c in ctas:
-                run, nbytes, store, info = decode_case(dtype, *shape, options=DecodeOptions(ctas_per_sm=c))
+            for c, cluster in ((c, cluster) for c in ctas for cluster in clusters):
+                options = DecodeOptions(ctas_per_sm=c, cluster_merge=cluster)
+                run, nbytes, store, info = decode_case(dtype, *shape, options=options)
                 ms = time_gpu(run) * 1e3
                 (splits, ys, batch), max_virtual = info["grid"], -(-shape[3] // BS)
                 waves = -(-splits * ys * batch // (info["ctas_per_sm"] * sms))
                 rows.append(dict(dtype=dtype, shape=list(shape), ctas=c, splits=splits, waves=waves,
                                  blocks=-(-max_virtual // splits), ms=ms, TBs=nbytes / ms / 1e9,
-                                 kernel_ctas_per_sm=info["ctas_per_sm"]))
-                print(f"{dtype:5s} {shape} ctas {c:2d}: {splits:4d} splits of {rows[-1]['blocks']:4d} blocks, "
-                      f"{waves} wave(s), {ms:.5f} ms", flush=True)
+                                 kernel_ctas_per_sm=info["ctas_per_sm"], cluster_merge=cluster,
+                                 cluster=info.get("cluster", 1)))
+                print(f"{dtype:5s} {shape} ctas {c:2d} cluster_merge {cluster!s:5s}: {splits:4d} splits of "
+                      f"{rows[-1]['blocks']:4d} blocks, cluster {rows[-1]['cluster']}, {waves} wave(s), {ms:.5f} ms",
+                      flush=True)
                 del store
                 gc.collect()
     return rows
@@ -92,9 +98,13 @@ def main(argv) -> None:
     shapes = [tuple(int(x) for x in s.split("x")) for s in arg("--shapes", "1x32x8x32768,1x32x8x131072").split(",")]
     dtypes = arg("--dtypes", "fp16,int4,int2").split(",")
     ctas = [int(c) for c in arg("--ctas", "1,2,4,8,16").split(",")]
-    rows = sweep(shapes, dtypes, ctas)
+    clusters = {"auto": (None,), "on": (True,), "off": (False,), "both": (False, True)}[arg("--cluster-merge", "auto")]
+    rows = sweep(shapes, dtypes, ctas, clusters)
     for dtype in dtypes:
-        own = [r for r in rows if r["dtype"] == dtype]
+        own = [r for r in rows if r["dtype"] == dtype and r["cluster"] == 1]  # the workspace merge's cost
+        if len(own) < 3:
+            print(f"{dtype}: too few rows merged in the workspace to fit its cost")
+            continue
         fit = fit_merge_cost(own)
         resident = own[0]["kernel_ctas_per_sm"]
         picks = {str(s): (policy_splits(s, resident, 0.0), policy_splits(s, resident, fit["cost"])) for s in shapes}

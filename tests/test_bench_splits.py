@@ -27,3 +27,28 @@ def test_the_policy_takes_fewer_splits_with_a_merge_cost(monkeypatch):
     assert bench_splits.policy_splits((1, 32, 8, 32768), 4, 0.0) == 64
     assert bench_splits.policy_splits((1, 32, 8, 32768), 4, 0.7) == 38
     assert bench_splits.policy_splits((1, 32, 8, 131072), 4, 0.7) == 64
+
+
+def test_the_sweep_times_each_cluster_setting_and_fits_only_the_workspace_merges(monkeypatch, capsys):
+    """``--cluster-merge both``: a row per (ctas, cluster_merge), its options passed to the
+    decode; the fit takes only the rows merged in the workspace (cluster 1), so a sweep whose
+    rows all merged in clusters prints that it cannot fit instead of failing."""
+    from benchmarks import bench_decode, gpu_common
+
+    seen = []
+
+    def fake_case(dtype, batch, hq, hkv, ctx, options):
+        seen.append(options)
+        splits = 2 * options.ctas_per_sm
+        return (lambda: None), 1, None, dict(grid=[splits, hkv, batch], ctas_per_sm=4,
+                                             cluster=splits if options.cluster_merge else 1)
+
+    monkeypatch.setattr(bench_decode, "decode_case", fake_case)
+    monkeypatch.setattr(gpu_common, "time_gpu", lambda run: 1e-5)
+    rows = bench_splits.sweep([(1, 32, 8, 4096)], ["int4"], [1, 2], (False, True))
+    assert [(o.ctas_per_sm, o.cluster_merge) for o in seen] == [(1, False), (1, True), (2, False), (2, True)]
+    assert [(r["splits"], r["cluster"], r["cluster_merge"]) for r in rows] == [(2, 1, False), (2, 2, True),
+                                                                              (4, 1, False), (4, 4, True)]
+    monkeypatch.setattr(gpu_common, "save", lambda name, rows: None)
+    bench_splits.main(["--shapes", "1x32x8x4096", "--dtypes", "int4", "--ctas", "1,2", "--cluster-merge", "on"])
+    assert "int4: too few rows merged in the workspace to fit its cost" in capsys.readouterr().out
