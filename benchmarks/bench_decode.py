@@ -205,7 +205,7 @@ def kernel_info(plan) -> dict:
         return {}
 
 
-def _max_clusters(prepared) -> int | None:
+def _max_clusters(prepared) -> int | str | None:
     """The clusters a cluster launch's GPU holds at once (``PreparedLaunch.max_active_clusters``),
     None for a plain launch, or the driver's error as text."""
     query = getattr(prepared, "max_active_clusters", None)  # (an older package: none)
@@ -319,7 +319,8 @@ def option_variants():
             " dependent launch": DecodeOptions(dependent_launch=True),
             " plain launch": DecodeOptions(dependent_launch=False),
             " ctas 2": DecodeOptions(ctas_per_sm=2), " ctas 3": DecodeOptions(ctas_per_sm=3),
-            " cluster merge": DecodeOptions(cluster_merge=True), " no cluster merge": DecodeOptions(cluster_merge=False),
+            " cluster merge": DecodeOptions(cluster_merge=True),
+            " no cluster merge": DecodeOptions(cluster_merge=False),
             " verify 1/16": VerifySample(16), " verify every=0": VerifySample(0)}
 
 

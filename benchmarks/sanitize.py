@@ -107,13 +107,14 @@ def run_verify_decode(store, tables, rng) -> None:
 def run_dependent_decode(store, tables, rng) -> None:
     """A DecodePlan of programmatic dependent launches (``DecodeOptions.dependent_launch``),
     one split and many, three runs back to back: each may start while the one before it
-    finishes, and waits for it; then the many splits as clusters merging in distributed
-    shared memory (``DecodeOptions.cluster_merge``)."""
+    finishes, and waits for it: the many splits merged in the workspace by the last CTA, then
+    as clusters merging in distributed shared memory (``DecodeOptions.cluster_merge``)."""
     from hexcore.cuda import DecodePlan
 
     q = cuda.to_device(rng.standard_normal((2, 8, 128)).astype(np.float16))
     d = [cuda.to_device(a) for a in (tables, np.array([35, 32], np.int32), np.array([0, 1], np.int32))]
-    for options in (DecodeOptions(dependent_launch=True), dataclasses.replace(SPLIT, dependent_launch=True),
+    for options in (DecodeOptions(dependent_launch=True),
+                    dataclasses.replace(SPLIT, dependent_launch=True, cluster_merge=False),  # the workspace merge
                     dataclasses.replace(SPLIT, dependent_launch=True, cluster_merge=True)):
         plan = DecodePlan(q, store, *d, max_seq_len=35, options=options)
         for _ in range(3):

@@ -219,7 +219,10 @@ if not SIMULATOR:
             fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(64), ir.IntType(32)])
             text = ("{\n\t.reg .pred ok;\n\tsetp.ne.u32 ok, $2, 0;\n\tmov.b32 $0, -1;\n\t"
                     "@ok ld.global.b32 $0, [$1];\n\t}")
-            asm = ir.InlineAsm(fnty, text, "=r,l,r", side_effect=False)
+            # a side effect, so LLVM keeps it after the kernel's griddepcontrol.wait (a
+            # read-none asm could be scheduled above it: a read of the table before the grid
+            # that writes it is done); ptxas still issues it with the loads around it
+            asm = ir.InlineAsm(fnty, text, "=r,l,r", side_effect=True)
             return builder.call(asm, [builder.ptrtoint(ptr, ir.IntType(64)), args[3]])
 
         return sig, codegen
@@ -343,8 +346,10 @@ if not SIMULATOR:
     _commit = _asm_statement("cp.async.commit_group;")
     _griddep_wait = _asm_statement("griddepcontrol.wait;")
     _griddep_launch = _asm_statement("griddepcontrol.launch_dependents;")
-    _cluster_barrier = _asm_statement("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;")
-    _cluster_barrier_relaxed = _asm_statement("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;")
+    _cluster_barrier = _asm_statement("barrier.cluster.arrive.release.aligned;\n\t"
+                                      "barrier.cluster.wait.acquire.aligned;")
+    _cluster_barrier_relaxed = _asm_statement("barrier.cluster.arrive.relaxed.aligned;\n\t"
+                                              "barrier.cluster.wait.aligned;")
 
     @intrinsic
     def _load_cluster(typingctx, array, index, rank):

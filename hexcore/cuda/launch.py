@@ -95,8 +95,8 @@ class PreparedLaunch:
         if not isinstance(dependent, bool) or (dependent and path != "raw"):
             raise HexcoreInvalidArgumentError(f"dependent: expected a bool, True only with path 'raw', got "
                                               f"{dependent!r} with path {path!r}")
+        name = getattr(getattr(dispatcher, "py_func", None), "__name__", dispatcher)
         if dependent and not getattr(dispatcher, "waits_for_prior_grids", False):
-            name = getattr(getattr(dispatcher, "py_func", None), "__name__", dispatcher)
             raise HexcoreInvalidArgumentError(
                 f"dependent: True for kernel {name!s}, which does not wait for the grid before it "
                 f"(no waits_for_prior_grids): it would race with that grid")
@@ -106,9 +106,14 @@ class PreparedLaunch:
         self.grid, self.block = _dim3(griddim), _dim3(blockdim)
         if isinstance(cluster, bool) or not isinstance(cluster, int) or not 1 <= cluster <= MAX_CLUSTER \
                 or self.grid[0] % cluster or (cluster > 1 and (path != "raw" or SIMULATOR)):
+            where = " on the simulator" if SIMULATOR else ""
             raise HexcoreInvalidArgumentError(
-                f"cluster: expected an int in [1, {MAX_CLUSTER}] dividing the grid's x {self.grid[0]}, above 1 only "
-                f"with path 'raw' on a GPU, got {cluster!r} with path {path!r}{' on the simulator' if SIMULATOR else ''}")
+                f"cluster: expected an int in [1, {MAX_CLUSTER}] dividing the grid's x {self.grid[0]}, above 1 "
+                f"only with path 'raw' on a GPU, got {cluster!r} with path {path!r}{where}")
+        if not SIMULATOR and bool(getattr(dispatcher, "merges_in_cluster", False)) != (cluster > 1):
+            raise HexcoreInvalidArgumentError(  # (the simulator runs a cluster kernel as clusters of one)
+                f"cluster: {cluster} for kernel {name!s}, which "
+                f"{'merges in clusters: it needs them' if cluster == 1 else 'does not merge in clusters'}")
         self.cluster = cluster
         if SIMULATOR:
             return
@@ -134,12 +139,13 @@ class PreparedLaunch:
         # cuLaunchKernel takes in place of a CUfunction (cuda.core casts it the same way)
         self._head = (driver.CUfunction(int(function.handle)), *self.grid, *self.block, 0)
         self._launch = driver.cuLaunchKernel
-        self._configs: dict = {}  # CUstream handle -> its CUlaunchConfig (dependent launches)
+        self._configs: dict = {}  # CUstream handle -> its CUlaunchConfig (dependent or cluster launches)
 
     def as_launch(self) -> Launch:
         """The :class:`Launch` this replays, with its arguments as they are now (after any
         ``set_array`` / ``set_scalar`` / ``rebind``): to compile, inspect or re-prepare it,
-        e.g. with another kernel of the same arguments (``launch._replace(kernel=k)``)."""
+        e.g. with another kernel of the same arguments (``launch._replace(kernel=k)``). It does
+        not carry ``cluster`` or ``dependent``: re-prepare a cluster kernel with its cluster."""
         return Launch(self._dispatcher, self.grid, self.block, self._args)
 
     def set_scalar(self, index: int, value: int) -> None:

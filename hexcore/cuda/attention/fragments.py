@@ -490,5 +490,5 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
                 o[4 * t + 3] += hi
         return state[0], shfl_idx(stats[2], tig), state[1], shfl_idx(stats[3], tig)
 
-    return WarpFunctions(load_q_words, scale_q, unscale_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish, pair_codes,
-                         unscale_values)
+    return WarpFunctions(load_q_words, scale_q, unscale_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish,
+                         pair_codes, unscale_values)

@@ -42,12 +42,12 @@ from ..device import (SHARED_ALIGN16, SIMULATOR, add_acq_rel_i32, allow_dependen
                       shfl_idx_int, shfl_xor, syncwarp, thread_index_volatile, wait_prior_grids, warp_ballot)
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 from ..integrity import head_add, head_chunk, head_key, head_mix, warp_sum_u32
+from ..launch import MAX_CLUSTER  # the portable cluster size: a cluster merge's most splits
 from .fragments import NEG_INF, warp_functions
 from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape
 
 LOG2E = 1.4426950408889634
 MERGE_CHUNK = 64  # splits whose weights are staged in shared memory per merge round
-MAX_CLUSTER = 8  # the portable thread block cluster size: a cluster merge's most splits
 GRID_REGISTERS = 128  # the grid kernel's default register cap (DecodeOptions.max_registers)
 
 
@@ -80,8 +80,9 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
     ``waits_for_prior_grids`` says which it is. ``cluster``: the kernel for a launch whose
     clusters are the splits of one item (``launch.PreparedLaunch``, ``cluster`` = the grid's
     ``splits``, 2 to ``MAX_CLUSTER``): the splits merge through distributed shared memory
-    (``decode_item_function``), not the workspace; not with ``partials`` or ``verify``. Every
-    other grid kernel has ``cluster_twin()``, itself with ``cluster``."""
+    (``decode_item_function``), not the workspace; not with ``partials`` or ``verify``. The
+    plain and dependent grid kernels have ``cluster_twin()``, itself with ``cluster`` (the
+    verify and partials kernels have none: they never run in clusters)."""
     if cluster and (partials or verify):
         raise ValueError("decode_kernel: cluster is for the grid kernel (not with partials or verify)")
     decode_item = decode_item_function(shape, l2_prefetch, joint_softmax, partials, verify=verify, cluster=cluster)
@@ -748,8 +749,11 @@ def cluster_merge_function(D: int):
     tid``, step ``splits * THREADS``), where CTA ``c``'s partial is ``o_c[j, d]`` = its
     ``s_o[j * D + d]`` and ``(m_c, l_c)`` = its ``s_stat[2j], s_stat[2j + 1]``. A
     ``cluster_sync`` before (every CTA's partial visible) and a relaxed one after (each CTA's
-    shared memory alive until the others have read it; no fence to wait for ``out``'s stores). The loads of an output from the cluster's CTAs are
-    issued together: one round of distributed shared memory latency per output."""
+    shared memory alive until the others have read it; no fence to wait for ``out``'s
+    stores). The loads of an output from the cluster's CTAs are issued together: one round of
+    distributed shared memory latency per output."""
+
+    assert MAX_CLUSTER == 8, "remote8 reads eight ranks"
 
     @device_function
     def remote8(array, at, splits, empty):

@@ -179,11 +179,12 @@ def _choose_kernel(shape: DecodeShape, options: DecodeOptions, items: int, max_v
 def register_cap(launch: Launch, shape: DecodeShape, options: DecodeOptions) -> int | None:
     """The register cap ``launch`` (a grid decode launch of ``shape`` made with ``options``,
     no verification) was compiled with: ``options.max_registers``, or ``UNCAPPED_REGISTERS``
-    where ``_choose_kernel`` took the uncapped kernel for it, else None (the kernel's own)."""
+    where ``_choose_kernel`` took the uncapped kernel (or ``prepare_decode`` its cluster twin)
+    for it, else None (the kernel's own)."""
     if options.max_registers is None:
         uncapped = decode_kernel(shape, UNCAPPED_REGISTERS, options.l2_prefetch, options.joint_softmax, verify=False,
                                  dependent=dependent_launches(options))
-        return UNCAPPED_REGISTERS if launch.kernel is uncapped else None
+        return UNCAPPED_REGISTERS if launch.kernel in (uncapped, uncapped.cluster_twin()) else None
     return options.max_registers
 
 

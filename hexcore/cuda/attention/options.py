@@ -78,9 +78,9 @@ class DecodeOptions:
       (``benchmarks/RESULTS.md``, "eleventh session").
     - ``dependent_launch``: whether prepared decode launches (``DecodePlan``, ``DecodeGraph``,
       the engine's steps, the persistent decode's slices) are programmatic dependent launches
-      (``launch.PreparedLaunch``, ``dependent``): the kernel waits for the one ahead of it on the stream before its first
-      read (``device.wait_prior_grids``) and, once its work is done, lets the next one's CTAs
-      be scheduled (``device.allow_dependent_grids``), so the next launch's latency overlaps
+      (``launch.PreparedLaunch``, ``dependent``): the kernel waits for the one ahead of it on
+      the stream before its first read (``device.wait_prior_grids``) and, once its work is
+      done, lets the next one's CTAs be scheduled (``device.allow_dependent_grids``), so the next launch's latency overlaps
       this one's last CTAs. None (the default): on for the "raw" launch path on a GPU of
       compute capability 9.0 or newer (the PTX needs sm_90), off otherwise; True needs
       ``launch_path`` "raw". Measured on the H200 against plain launches (queued, 21 rows of
@@ -100,7 +100,9 @@ class DecodeOptions:
       instead of the workspace and the last CTA's merge. None (the default): on for the
       "raw" launch path on compute capability 9.0 or newer where the grid fills at most
       ``CLUSTER_MAX_FILL`` of one wave of resident CTAs, off otherwise; True: wherever an
-      item has 2 to 8 splits (needs the "raw" path and sm_90: ``HexcoreConfigError``).
+      item has 2 to 8 splits (needs the "raw" path: ``HexcoreConfigError`` here; and sm_90:
+      ``HexcoreConfigError`` when the first launch is prepared). Plans with verification,
+      formats by age and the persistent decode never merge in clusters.
       Measured on the H200 (``benchmarks/RESULTS.md``, twenty-sixth session): B=1 1k 32/8,
       64 CTAs, 25-30% faster (FP16 8.6 -> 6.4 us); grids that fill the wave slower (16 x
       32/8 16k, 384-512 CTAs in clusters of 3-4: 28-41%), hence the fill rule. The simulator

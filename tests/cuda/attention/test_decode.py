@@ -60,6 +60,15 @@ def test_decode_matches_reference(dtype, head_dim, block_size, group, seq_lens, 
     check_decode(cfg, group, seq_lens, rng)
 
 
+@pytest.mark.parametrize("dtype", ["int4", "int2"])
+def test_a_warp_past_its_first_32_blocks_reads_the_table_again(dtype, rng):
+    """One split of 146 sealed blocks: each of the four warps reads 36-37, so past the 32 ids
+    its lanes took in the item's first reads (``seed_blocks``) it must refill them from the
+    table (``warp_block`` at the warp's block 32); a wrong refill reads other blocks."""
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype=dtype, group_size=32)
+    check_decode(cfg, 2, [146 * 16 + 5], rng, options=DecodeOptions(min_split_blocks=10_000))
+
+
 @pytest.mark.parametrize("dtype,block_size", [("int2", 16), ("int2", 32), ("int4", 32)])
 def test_large_values_stay_finite(dtype, block_size, rng):
     """Values uniform in +-30000 (INT2 value scales near 20000, INT4 near 4000), warps of
@@ -399,7 +408,8 @@ def test_cluster_merge_options_and_sizes():
     on, auto = DecodeOptions(cluster_merge=True), DecodeOptions()
     assert [on.cluster((9, 0), s, 8, 1.0) for s in (1, 2, 5, 8, 9, 64)] == [1, 2, 5, 8, 1, 1]
     assert [auto.cluster((9, 0), s, 8, 0.1) for s in (1, 2, 5, 8, 9)] == [1, 2, 5, 8, 1]
-    assert [auto.cluster((9, 0), 4, 8, f) for f in (0.0, CLUSTER_MAX_FILL, 0.51, 1.0)] == [4, 4, 1, 1]
+    fills = (0.0, CLUSTER_MAX_FILL, CLUSTER_MAX_FILL + 0.01, 1.0)
+    assert [auto.cluster((9, 0), 4, 8, f) for f in fills] == [4, 4, 1, 1]
     assert auto.cluster((8, 0), 4, 8, 0.1) == 1 and DecodeOptions(launch_path="core").cluster((9, 0), 4, 8, 0.1) == 1
     assert DecodeOptions(cluster_merge=False).cluster((9, 0), 4, 8, 0.1) == 1
     with pytest.raises(HexcoreConfigError, match="cluster_merge: True needs compute capability 9.0"):
@@ -408,7 +418,8 @@ def test_cluster_merge_options_and_sizes():
 
 def test_cluster_launches_are_checked():
     """``PreparedLaunch(cluster=n)``: an int in [1, 8] dividing the grid's x, above 1 only on a
-    GPU with the raw path (the simulator has no clusters)."""
+    GPU with the raw path (the simulator has no clusters), and on a GPU above 1 exactly for a
+    kernel that merges in clusters (``merges_in_cluster``)."""
     from hexcore.cuda.launch import PreparedLaunch
 
     kernel = launcher.decode_kernel(DecodeShape(16, 1, 64, 16, 1, 64))
@@ -418,6 +429,10 @@ def test_cluster_launches_are_checked():
     if cuda.is_available() and not launcher.SIMULATOR:
         with pytest.raises(HexcoreInvalidArgumentError, match="cluster"):
             PreparedLaunch(kernel, (4, 1, 1), 128, (), path="core", cluster=2)
+        with pytest.raises(HexcoreInvalidArgumentError, match="does not merge in clusters"):
+            PreparedLaunch(kernel, (4, 1, 1), 128, (), cluster=2)  # a plain kernel in clusters
+        with pytest.raises(HexcoreInvalidArgumentError, match="merges in clusters: it needs them"):
+            PreparedLaunch(kernel.cluster_twin(), (4, 1, 1), 128, ())  # its twin without them
     else:
         with pytest.raises(HexcoreInvalidArgumentError, match="on the simulator"):
             PreparedLaunch(kernel, (4, 1, 1), 128, (), cluster=2)
@@ -428,7 +443,8 @@ def check_cluster_merge(dtype, head_dim, group, seq_lens, rng, runs=3):
     that merge in distributed shared memory, ragged sequences (one split, none, fewer than
     the grid's: CTAs with an empty partial) against the float64 reference, fresh q each run,
     the output poisoned before each; a split per block (no merge term), so the sequence
-    lengths set the cluster size."""
+    lengths set the cluster size. The simulator runs CTAs one after another and has no
+    clusters: the cluster path of the kernel runs only on a GPU (``_gpu`` below)."""
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=head_dim, block_size=32, kv_dtype=dtype)
     store, tables, tails, keys, values = random_cache(cfg, seq_lens, rng)
     shape = (len(seq_lens), 2 * group, head_dim)
@@ -453,6 +469,7 @@ def check_cluster_merge(dtype, head_dim, group, seq_lens, rng, runs=3):
     return splits
 
 
+@pytest.mark.skipif(not launcher.SIMULATOR, reason="the simulator's fallback (a GPU runs the clusters: _gpu)")
 def test_cluster_merge_falls_back_to_the_workspace_merge_on_the_simulator(rng):
     assert check_cluster_merge("int4", 64, 4, [100, 40, 5, 0], rng, runs=1) > 1
 
