@@ -110,10 +110,11 @@ class PreparedLaunch:
             raise HexcoreInvalidArgumentError(
                 f"cluster: expected an int in [1, {MAX_CLUSTER}] dividing the grid's x {self.grid[0]}, above 1 "
                 f"only with path 'raw' on a GPU, got {cluster!r} with path {path!r}{where}")
-        if not SIMULATOR and bool(getattr(dispatcher, "merges_in_cluster", False)) != (cluster > 1):
+        merges = bool(getattr(dispatcher, "merges_in_cluster", False))
+        if not SIMULATOR and (merges != (cluster > 1) or (merges and cluster != self.grid[0])):
             raise HexcoreInvalidArgumentError(  # (the simulator runs a cluster kernel as clusters of one)
-                f"cluster: {cluster} for kernel {name!s}, which "
-                f"{'merges in clusters: it needs them' if cluster == 1 else 'does not merge in clusters'}")
+                f"cluster: {cluster} for kernel {name!s} on grid {self.grid}, which "
+                f"{'merges in clusters of the grid x: it needs them' if merges else 'does not merge in clusters'}")
         self.cluster = cluster
         if SIMULATOR:
             return

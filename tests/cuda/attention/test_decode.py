@@ -419,7 +419,7 @@ def test_cluster_merge_options_and_sizes():
 def test_cluster_launches_are_checked():
     """``PreparedLaunch(cluster=n)``: an int in [1, 8] dividing the grid's x, above 1 only on a
     GPU with the raw path (the simulator has no clusters), and on a GPU above 1 exactly for a
-    kernel that merges in clusters (``merges_in_cluster``)."""
+    kernel that merges in clusters (``merges_in_cluster``), whose cluster is the grid's x."""
     from hexcore.cuda.launch import PreparedLaunch
 
     kernel = launcher.decode_kernel(DecodeShape(16, 1, 64, 16, 1, 64))
@@ -431,8 +431,10 @@ def test_cluster_launches_are_checked():
             PreparedLaunch(kernel, (4, 1, 1), 128, (), path="core", cluster=2)
         with pytest.raises(HexcoreInvalidArgumentError, match="does not merge in clusters"):
             PreparedLaunch(kernel, (4, 1, 1), 128, (), cluster=2)  # a plain kernel in clusters
-        with pytest.raises(HexcoreInvalidArgumentError, match="merges in clusters: it needs them"):
+        with pytest.raises(HexcoreInvalidArgumentError, match="merges in clusters of the grid x"):
             PreparedLaunch(kernel.cluster_twin(), (4, 1, 1), 128, ())  # its twin without them
+        with pytest.raises(HexcoreInvalidArgumentError, match="merges in clusters of the grid x"):
+            PreparedLaunch(kernel.cluster_twin(), (4, 1, 1), 128, (), cluster=2)  # clusters of part of it
     else:
         with pytest.raises(HexcoreInvalidArgumentError, match="on the simulator"):
             PreparedLaunch(kernel, (4, 1, 1), 128, (), cluster=2)
