@@ -10,13 +10,7 @@
 #   bench-early  ~400 s: early-loads against main, alternating
 # Each patch runs in its own copy of the tree under /tmp; results go to $OUT.
 set -u
-site=/tmp/hexcore-site
-mkdir -p "$site"
-[ -f "$site/.ok" ] || { python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl && touch "$site/.ok"; }
-export NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1
-R=${OUT:-/tmp/r}
-mkdir -p "$R"
-git log --oneline -1 > "$R/head.txt"
+source benchmarks/experiments/device-site.sh  # site, R
 for name in cluster-merge merge-chunk-128 early-loads; do
     [ -d "/tmp/$name" ] && continue
     cp -r . "/tmp/$name" && (cd "/tmp/$name" && git apply "benchmarks/experiments/2026-12-04-$name/$name.diff")

@@ -181,9 +181,10 @@ if not SIMULATOR:
 
         return sig, codegen
 
-    def _int64_address(context, builder, sig, args):
+    def _int64_address(context, builder, sig, args, dims=1):
+        # the address of args[0][args[1], ..., args[dims]] (args[0] an array of type sig.args[0])
         ary = context.make_array(sig.args[0])(context, builder, value=args[0])
-        return builder.ptrtoint(cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]]),
+        return builder.ptrtoint(cgutils.get_item_pointer(context, builder, sig.args[0], ary, list(args[1:1 + dims])),
                                 ir.IntType(64))
 
     def _int64_array(array):
@@ -214,8 +215,6 @@ if not SIMULATOR:
         sig = types.int32(array, types.int64, types.int64, types.uint32)
 
         def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
-            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1], args[2]])
             fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(64), ir.IntType(32)])
             text = ("{\n\t.reg .pred ok;\n\tsetp.ne.u32 ok, $2, 0;\n\tmov.b32 $0, -1;\n\t"
                     "@ok ld.global.b32 $0, [$1];\n\t}")
@@ -223,7 +222,7 @@ if not SIMULATOR:
             # read-none asm could be scheduled above it: a read of the table before the grid
             # that writes it is done); ptxas still issues it with the loads around it
             asm = ir.InlineAsm(fnty, text, "=r,l,r", side_effect=True)
-            return builder.call(asm, [builder.ptrtoint(ptr, ir.IntType(64)), args[3]])
+            return builder.call(asm, [_int64_address(context, builder, sig, args, dims=2), args[3]])
 
         return sig, codegen
 
@@ -268,9 +267,7 @@ if not SIMULATOR:
         sig = types.void(array, index, types.uint32)
 
         def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
-            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]])
-            address = builder.ptrtoint(ptr, ir.IntType(64))
+            address = _int64_address(context, builder, sig, args)
             fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), ir.IntType(32)])
             text = "{ .reg .u64 g; cvta.to.global.u64 g, $0; cp.async.bulk.prefetch.L2.global [g], $1; }"
             builder.call(ir.InlineAsm(fnty, text, "l,r", side_effect=True), [address, args[2]])
@@ -358,12 +355,10 @@ if not SIMULATOR:
         sig = types.float32(array, index, types.uint32)
 
         def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
-            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]])
             fnty = ir.FunctionType(ir.FloatType(), [ir.IntType(64), ir.IntType(32)])
             text = "{\n\t.reg .u64 remote;\n\tmapa.u64 remote, $1, $2;\n\tld.f32 $0, [remote];\n\t}"
             asm = ir.InlineAsm(fnty, text, "=f,l,r,~{memory}", side_effect=True)
-            return builder.call(asm, [builder.ptrtoint(ptr, ir.IntType(64)), args[2]])
+            return builder.call(asm, [_int64_address(context, builder, sig, args), args[2]])
 
         return sig, codegen
 

@@ -13,13 +13,8 @@
 #      count with each item's 2-8 splits merged in a cluster and in the workspace, the data a
 #      split policy that knows the cluster merge's cost needs.
 set -u
-site=/tmp/hexcore-site
-mkdir -p "$site"
-[ -f "$site/.ok" ] || { python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl && touch "$site/.ok"; }
-export NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1 PYTHONPATH="$site:$PWD"
-R=${OUT:-/tmp/r}
-mkdir -p "$R"
-git log --oneline -1 > "$R/head.txt"; git status --short >> "$R/head.txt"
+source benchmarks/experiments/device-site.sh  # site, R
+export PYTHONPATH="$site:$PWD"
 case "${1:-}" in
 table)
     rm -rf /tmp/old; mkdir -p /tmp/old; git archive abb6305 | tar -x -C /tmp/old

@@ -1,0 +1,32 @@
+# Sourced (from the repository root, on the lent GPU machine, .whl/ carried) by the
+# experiments' GPU call scripts: the carried wheels (numpy 2.4.6, which numba-cuda needs)
+# installed once into a private site, the simulator off, results into $OUT (or /tmp/r) as
+# $R with the commit in head.txt. Sets: site, R.
+site=/tmp/hexcore-site
+mkdir -p "$site"
+[ -f "$site/.ok" ] || { python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
+    .whl/*.whl && touch "$site/.ok"; }
+export NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1
+R=${OUT:-/tmp/r}
+mkdir -p "$R"
+git log --oneline -1 > "$R/head.txt"; git status --short >> "$R/head.txt"
+
+patched_copy() {  # patched_copy DIR DIFF: this tree copied to DIR with DIFF applied (once per machine)
+    [ -d "$1" ] || { cp -r . "$1" && (cd "$1" && git apply "$2"); }
+}
+
+tests_beside_sanitizers() {  # tests_beside_sanitizers DIR LIMIT PYTEST_ARGS...: in the copy DIR, the
+    # GPU tests (-n 4) beside memcheck and racecheck of benchmarks.sanitize, within LIMIT seconds
+    local dir=$1 limit=$2 tool
+    shift 2
+    for tool in memcheck racecheck; do
+        (cd "$dir" && PYTHONPATH="$site:$dir" timeout $((limit + 30)) compute-sanitizer --tool $tool \
+            --error-exitcode 1 python3 -m benchmarks.sanitize > "$R/$tool.log" 2>&1
+            echo "$tool rc $?" >> "$R/$tool.log") &
+    done
+    (cd "$dir" && PYTHONPATH="$site:$dir" timeout "$limit" python3 -m pytest -m gpu -q -rs -p no:cacheprovider \
+        -n 4 "$@" > "$R/tests.log" 2>&1)
+    echo "tests rc $?"; tail -2 "$R/tests.log"; grep -E "^FAILED" "$R/tests.log" | head
+    wait
+    tail -n 3 "$R"/memcheck.log "$R"/racecheck.log
+}
