@@ -24,9 +24,9 @@ TOLERANCE = 2e-3
 SPLIT = DecodeOptions(ctas_per_sm=64, min_split_blocks=1)  # many splits even on the simulator's one SM
 
 
-def check_decode(cfg, group, seq_lens, rng, options=None, value_range=None):
+def check_decode(cfg, group, seq_lens, rng, options=None, value_range=None, tolerance=TOLERANCE):
     """Decode a random cache (``value_range``: random_cache's); returns the relative L2
-    error against the reference."""
+    error against the reference, which must be at most ``tolerance``."""
     store, tables, tails, keys, values = random_cache(cfg, seq_lens, rng, value_range=value_range)
     q = rng.standard_normal((len(seq_lens), cfg.num_kv_heads * group, cfg.head_dim)).astype(np.float16)
     out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
@@ -35,7 +35,7 @@ def check_decode(cfg, group, seq_lens, rng, options=None, value_range=None):
     expect = ref.decode_attention(q, keys, values, 1 / math.sqrt(cfg.head_dim))
     assert not np.isnan(got).any(), "an output element was not written"
     err = ref.relative_l2(got, expect)
-    assert err <= TOLERANCE, f"relative L2 error {err:.2e}"
+    assert err <= tolerance, f"relative L2 error {err:.2e}"
     return err
 
 
@@ -66,7 +66,10 @@ def test_a_warp_past_its_first_32_blocks_reads_the_table_again(dtype, rng):
     its lanes took in the item's first reads (``seed_blocks``) it must refill them from the
     table (``warp_block`` at the warp's block 32); a wrong refill reads other blocks."""
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype=dtype, group_size=32)
-    check_decode(cfg, 2, [146 * 16 + 5], rng, options=DecodeOptions(min_split_blocks=10_000))
+    # (its own tolerance: over 2,341 keys in one split the float16 roundings of q s and the
+    # probabilities gave relative errors of 4e-4 to 1.5e-3 on four seeds and 2.24e-3 on one
+    # in a CI run, past TOLERANCE; a refill that kept the first 32 ids gave 0.63)
+    check_decode(cfg, 2, [146 * 16 + 5], rng, options=DecodeOptions(min_split_blocks=10_000), tolerance=5e-3)
 
 
 @pytest.mark.parametrize("dtype,block_size", [("int2", 16), ("int2", 32), ("int4", 32)])
