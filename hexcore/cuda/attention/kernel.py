@@ -333,13 +333,12 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
         # f32 flat; part_ml: [B*Hq, max_splits, 2] f32 flat; counters: [B * H * HG] int32
         tid = thread_index_volatile() if volatile_tid else cuda.threadIdx.x
         warp, lane = tid >> 5, tid & 31
-        gid = (lane >> 2)
-        q_valid = hg * HPC + gid < G  # rows past the group's heads stay zero
-        head0 = h * G + hg * HPC  # first query head of the CTA
-        q_row = b * H * G + head0 + (gid if q_valid else 0)
         qh = cuda.local.array(KREGS, np.uint32)
         early = int32(-1)
         if QUANTIZED:
+            gid = (lane >> 2)
+            q_valid = hg * HPC + gid < G  # rows past the group's heads stay zero
+            q_row = b * H * G + h * G + hg * HPC + (gid if q_valid else 0)
             # the item's first global reads in one round trip: its sequence length, the ids
             # of the warp's first 32 blocks (lane i: virtual block split * split_blocks + warp
             # + 4i, clamped into the table; used only below the sequence's sealed count) and
@@ -356,6 +355,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
         n_sealed = seq_len // BS
         n_virtual = (seq_len + BS - 1) // BS
         n_splits = (n_virtual + split_blocks - 1) // split_blocks
+        head0 = h * G + hg * HPC  # first query head of the CTA
         if split >= n_splits and not (CLUSTER and n_splits > 1):  # (in a cluster: an empty partial below)
             if partials:  # an empty partial: weight 0 in the merge
                 for i in range(tid, HPC * D, THREADS):
@@ -386,8 +386,10 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
             stats[i] = 0
         state[0] = state[1] = NEG_INF
         factor = float32(scale * LOG2E)
-        if not QUANTIZED:
-            load_q_words(q, q_row, lane, qh)
+        gid = (lane >> 2)
+        q_valid = hg * HPC + gid < G  # rows past the group's heads stay zero
+        if not QUANTIZED:  # (FP16: q read after the length, as before the early reads)
+            load_q_words(q, b * H * G + head0 + (gid if q_valid else 0), lane, qh)
             scale_q(qh, q_valid, factor)
 
         ring = cuda.shared.array(RING_WORDS, uint32, alignment=SHARED_ALIGN16)  # per warp: two stages of sealed chunks
