@@ -80,8 +80,8 @@ class DecodeOptions:
       the engine's steps, the persistent decode's slices) are programmatic dependent launches
       (``launch.PreparedLaunch``, ``dependent``): the kernel waits for the one ahead of it on
       the stream before its first read (``device.wait_prior_grids``) and, once its work is
-      done, lets the next one's CTAs be scheduled (``device.allow_dependent_grids``), so the next launch's latency overlaps
-      this one's last CTAs. None (the default): on for the "raw" launch path on a GPU of
+      done, lets the next one's CTAs be scheduled (``device.allow_dependent_grids``), so the
+      next launch's latency overlaps this one's last CTAs. None (the default): on for the "raw" launch path on a GPU of
       compute capability 9.0 or newer (the PTX needs sm_90), off otherwise; True needs
       ``launch_path`` "raw". Measured on the H200 against plain launches (queued, 21 rows of
       the decode table): 0.2-6.5% faster at every row, about 1 us a launch (B=1 1k: 9.6 ->
