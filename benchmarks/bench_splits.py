@@ -2,11 +2,15 @@
 per split (``DecodeOptions.split_merge_cost``) for each dtype.
 
     python -m benchmarks.bench_splits [--shapes 1x32x8x32768,1x32x8x131072] [--dtypes fp16,int4,int2]
-        [--ctas 1,2,4,8,16] [--cluster-merge auto|on|off|both]
+        [--ctas 1,2,4,8,16|auto] [--min-blocks 4,8,16,32] [--cluster-merge auto|on|off|both]
 
-Each shape (``BxHqxHkvxctx``) and dtype is decoded with ``DecodeOptions(ctas_per_sm=c)`` for
-each ``c`` of ``--ctas``, which steers the split count (about ``c`` x SMs / items splits per
-(sequence, KV head)), timed with CUDA events (``bench_decode.decode_case``). Then per dtype,
+Each shape (``BxHqxHkvxctx``) and dtype is decoded with ``DecodeOptions(ctas_per_sm=c,
+min_split_blocks=n)`` for each ``c`` of ``--ctas`` (``auto``: the kernel's own occupancy) and
+``n`` of ``--min-blocks`` (default 4, the option's default), timed with CUDA events
+(``bench_decode.decode_case``). ``c`` steers the split count where the grid needs more than one
+wave (about ``c`` x SMs / items splits per (sequence, KV head)); at B=1 every count up to one
+wave fits and the policy takes the most, so there ``n`` steers it: the splits at least ``n``
+blocks long (``--ctas auto --min-blocks 4,8,16,32`` times 4 counts per shape). Then per dtype,
 over all its rows, the least-squares fit
 
     ms = a * waves * blocks_per_split + m * splits + c_shape        (one constant per shape)
@@ -60,9 +64,10 @@ def policy_splits(shape, ctas_per_sm: int, merge_cost: float) -> int:
     return -(-max_virtual // blocks)
 
 
-def sweep(shapes, dtypes, ctas, clusters=(None,)) -> list[dict]:
-    """Rows per shape, dtype, ``ctas_per_sm`` steer and ``DecodeOptions.cluster_merge`` value
-    of ``clusters`` (None: the default rule; True: each item's 2-8 splits as a cluster)."""
+def sweep(shapes, dtypes, ctas, clusters=(None,), min_blocks=(4,)) -> list[dict]:
+    """Rows per shape, dtype, ``ctas_per_sm`` steer (None: the kernel's own), ``min_split_blocks``
+    of ``min_blocks`` and ``DecodeOptions.cluster_merge`` value of ``clusters`` (None: the
+    default rule; True: each item's 2-8 splits as a cluster)."""
     from numba import cuda
 
     from benchmarks.bench_decode import decode_case
@@ -73,17 +78,17 @@ def sweep(shapes, dtypes, ctas, clusters=(None,)) -> list[dict]:
     rows = []
     for shape in shapes:
         for dtype in dtypes:
-            for c, cluster in ((c, cluster) for c in ctas for cluster in clusters):
-                options = DecodeOptions(ctas_per_sm=c, cluster_merge=cluster)
+            for c, n, cluster in ((c, n, cluster) for c in ctas for n in min_blocks for cluster in clusters):
+                options = DecodeOptions(ctas_per_sm=c, min_split_blocks=n, cluster_merge=cluster)
                 run, nbytes, store, info = decode_case(dtype, *shape, options=options)
                 ms = time_gpu(run) * 1e3
                 (splits, ys, batch), max_virtual = info["grid"], -(-shape[3] // BS)
                 waves = -(-splits * ys * batch // (info["ctas_per_sm"] * sms))
-                rows.append(dict(dtype=dtype, shape=list(shape), ctas=c, splits=splits, waves=waves,
+                rows.append(dict(dtype=dtype, shape=list(shape), ctas=c, min_blocks=n, splits=splits, waves=waves,
                                  blocks=-(-max_virtual // splits), ms=ms, TBs=nbytes / ms / 1e9,
                                  kernel_ctas_per_sm=info["ctas_per_sm"], cluster_merge=cluster,
                                  cluster=info.get("cluster", 1)))
-                print(f"{dtype:5s} {shape} ctas {c:2d} cluster_merge {cluster!s:5s}: {splits:4d} splits of "
+                print(f"{dtype:5s} {shape} ctas {c!s:4s} min {n:3d} cluster_merge {cluster!s:5s}: {splits:4d} splits of "
                       f"{rows[-1]['blocks']:4d} blocks, cluster {rows[-1]['cluster']}, {waves} wave(s), {ms:.5f} ms",
                       flush=True)
                 del store
@@ -97,9 +102,10 @@ def main(argv) -> None:
 
     shapes = [tuple(int(x) for x in s.split("x")) for s in arg("--shapes", "1x32x8x32768,1x32x8x131072").split(",")]
     dtypes = arg("--dtypes", "fp16,int4,int2").split(",")
-    ctas = [int(c) for c in arg("--ctas", "1,2,4,8,16").split(",")]
+    ctas = [None if c == "auto" else int(c) for c in arg("--ctas", "1,2,4,8,16").split(",")]
+    min_blocks = [int(n) for n in arg("--min-blocks", "4").split(",")]
     clusters = {"auto": (None,), "on": (True,), "off": (False,), "both": (False, True)}[arg("--cluster-merge", "auto")]
-    rows = sweep(shapes, dtypes, ctas, clusters)
+    rows = sweep(shapes, dtypes, ctas, clusters, min_blocks)
     for dtype in dtypes:
         own = [r for r in rows if r["dtype"] == dtype and r["cluster"] == 1]  # the workspace merge's cost
         if len(own) < 3:

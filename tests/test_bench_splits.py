@@ -39,7 +39,7 @@ def test_the_sweep_times_each_cluster_setting_and_fits_only_the_workspace_merges
 
     def fake_case(dtype, batch, hq, hkv, ctx, options):
         seen.append(options)
-        splits = 2 * options.ctas_per_sm
+        splits = 2 * options.ctas_per_sm if options.ctas_per_sm else 128 // options.min_split_blocks
         return (lambda: None), 1, None, dict(grid=[splits, hkv, batch], ctas_per_sm=4,
                                              cluster=splits if options.cluster_merge else 1)
 
@@ -52,3 +52,8 @@ def test_the_sweep_times_each_cluster_setting_and_fits_only_the_workspace_merges
     monkeypatch.setattr(gpu_common, "save", lambda name, rows: None)
     bench_splits.main(["--shapes", "1x32x8x4096", "--dtypes", "int4", "--ctas", "1,2", "--cluster-merge", "on"])
     assert "int4: too few rows merged in the workspace to fit its cost" in capsys.readouterr().out
+    # --ctas auto --min-blocks: the kernel's own occupancy, the split count steered by the shortest split
+    seen.clear()
+    bench_splits.main(["--shapes", "1x32x8x4096", "--dtypes", "int4", "--ctas", "auto", "--min-blocks", "8,32",
+                       "--cluster-merge", "off"])
+    assert [(o.ctas_per_sm, o.min_split_blocks, o.cluster_merge) for o in seen] == [(None, 8, False), (None, 32, False)]

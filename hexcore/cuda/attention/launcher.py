@@ -44,12 +44,11 @@ def prepare_decode(launch: Launch, options: DecodeOptions) -> PreparedLaunch:
     and on a GPU, where ``options.cluster`` says so for its split count and how much of a wave
     its CTAs fill, as the kernel's ``cluster_twin`` in clusters of one item's splits."""
     dependent = getattr(launch.kernel, "waits_for_prior_grids", False)
-    cluster = 1
-    if not SIMULATOR and hasattr(launch.kernel, "cluster_twin"):
+    cluster, clustered = 1, cluster_rule(options, launch.kernel)
+    if clustered is not None:
         splits, heads, batch = launch.grid
         slots = (options.ctas_per_sm or _ctas_per_sm(launch.kernel, list(launch.args))) * _num_sms()
-        cc = cuda.get_current_device().compute_capability
-        cluster = options.cluster(cc, splits, MAX_CLUSTER, splits * heads * batch / slots)
+        cluster = splits if clustered(splits, splits * heads * batch / slots) else 1
     if cluster > 1:
         launch = launch._replace(kernel=launch.kernel.cluster_twin())
     return launch.prepare(options.launch_path, dependent=dependent, cluster=cluster)
@@ -126,28 +125,42 @@ _workspace = Workspace()
 
 
 def split_blocks_for(items: int, max_virtual: int, ctas_per_sm: int, options: DecodeOptions, bits: int = 16,
-                     one_wave: bool = False) -> int:
+                     one_wave: bool = False, clustered=None) -> int:
     """Blocks per split for ``items`` (sequence, KV head, head group) CTAs of up to
     ``max_virtual`` blocks each of a ``bits`` cache: the split count whose waves of resident
     CTAs finish first, ``waves * (blocks per split + options.split_overhead) + splits *
-    options.merge_cost(bits)``, no split shorter than ``options.min_split_blocks`` (the
-    fewest splits among equals). ``one_wave``: only split counts whose CTAs are all resident
-    at once (one split when even that is not)."""
+    options.merge_cost(bits, clustered)``, no split shorter than ``options.min_split_blocks``
+    (the fewest splits among equals). ``one_wave``: only split counts whose CTAs are all
+    resident at once (one split when even that is not). ``clustered``: None, or
+    ``clustered(splits, fill)``, whether a launch of ``splits`` splits per item whose CTAs
+    fill ``fill`` of one wave merges them in clusters (``prepare_decode``'s rule), which
+    prices their merge at ``options.cluster_merge_share``."""
     slots = max(1, ctas_per_sm * _num_sms())
-    merge_cost = options.merge_cost(bits)
     best, best_cost = max_virtual, None
     for splits in range(1, min(max_virtual, -(-4 * slots // items)) + 1):  # more than 4 waves never pay
         blocks = -(-max_virtual // splits)
         if (blocks < options.min_split_blocks or (one_wave and items * splits > slots)) and splits > 1:
             break
-        cost = -(-items * splits // slots) * (blocks + options.split_overhead) + splits * merge_cost
+        in_cluster = clustered is not None and clustered(splits, items * splits / slots)
+        cost = -(-items * splits // slots) * (blocks + options.split_overhead) \
+            + splits * options.merge_cost(bits, in_cluster)
         if best_cost is None or cost < best_cost:
             best, best_cost = blocks, cost
     return best
 
 
+def cluster_rule(options: DecodeOptions, kernel):
+    """``split_blocks_for``'s ``clustered`` for a prepared launch of ``kernel``: None where
+    it never merges in clusters (the simulator, a kernel without a cluster twin), else
+    whether ``options.cluster`` gives a cluster for (splits, fill) on this GPU."""
+    if SIMULATOR or not hasattr(kernel, "cluster_twin"):
+        return None
+    cc = cuda.get_current_device().compute_capability
+    return lambda splits, fill: options.cluster(cc, splits, MAX_CLUSTER, fill) > 1
+
+
 def _choose_kernel(shape: DecodeShape, options: DecodeOptions, items: int, max_virtual: int, args: list,
-                   verify: bool):
+                   verify: bool, prepared: bool = False):
     """(kernel, resident CTAs per SM, blocks per split) of a launch of ``items`` (sequence,
     KV head, head group) CTAs of up to ``max_virtual`` blocks each.
 
@@ -162,12 +175,15 @@ def _choose_kernel(shape: DecodeShape, options: DecodeOptions, items: int, max_v
     16k, +1.2%; 1.6-4.9% slower on the same grid, 14-33% with more splits, at the shapes it
     leaves capped; twenty-fourth session: INT4 at 32 x 64/8 4k, one wave of 256 unsplit
     uncapped CTAs, 10% faster than two waves' worth of splits capped; FP16 capped: unsplit
-    there, 6% slower)."""
+    there, 6% slower). ``prepared``: the launch will be prepared (``prepare_decode``), so the
+    split policy knows which split counts would merge in clusters."""
     def sized(cap, one_wave=False):
         kernel = decode_kernel(shape, cap, options.l2_prefetch, options.joint_softmax, verify=verify,
                                dependent=dependent_launches(options) and not verify)
         ctas_per_sm = options.ctas_per_sm or _ctas_per_sm(kernel, args)
-        return kernel, ctas_per_sm, split_blocks_for(items, max_virtual, ctas_per_sm, options, shape.bits, one_wave)
+        clustered = cluster_rule(options, kernel) if prepared else None
+        return kernel, ctas_per_sm, split_blocks_for(items, max_virtual, ctas_per_sm, options, shape.bits, one_wave,
+                                                     clustered)
 
     if options.max_registers is None and shape.quantized and items <= UNCAPPED_CTAS_PER_SM * _num_sms():
         kernel, ctas_per_sm, split_blocks = sized(UNCAPPED_REGISTERS, one_wave=True)
@@ -255,7 +271,7 @@ class DecodePlan:
         self._inputs = (q, block_tables, seq_lens, tail_slots)
         self._scale, self._max_seq_len, self._workspace = scale, max_seq_len, workspace or _workspace
         _, self.out = decode_launch(q, store, 0, block_tables, seq_lens, tail_slots, out, scale, max_seq_len,
-                                    self.options, self._workspace, verify)
+                                    self.options, self._workspace, verify, prepared=True)
         self._torch = next((a for a in (*self._inputs, out) if type(a).__module__.startswith("torch")), None)
         self._layers: dict = {}
 
@@ -268,7 +284,8 @@ class DecodePlan:
             prepared = self._layers.get(layer)
         if prepared is None:
             launch, _ = decode_launch(self._inputs[0], self.store, layer, *self._inputs[1:], self.out, self._scale,
-                                      self._max_seq_len, self.options, self._workspace, self._verify)
+                                      self._max_seq_len, self.options, self._workspace, self._verify,
+                                      prepared=True)
             prepared = self._layers[layer] = prepare_decode(launch, self.options)
         return prepared
 
@@ -283,11 +300,12 @@ class DecodePlan:
 
 
 def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len,
-                  options: DecodeOptions, workspace: Workspace, verify: DecodeVerify | None = None
-                  ) -> tuple[Launch, object]:
+                  options: DecodeOptions, workspace: Workspace, verify: DecodeVerify | None = None,
+                  prepared: bool = False) -> tuple[Launch, object]:
     """Validate paged_decode's arguments; returns (the launch, out). ``verify``: a
     DecodeVerify picks the kernel's verify variant (its four arrays appended to the
-    arguments)."""
+    arguments). ``prepared``: the launch is for ``prepare_decode`` (its split count priced
+    knowing the cluster merge; an eager launch never merges in clusters)."""
     cfg = checked_store(store).config
     if not isinstance(options, DecodeOptions):
         raise HexcoreInvalidArgumentError(f"options: expected DecodeOptions, got {type(options).__name__}")
@@ -329,7 +347,8 @@ def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scal
                                                                    "k_tails", "v_tails")),
             flat_words(q), block_tables, seq_lens, tail_slots, flat(out), part_o, part_ml, counters,
             int(layer), store.num_blocks, store.max_seqs, 1, 1, np.float32(scale), *checks]
-    kernel, ctas_per_sm, split_blocks = _choose_kernel(shape, options, items, max_virtual, args, bool(checks))
+    kernel, ctas_per_sm, split_blocks = _choose_kernel(shape, options, items, max_virtual, args, bool(checks),
+                                                       prepared)
     splits = -(-max_virtual // split_blocks)
     args[12:15] = workspace.get(batch * num_q_heads, splits, cfg.head_dim, items)
     args[18], args[19] = split_blocks, splits

@@ -17,13 +17,23 @@ ITEM_CALLS = ("call", "inline")
 TIERED_FP16 = ("launch", "merge")
 
 
-# the merge's cost per split in blocks of each dtype's work (bits -> blocks). A sweep of the
-# split count at B=1, 32k and 128k on the H200 fitted 0.48 / 1.43 / 1.12 (FP16 / INT4 / INT2:
-# about 0.14 us per split over 0.29 / 0.10 / 0.13 us per block; `bench_splits`), but timed
-# as defaults (`bench_decode --shapes b1 --variants`, 2026-12-02, benchmarks/RESULTS.md
-# "thirteenth session") only INT2's gained (32k: 23.2 -> 21.6 us, 128k: 54.9 -> 53.0);
-# FP16's and INT4's fewer splits were slower (INT4 at 128k: 58.4 -> 63.0 us), so they keep 0
-MERGE_COST = {16: 0.0, 4: 0.0, 2: 1.12}
+# the merge's cost per split in blocks of each dtype's work (bits -> blocks), for the split
+# policy (``launcher.split_blocks_for``). On the H200 (benchmarks/RESULTS.md, "twenty-seventh
+# session"; one run each, queued) the split counts of B=1 32/8 at 2k-32k were timed against
+# the shorter runs of blocks the policy picked without a merge term for FP16 and INT4: fewer,
+# longer splits won (INT4 2k 16 -> 8 splits: 7.56 -> 6.13 us, 4k 32 -> 8: 9.58 -> 7.96, 8k
+# 43 -> 16: 12.83 -> 10.24, 32k 49 -> 32: 19.30 -> 17.59; FP16 8k 64 -> 32: 16.07 -> 13.07).
+# These costs, with the cluster merge's at CLUSTER_MERGE_SHARE of them, pick the fastest
+# count timed at every INT4 row of 1k-128k, every INT2 row of 2k-128k (at 1k they pick 8
+# splits in a cluster, untimed; 4 took 6.0 us) and four of six FP16 rows (2k: 16 splits, 4%
+# slower than 8 in a cluster; 128k: 66, 2.5% slower than 64; 4k: 22, untimed). INT2's 1.12
+# is the thirteenth session's fit, unchanged. Other batch sizes were not timed
+MERGE_COST = {16: 0.25, 4: 1.0, 2: 1.12}
+
+# the cluster merge's cost per split as a share of the workspace merge's (``MERGE_COST``):
+# fitted with it above (INT2 B=1 4k: 8 splits in a cluster, 7.5 us, over 10 merged in the
+# workspace, 10.3 us; but at 8k 16 in the workspace, 9.6 us, over 8 in a cluster, 10.4 us)
+CLUSTER_MERGE_SHARE = 0.5
 
 # the most of one wave of resident CTAs a grid may fill and still merge its splits in thread
 # block clusters by default (DecodeOptions.cluster_merge None). On the H200 (twenty-sixth
@@ -49,9 +59,12 @@ class DecodeOptions:
     - ``split_merge_cost``: the merge's cost per split of a (sequence, head), in blocks of
       work, added once per split count: the last CTA of a head reads every split's partial
       after the others finish, so at B=1 more splits lengthen the tail even within one
-      wave. None (the default) takes :data:`MERGE_COST` for the cache's dtype, fitted by
-      ``python -m benchmarks.bench_splits`` on the H200; 0 leaves the choice to the waves
-      alone.
+      wave. None (the default) takes :data:`MERGE_COST` for the cache's dtype, timed on the
+      H200 at B=1; 0 leaves the choice to the waves alone.
+    - ``cluster_merge_share``: the cluster merge's cost per split as a share of
+      ``split_merge_cost``, for the split counts a prepared launch would merge in clusters
+      (``cluster_merge``; the policy knows which): :data:`CLUSTER_MERGE_SHARE` by default, 1
+      prices both merges alike.
     - ``max_registers``: a register cap; None takes each kernel's default: for the grid
       decode kernel 128 (four CTAs of 128 threads resident per SM; the 8-32 bytes it spills
       at head_dim 128 cost less than the warps it adds), except an INT4/INT2 launch whose
@@ -113,6 +126,7 @@ class DecodeOptions:
     min_split_blocks: int = 4
     split_overhead: float = 1.0
     split_merge_cost: float | None = None
+    cluster_merge_share: float = CLUSTER_MERGE_SHARE
     max_registers: int | None = None
     l2_prefetch: str = "none"
     joint_softmax: bool = True
@@ -123,7 +137,7 @@ class DecodeOptions:
     cluster_merge: bool | None = None
 
     def __post_init__(self):
-        for name in ("split_overhead", "split_merge_cost"):
+        for name in ("split_overhead", "split_merge_cost", "cluster_merge_share"):
             value = getattr(self, name)
             if value is None and name == "split_merge_cost":
                 continue
@@ -181,9 +195,11 @@ class DecodeOptions:
             on = self.cluster_merge
         return splits if on and 2 <= splits <= max_cluster else 1
 
-    def merge_cost(self, bits: int) -> float:
-        """``split_merge_cost`` for a cache of ``bits`` (16, 4 or 2) per value."""
-        return MERGE_COST[bits] if self.split_merge_cost is None else float(self.split_merge_cost)
+    def merge_cost(self, bits: int, clustered: bool = False) -> float:
+        """``split_merge_cost`` for a cache of ``bits`` (16, 4 or 2) per value, times
+        ``cluster_merge_share`` where the splits merge in a cluster (``clustered``)."""
+        cost = MERGE_COST[bits] if self.split_merge_cost is None else float(self.split_merge_cost)
+        return cost * self.cluster_merge_share if clustered else cost
 
 
 DEFAULT_OPTIONS = DecodeOptions()

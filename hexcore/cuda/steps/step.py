@@ -128,7 +128,8 @@ class DecodeStep:
         self._decode = []
         for layer in range(cfg.num_layers):
             launch, _ = decode_launch(buffers.q[layer], store, layer, self.block_tables, rows["seq_lens"],
-                                      rows["tail_slots"], buffers.out[layer], scale, max_seq_len, options, workspace)
+                                      rows["tail_slots"], buffers.out[layer], scale, max_seq_len, options, workspace,
+                                      prepared=True)
             self._decode.append(prepare_decode(launch, options))
         self._layers: dict = {}
 

@@ -188,10 +188,56 @@ def test_split_count_fills_whole_waves(monkeypatch):
     assert launcher.split_blocks_for(8, 1024, 4, opts) == 16  # 64 splits: one wave of 528 slots
     assert launcher.split_blocks_for(8, 1024, 4, merged) == 27  # 38 splits
     assert launcher.split_blocks_for(8, 4096, 4, merged) == 64  # 64 splits (66 without the term)
-    # the default: each dtype's measured cost (MERGE_COST), fewer splits for INT2 at B=1 32k
+    # the default: each dtype's measured cost (MERGE_COST), fewer splits for INT4/INT2 at B=1 32k
     default = DecodeOptions()
-    assert [-(-1024 // launcher.split_blocks_for(8, 1024, 4, default, bits)) for bits in (16, 4, 2)] == [64, 64, 32]
+    assert [-(-1024 // launcher.split_blocks_for(8, 1024, 4, default, bits)) for bits in (16, 4, 2)] == [64, 32, 32]
     assert default.merge_cost(2) == MERGE_COST[2] and merged.merge_cost(2) == 0.7
+
+
+def splits_at_b1(blocks: int, bits: int, options: DecodeOptions, clustered=None) -> int:
+    """The split count of B=1 x 8 KV heads over ``blocks`` blocks on 132 SMs, as
+    ``_choose_kernel`` sizes it: FP16 four CTAs per SM, INT4/INT2 the uncapped kernel's three
+    in one wave."""
+    quantized = bits < 16
+    return -(-blocks // launcher.split_blocks_for(8, blocks, 3 if quantized else 4, options, bits, quantized,
+                                                  clustered))
+
+
+def test_the_split_policy_prices_the_cluster_merge(monkeypatch):
+    """``clustered``: split counts that a prepared launch would merge in a cluster cost
+    ``cluster_merge_share`` of the workspace merge; the defaults pick the split counts timed
+    fastest at B=1 32/8 on the H200 (``options.MERGE_COST``)."""
+    monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
+    default, alike = DecodeOptions(), DecodeOptions(cluster_merge_share=1.0)
+    assert (default.merge_cost(4, True), alike.merge_cost(4, True)) == (MERGE_COST[4] * 0.5, MERGE_COST[4])
+    rule = lambda splits, fill: default.cluster((9, 0), splits, 8, fill) > 1  # noqa: E731 (prepare_decode's)
+    # INT2 4k: 10 splits through the workspace, 8 in a cluster; priced alike, the clusters change nothing
+    assert (splits_at_b1(128, 2, default), splits_at_b1(128, 2, default, rule)) == (10, 8)
+    assert splits_at_b1(128, 2, alike, rule) == splits_at_b1(128, 2, alike) == 10
+    # longer contexts: the workspace's splits win again (8k: 16 over a cluster of 8)
+    assert [splits_at_b1(n, 2, default, rule) for n in (64, 256, 1024, 4096)] == [8, 16, 32, 49]
+    assert [splits_at_b1(n, 4, default, rule) for n in (64, 128, 256, 1024, 4096)] == [8, 8, 16, 32, 49]
+    assert [splits_at_b1(n, 16, default, rule) for n in (32, 256, 1024, 4096)] == [8, 32, 64, 66]
+    # 40 items of 64 INT4 blocks, clusters free: by default (fill at most CLUSTER_MAX_FILL of
+    # 528 slots) 6 splits in clusters, 240 CTAs; forced, 8 (320 CTAs); without clusters 8 too
+    free = DecodeOptions(cluster_merge_share=0.0)
+    forced = lambda splits, fill: DecodeOptions(cluster_merge=True).cluster((9, 0), splits, 8, fill) > 1  # noqa: E731
+    assert [-(-64 // launcher.split_blocks_for(40, 64, 4, free, 4, False, r)) for r in (rule, forced, None)] == [6, 8, 8]
+
+
+def test_a_prepared_launch_prices_clusters_only_where_it_can_merge_in_them():
+    """``cluster_rule``: none on the simulator (no clusters) or for a kernel without a
+    cluster twin (the verify and partials kernels); on a GPU, ``options.cluster``'s answer."""
+    shape = DecodeShape(2, 8, 128, 32, 4, 64)
+    plain = launcher.decode_kernel(shape)
+    partials = launcher.decode_kernel(shape, partials=True)
+    assert launcher.cluster_rule(DecodeOptions(), partials) is None
+    rule = launcher.cluster_rule(DecodeOptions(), plain)
+    if launcher.SIMULATOR:
+        assert rule is None
+    else:
+        assert rule(8, 0.1) == (cuda.get_current_device().compute_capability >= (9, 0)) and not rule(9, 0.1)
+        assert launcher.cluster_rule(DecodeOptions(cluster_merge=False), plain)(8, 0.1) is False
 
 
 def test_few_quantized_items_take_the_uncapped_kernel(monkeypatch):
@@ -227,6 +273,7 @@ def test_options_are_validated():
     for bad in (dict(ctas_per_sm=0), dict(min_split_blocks=True), dict(max_registers=-1), dict(l2_prefetch="x"),
                 dict(launch_path="fast"), dict(split_overhead=float("nan")), dict(persistent_item="jump"),
                 dict(tiered_fp16="first"), dict(split_merge_cost=-1.0), dict(split_merge_cost="0.7"),
+                dict(cluster_merge_share=-0.5), dict(cluster_merge_share="half"),
                 dict(dependent_launch=1), dict(dependent_launch=True, launch_path="core")):
         with pytest.raises(HexcoreConfigError, match=next(iter(bad))):
             DecodeOptions(**bad)
