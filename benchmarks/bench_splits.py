@@ -88,8 +88,8 @@ def sweep(shapes, dtypes, ctas, clusters=(None,), min_blocks=(4,)) -> list[dict]
                                  blocks=-(-max_virtual // splits), ms=ms, TBs=nbytes / ms / 1e9,
                                  kernel_ctas_per_sm=info["ctas_per_sm"], cluster_merge=cluster,
                                  cluster=info.get("cluster", 1)))
-                print(f"{dtype:5s} {shape} ctas {c!s:4s} min {n:3d} cluster_merge {cluster!s:5s}: {splits:4d} splits of "
-                      f"{rows[-1]['blocks']:4d} blocks, cluster {rows[-1]['cluster']}, {waves} wave(s), {ms:.5f} ms",
+                print(f"{dtype:5s} {shape} ctas {c!s:4s} min {n:3d} cluster_merge {cluster!s:5s}: "
+                      f"{splits:4d} splits of {rows[-1]['blocks']:4d} blocks, cluster {rows[-1]['cluster']}, {waves} wave(s), {ms:.5f} ms",
                       flush=True)
                 del store
                 gc.collect()

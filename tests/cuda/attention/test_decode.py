@@ -222,7 +222,8 @@ def test_the_split_policy_prices_the_cluster_merge(monkeypatch):
     # 528 slots) 6 splits in clusters, 240 CTAs; forced, 8 (320 CTAs); without clusters 8 too
     free = DecodeOptions(cluster_merge_share=0.0)
     forced = lambda splits, fill: DecodeOptions(cluster_merge=True).cluster((9, 0), splits, 8, fill) > 1  # noqa: E731
-    assert [-(-64 // launcher.split_blocks_for(40, 64, 4, free, 4, False, r)) for r in (rule, forced, None)] == [6, 8, 8]
+    picks = [-(-64 // launcher.split_blocks_for(40, 64, 4, free, 4, False, r)) for r in (rule, forced, None)]
+    assert picks == [6, 8, 8]
 
 
 def test_a_prepared_launch_prices_clusters_only_where_it_can_merge_in_them():
