@@ -30,8 +30,8 @@ decode kernel's verify variant (``verify 1/16``: every block's head digests reco
 blocks with ``block % 16 == 0`` checked as they are read, issue 14's sampled verification
 inside the decode; ``verify every=0``: the variant checking nothing, its fixed cost; the rows
 carry ``verify_flags``, the mismatches found, which must be 0); ``--shapes
-b1`` is the two B=1 shapes of the table (the merge term changes the split count at small
-batches: B=1-16 with few KV heads); ``--name``
+b1`` is the two B=1 shapes of the table (the merge term changes the split count where
+batch x KV heads x head groups is about 64 or less); ``--name``
 names the JSON
 (decode_<name>.json under $OUT). The hexcore rows use only the API older versions share
 (DecodePlan without options when none are given), so the same script measures a

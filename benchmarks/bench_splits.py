@@ -6,7 +6,8 @@ per split (``DecodeOptions.split_merge_cost``) for each dtype.
 
 Each shape (``BxHqxHkvxctx``) and dtype is decoded with ``DecodeOptions(ctas_per_sm=c,
 min_split_blocks=n)`` for each ``c`` of ``--ctas`` (``auto``: the kernel's own occupancy) and
-``n`` of ``--min-blocks`` (default 4, the option's default), timed with CUDA events
+``n`` of ``--min-blocks`` (default 4, the option's default), and no merge term
+(``split_merge_cost=0``: the count is the steer's alone), timed with CUDA events
 (``bench_decode.decode_case``). ``c`` steers the split count where the grid needs more than one
 wave (about ``c`` x SMs / items splits per (sequence, KV head)); at B=1 every count up to one
 wave fits and the policy takes the most, so there ``n`` steers it: the splits at least ``n``
@@ -79,7 +80,8 @@ def sweep(shapes, dtypes, ctas, clusters=(None,), min_blocks=(4,)) -> list[dict]
     for shape in shapes:
         for dtype in dtypes:
             for c, n, cluster in ((c, n, cluster) for c in ctas for n in min_blocks for cluster in clusters):
-                options = DecodeOptions(ctas_per_sm=c, min_split_blocks=n, cluster_merge=cluster)
+                options = DecodeOptions(ctas_per_sm=c, min_split_blocks=n, cluster_merge=cluster,
+                                        split_merge_cost=0)
                 run, nbytes, store, info = decode_case(dtype, *shape, options=options)
                 ms = time_gpu(run) * 1e3
                 (splits, ys, batch), max_virtual = info["grid"], -(-shape[3] // BS)
@@ -89,7 +91,8 @@ def sweep(shapes, dtypes, ctas, clusters=(None,), min_blocks=(4,)) -> list[dict]
                                  kernel_ctas_per_sm=info["ctas_per_sm"], cluster_merge=cluster,
                                  cluster=info.get("cluster", 1)))
                 print(f"{dtype:5s} {shape} ctas {c!s:4s} min {n:3d} cluster_merge {cluster!s:5s}: "
-                      f"{splits:4d} splits of {rows[-1]['blocks']:4d} blocks, cluster {rows[-1]['cluster']}, {waves} wave(s), {ms:.5f} ms",
+                      f"{splits:4d} splits of {rows[-1]['blocks']:4d} blocks, cluster {rows[-1]['cluster']}, "
+                      f"{waves} wave(s), {ms:.5f} ms",
                       flush=True)
                 del store
                 gc.collect()

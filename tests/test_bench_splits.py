@@ -57,3 +57,4 @@ def test_the_sweep_times_each_cluster_setting_and_fits_only_the_workspace_merges
     bench_splits.main(["--shapes", "1x32x8x4096", "--dtypes", "int4", "--ctas", "auto", "--min-blocks", "8,32",
                        "--cluster-merge", "off"])
     assert [(o.ctas_per_sm, o.min_split_blocks, o.cluster_merge) for o in seen] == [(None, 8, False), (None, 32, False)]
+    assert {o.split_merge_cost for o in seen} == {0}  # no merge term: the steer alone sets the count

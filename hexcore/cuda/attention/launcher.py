@@ -141,6 +141,8 @@ def split_blocks_for(items: int, max_virtual: int, ctas_per_sm: int, options: De
         blocks = -(-max_virtual // splits)
         if (blocks < options.min_split_blocks or (one_wave and items * splits > slots)) and splits > 1:
             break
+        if -(-max_virtual // blocks) < splits:
+            continue  # launched as fewer splits of the same length, already priced as such
         in_cluster = clustered is not None and clustered(splits, items * splits / slots)
         cost = -(-items * splits // slots) * (blocks + options.split_overhead) \
             + splits * options.merge_cost(bits, in_cluster)

@@ -23,11 +23,15 @@ TIERED_FP16 = ("launch", "merge")
 # the shorter runs of blocks the policy picked without a merge term for FP16 and INT4: fewer,
 # longer splits won (INT4 2k 16 -> 8 splits: 7.56 -> 6.13 us, 4k 32 -> 8: 9.58 -> 7.96, 8k
 # 43 -> 16: 12.83 -> 10.24, 32k 49 -> 32: 19.30 -> 17.59; FP16 8k 64 -> 32: 16.07 -> 13.07).
-# These costs, with the cluster merge's at CLUSTER_MERGE_SHARE of them, pick the fastest
-# count timed at every INT4 row of 1k-128k, every INT2 row of 2k-128k (at 1k they pick 8
-# splits in a cluster, untimed; 4 took 6.0 us) and four of six FP16 rows (2k: 16 splits, 4%
-# slower than 8 in a cluster; 128k: 66, 2.5% slower than 64; 4k: 22, untimed). INT2's 1.12
-# is the thirteenth session's fit, unchanged. Other batch sizes were not timed
+# These costs, with the cluster merge's at CLUSTER_MERGE_SHARE of them, pick for a prepared
+# launch the fastest count timed at every INT4 and INT2 row of 2k-128k; for FP16 the fastest
+# at 8k, a tie at 32k (64 splits, 42.74 us; 32: 42.72), 16 splits at 2k (4% slower than 8 in a
+# cluster), 66 at 128k (2.5% slower than 64) and 22 at 4k (untimed; 16 and 32 within 3%).
+# At 1k INT2 goes from 4 splits in a cluster (5.9 us) to 8 (untimed). INT2's 1.12 is the
+# thirteenth session's fit, unchanged. Untimed: every batch above 1 where the count changes
+# (B x KV heads x head groups up to about 64), and the launches that never merge in clusters
+# (eager ``paged_decode``, the persistent decode, formats by age), which take these costs
+# without the cluster share (B=1 32/8 INT4 at 4k: 32 -> 10 splits)
 MERGE_COST = {16: 0.25, 4: 1.0, 2: 1.12}
 
 # the cluster merge's cost per split as a share of the workspace merge's (``MERGE_COST``):
@@ -114,7 +118,7 @@ class DecodeOptions:
       "raw" launch path on compute capability 9.0 or newer where the grid fills at most
       ``CLUSTER_MAX_FILL`` of one wave of resident CTAs, off otherwise; True: wherever an
       item has 2 to 8 splits (needs the "raw" path: ``HexcoreConfigError`` here; and sm_90:
-      ``HexcoreConfigError`` when the first launch is prepared). Plans with verification,
+      ``HexcoreConfigError`` when a plan or step is made on an older GPU). Plans with verification,
       formats by age and the persistent decode never merge in clusters.
       Measured on the H200 (``benchmarks/RESULTS.md``, twenty-sixth session): B=1 1k 32/8,
       64 CTAs, 25-30% faster (FP16 8.6 -> 6.4 us); grids that fill the wave slower (16 x

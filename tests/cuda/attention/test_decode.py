@@ -226,6 +226,31 @@ def test_the_split_policy_prices_the_cluster_merge(monkeypatch):
     assert picks == [6, 8, 8]
 
 
+def test_only_a_prepared_launch_prices_its_splits_as_clustered(monkeypatch):
+    """``_choose_kernel(prepared=True)`` on an sm_90 GPU (faked: 132 SMs, the uncapped INT2
+    kernel three CTAs per SM) takes the count the cluster merge makes cheapest, the one
+    ``prepare_decode`` then launches in a cluster; unprepared (eager) or with the cluster
+    merge off, the workspace's: INT2 B=1 32/8 4k, 8 splits against 10."""
+    class Sm90:
+        compute_capability = (9, 0)
+        MULTIPROCESSOR_COUNT = 132
+
+    monkeypatch.setattr(launcher, "SIMULATOR", False)
+    monkeypatch.setattr(launcher.cuda, "get_current_device", lambda: Sm90())
+    monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
+    monkeypatch.setattr(launcher, "_ctas_per_sm", lambda kernel, args: 3)
+    shape = DecodeShape(2, 8, 128, 32, 4, 64)
+
+    def splits(options, prepared):
+        kernel, ctas, blocks = launcher._choose_kernel(shape, options, 8, 128, [], False, prepared)
+        rule = launcher.cluster_rule(options, kernel)
+        return -(-128 // blocks), rule is not None and rule(-(-128 // blocks), 8 * -(-128 // blocks) / (ctas * 132))
+
+    assert splits(DecodeOptions(), True) == (8, True)
+    assert splits(DecodeOptions(), False) == (10, False)
+    assert splits(DecodeOptions(cluster_merge=False), True) == (10, False)
+
+
 def test_a_prepared_launch_prices_clusters_only_where_it_can_merge_in_them():
     """``cluster_rule``: none on the simulator (no clusters) or for a kernel without a
     cluster twin (the verify and partials kernels); on a GPU, ``options.cluster``'s answer."""
@@ -334,6 +359,32 @@ def test_decode_plan_equals_eager_and_follows_new_inputs(rng):
     keys[0], values[0] = keys[0][:, :32], values[0][:, :32]
     got = plan.run(0).copy_to_host()
     assert ref.relative_l2(got, ref.decode_attention(q_host, keys, values, scale)) <= TOLERANCE
+
+
+def test_plans_and_steps_size_their_splits_as_prepared_launches(monkeypatch, rng):
+    """``DecodePlan`` (both its sizing and each layer's launch) and a graph step's decodes
+    ask the split policy as prepared launches, which may merge in clusters; eager
+    ``paged_decode`` does not (its launches never do)."""
+    from tests.cuda.steps.test_graph_api import make_graph
+
+    asked = []
+    choose = launcher._choose_kernel
+
+    def spy(*args):
+        asked.append(args[-1])
+        return choose(*args)
+
+    monkeypatch.setattr(launcher, "_choose_kernel", spy)
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
+    store, tables, tails, _, _ = random_cache(cfg, [41], rng)
+    q = cuda.to_device(rng.standard_normal((1, 2, 64)).astype(np.float16))
+    d_tables, lens, slots = cuda.to_device(tables), cuda.to_device(np.array([41], np.int32)), cuda.to_device(tails)
+    DecodePlan(q, store, d_tables, lens, slots, max_seq_len=41).launch(0)
+    assert asked == [True, True]
+    paged_decode(q, store, 0, d_tables, lens, slots, max_seq_len=41)
+    assert asked[2:] == [False]
+    make_graph(buckets=(1,), num_q_heads=1).warmup(1, 20)  # a graph step: one decode per layer
+    assert asked[3:] == [True, True]
 
 
 def test_decode_plan_refuses_host_arrays():
@@ -525,6 +576,33 @@ def check_cluster_merge(dtype, head_dim, group, seq_lens, rng, runs=3):
 @pytest.mark.skipif(not launcher.SIMULATOR, reason="the simulator's fallback (a GPU runs the clusters: _gpu)")
 def test_cluster_merge_falls_back_to_the_workspace_merge_on_the_simulator(rng):
     assert check_cluster_merge("int4", 64, 4, [100, 40, 5, 0], rng, runs=1) > 1
+
+
+@pytest.mark.gpu
+def test_a_plan_launches_the_cluster_its_split_count_was_priced_for_gpu(rng):
+    """INT2 at B=1 32/8 4k on an sm_90 GPU: the plan's split count is the one priced as a
+    cluster merge (8 on the H200's 132 SMs; 10 through the workspace for an eager launch),
+    launched as one cluster, and its output matches the float64 reference."""
+    if cuda.get_current_device().compute_capability < (9, 0):
+        pytest.skip("thread block clusters need sm_90")
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=8, head_dim=128, block_size=32, kv_dtype="int2")
+    store, tables, tails, keys, values = random_cache(cfg, [4096], rng)
+    shape = (1, 32, 128)
+    q, out = cuda.device_array(shape, np.float16), cuda.device_array(shape, np.float16)
+    d_tables, lens, slots = (cuda.to_device(a) for a in (tables, np.array([4096], np.int32), tails))
+    plan = DecodePlan(q, store, d_tables, lens, slots, max_seq_len=4096, out=out)
+    launch = plan.launch(0)
+    eager, _ = launcher.decode_launch(q, store, 0, d_tables, lens, slots, out, None, 4096, DecodeOptions(),
+                                      launcher.Workspace())
+    assert 2 <= launch.grid[0] <= 8 and launch.cluster == launch.grid[0], (launch.grid, launch.cluster)
+    if launcher._num_sms() == 132:
+        assert (launch.grid[0], eager.grid[0]) == (8, 10)
+    q_host = rng.standard_normal(shape).astype(np.float16)
+    q.copy_to_device(q_host)
+    out.copy_to_device(np.full(shape, np.nan, np.float16))
+    got = plan.run(0).copy_to_host()
+    err = ref.relative_l2(got, ref.decode_attention(q_host, keys, values, 1 / math.sqrt(128)))
+    assert not np.isnan(got).any() and err <= TOLERANCE, err
 
 
 @pytest.mark.gpu
