@@ -58,3 +58,28 @@ def test_the_sweep_times_each_cluster_setting_and_fits_only_the_workspace_merges
                        "--cluster-merge", "off"])
     assert [(o.ctas_per_sm, o.min_split_blocks, o.cluster_merge) for o in seen] == [(None, 8, False), (None, 32, False)]
     assert {o.split_merge_cost for o in seen} == {0}  # no merge term: the steer alone sets the count
+
+
+def test_the_policy_row_and_its_regret(monkeypatch, capsys):
+    """``--policy``: one more row per shape and dtype with the default options, and the
+    policy's regret against the fastest row of that shape (here the steer's 4 splits at 10 us
+    beat the policy's 8 at 12 us: 20%)."""
+    from benchmarks import bench_decode, gpu_common
+    from hexcore.cuda import DecodeOptions
+
+    def fake_case(dtype, batch, hq, hkv, ctx, options):
+        splits = 8 if options == DecodeOptions() else 128 // options.min_split_blocks
+        return (lambda: splits), 1, None, dict(grid=[splits, hkv, batch], ctas_per_sm=4, cluster=1)
+
+    times = {8: 12e-6, 16: 11e-6, 4: 10e-6}
+    monkeypatch.setattr(bench_decode, "decode_case", fake_case)
+    monkeypatch.setattr(gpu_common, "time_gpu", lambda run: times[run()])
+    saved = {}
+    monkeypatch.setattr(gpu_common, "save", lambda name, rows: saved.update({name: rows}))
+    bench_splits.main(["--shapes", "1x32x8x4096", "--dtypes", "int4", "--ctas", "auto", "--min-blocks", "8,32",
+                       "--cluster-merge", "off", "--policy"])
+    rows = saved["splits"]
+    assert [(r["splits"], r["policy"]) for r in rows if "ms" in r] == [(16, False), (4, False), (8, True)]
+    (regret,) = [r["regret"] for r in rows if "regret" in r]
+    assert (regret["policy_splits"], regret["best_splits"]) == (8, 4) and abs(regret["regret"] - 0.2) < 1e-9
+    assert "regret 20.0%" in capsys.readouterr().out
