@@ -249,6 +249,9 @@ def test_only_a_prepared_launch_prices_its_splits_as_clustered(monkeypatch):
     assert splits(DecodeOptions(), True) == (8, True)
     assert splits(DecodeOptions(), False) == (10, False)
     assert splits(DecodeOptions(cluster_merge=False), True) == (10, False)
+    # a kernel with no cluster twin (partials, verify) is never priced as clustered, even here
+    assert launcher.cluster_rule(DecodeOptions(), launcher.decode_kernel(shape, partials=True)) is None
+    assert launcher.cluster_rule(DecodeOptions(), launcher.decode_kernel(shape, verify=True)) is None
 
 
 def test_a_prepared_launch_prices_clusters_only_where_it_can_merge_in_them():
