@@ -311,14 +311,13 @@ def rows_for(shape, dtypes=("fp16", "int4", "int2"), variants=None, peers=True, 
 
 def option_variants():
     """DecodeOptions variants compared by ``--variants`` (the default first)."""
-    from hexcore.cuda import DecodeOptions
+    from hexcore.cuda import DecodeOptions, SplitCosts
 
     return {"": DecodeOptions(), " prefetch=quantized": DecodeOptions(l2_prefetch="quantized"),
             " prefetch=all": DecodeOptions(l2_prefetch="all"), " no register cap": DecodeOptions(max_registers=255),
             " cap 128": DecodeOptions(max_registers=128),
             " per-16 softmax": DecodeOptions(joint_softmax=False),
-            " no merge term": DecodeOptions(split_merge_cost=0),
-            " clusters priced alike": DecodeOptions(cluster_merge_share=1.0),
+            " load only": DecodeOptions(split_costs=SplitCosts(0, 0, 0, 0)),
             " fp16 in merge": DecodeOptions(tiered_fp16="merge"),  # formats by age only
             " dependent launch": DecodeOptions(dependent_launch=True),
             " plain launch": DecodeOptions(dependent_launch=False),

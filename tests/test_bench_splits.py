@@ -1,38 +1,13 @@
-"""benchmarks.bench_splits: the fit of the merge's cost per split, and the policy's pick with it."""
-
-import numpy as np
+"""benchmarks.bench_splits: the sweep's steered rows, the policy's regret and the fit of its costs."""
 
 from benchmarks import bench_splits
-from hexcore.cuda.attention import launcher
+from hexcore.cuda import SplitCosts
 
 
-def test_fit_recovers_the_costs_of_a_known_model():
-    """Times made from a = 0.3 us per block and wave, m = 0.2 us per split and one constant
-    per shape (plus noise of 0.1%): the fit gives m / a = 2/3 of a block per split."""
-    rng = np.random.default_rng(0)
-    rows = []
-    for shape, constant, max_virtual in (((1, 32, 8, 32768), 0.008, 1024), ((1, 32, 8, 131072), 0.02, 4096)):
-        for splits in (16, 32, 64, 128, 256):
-            blocks, waves = -(-max_virtual // splits), -(-8 * splits // 528)  # 8 heads, 528 resident CTAs
-            ms = (0.3 * waves * blocks + 0.2 * splits) * 1e-3 + constant
-            noisy = ms * (1 + 1e-3 * rng.standard_normal())
-            rows.append(dict(shape=list(shape), splits=splits, waves=waves, blocks=blocks, ms=noisy))
-    fit = bench_splits.fit_merge_cost(rows)
-    assert abs(fit["cost"] - 2 / 3) < 0.05, fit
-    assert abs(fit["constants"][(1, 32, 8, 32768)] - 0.008) < 1e-3
-
-
-def test_the_policy_takes_fewer_splits_with_a_merge_cost(monkeypatch):
-    monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
-    assert bench_splits.policy_splits((1, 32, 8, 32768), 4, 0.0) == 64
-    assert bench_splits.policy_splits((1, 32, 8, 32768), 4, 0.7) == 38
-    assert bench_splits.policy_splits((1, 32, 8, 131072), 4, 0.7) == 64
-
-
-def test_the_sweep_times_each_cluster_setting_and_fits_only_the_workspace_merges(monkeypatch, capsys):
+def test_the_sweep_times_each_cluster_setting_and_fits_when_it_has_rows_enough(monkeypatch, capsys):
     """``--cluster-merge both``: a row per (ctas, cluster_merge), its options passed to the
-    decode; the fit takes only the rows merged in the workspace (cluster 1), so a sweep whose
-    rows all merged in clusters prints that it cannot fit instead of failing."""
+    decode, every one pricing the load alone; a sweep of fewer than 8 rows in one wave says it
+    cannot fit the costs instead of failing."""
     from benchmarks import bench_decode, gpu_common
 
     seen = []
@@ -51,13 +26,13 @@ def test_the_sweep_times_each_cluster_setting_and_fits_only_the_workspace_merges
                                                                               (4, 1, False), (4, 4, True)]
     monkeypatch.setattr(gpu_common, "save", lambda name, rows: None)
     bench_splits.main(["--shapes", "1x32x8x4096", "--dtypes", "int4", "--ctas", "1,2", "--cluster-merge", "on"])
-    assert "int4: too few rows merged in the workspace to fit its cost" in capsys.readouterr().out
+    assert "too few rows to fit the split costs (2 in one wave, at least 8)" in capsys.readouterr().out
     # --ctas auto --min-blocks: the kernel's own occupancy, the split count steered by the shortest split
     seen.clear()
     bench_splits.main(["--shapes", "1x32x8x4096", "--dtypes", "int4", "--ctas", "auto", "--min-blocks", "8,32",
                        "--cluster-merge", "off"])
     assert [(o.ctas_per_sm, o.min_split_blocks, o.cluster_merge) for o in seen] == [(None, 8, False), (None, 32, False)]
-    assert {o.split_merge_cost for o in seen} == {0}  # no merge term: the steer alone sets the count
+    assert {o.split_costs for o in seen} == {SplitCosts(0, 0, 0, 0)}  # the load and the steer set the count
 
 
 def test_the_policy_row_and_its_regret(monkeypatch, capsys):
@@ -83,3 +58,22 @@ def test_the_policy_row_and_its_regret(monkeypatch, capsys):
     (regret,) = [r["regret"] for r in rows if "regret" in r]
     assert (regret["policy_splits"], regret["best_splits"]) == (8, 4) and abs(regret["regret"] - 0.2) < 1e-9
     assert "regret 20.0%" in capsys.readouterr().out
+
+
+def test_a_sweep_of_enough_rows_fits_the_costs(monkeypatch, capsys):
+    """Eight or more one-wave rows: the fit runs over them and its costs are saved with the rows."""
+    from benchmarks import bench_decode, gpu_common
+
+    def fake_case(dtype, batch, hq, hkv, ctx, options):
+        splits = 128 // options.min_split_blocks
+        return (lambda: splits), 1, None, dict(grid=[splits, hkv, batch], ctas_per_sm=3, cluster=1)
+
+    monkeypatch.setattr(bench_decode, "decode_case", fake_case)
+    monkeypatch.setattr(gpu_common, "time_gpu", lambda run: (5 + 128 / run() * 0.2 + run() * 0.05) * 1e-6)
+    saved = {}
+    monkeypatch.setattr(gpu_common, "save", lambda name, rows: saved.update({name: rows}))
+    bench_splits.main(["--shapes", "1x32x8x4096,2x32x8x4096", "--dtypes", "int4,int2", "--ctas", "auto",
+                       "--min-blocks", "4,8,16,32", "--cluster-merge", "off"])
+    (fit,) = [r["fit"] for r in saved["splits"] if "fit" in r]
+    assert set(fit["costs"]) == {"4", "2"} and set(fit["us"]) == {"cta", "merge", "cluster_merge", "cluster_saving"}
+    assert "split costs (us): cta" in capsys.readouterr().out

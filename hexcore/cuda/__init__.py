@@ -17,9 +17,9 @@ Importing this package loads numba.cuda; to run on the simulator, set
 
 from __future__ import annotations
 
-from .attention import (BatchRows, DecodeOptions, DecodePlan, PersistentDecode, PersistentStats, TieredDecodePlan,
-                        gather_prefix, paged_decode, persistent_decode, prefill_attention, prefill_attention_batch,
-                        tiered_decode)
+from .attention import (BatchRows, DecodeOptions, DecodePlan, PersistentDecode, PersistentStats, SplitCosts,
+                        TieredDecodePlan, gather_prefix, paged_decode, persistent_decode, prefill_attention,
+                        prefill_attention_batch, tiered_decode)
 from .blocks import (copy_blocks, copy_tails, dequantize_blocks, prepare_copy_blocks, prepare_copy_tails,
                      reseal_blocks, run_tiered_ops)
 from .launch import Launch, PreparedLaunch
@@ -39,6 +39,7 @@ __all__ = [
     "Launch",
     "PersistentDecode",
     "PersistentStats",
+    "SplitCosts",
     "PreparedLaunch",
     "StepBuffers",
     "StepViews",

@@ -9,11 +9,11 @@ the persistent checkpoint-and-yield decode (``persistent.py``: ``persistent_deco
 from __future__ import annotations
 
 from .launcher import DecodePlan, DecodeVerify, Workspace, paged_decode
-from .options import DecodeOptions
+from .options import DecodeOptions, SplitCosts
 from .persistent import BudgetError, PersistentDecode, PersistentStats, persistent_decode
 from .prefill import BatchRows, gather_prefix, prefill_attention, prefill_attention_batch
 from .tiered import TieredDecodePlan, tiered_decode
 
-__all__ = ["BatchRows", "BudgetError", "DecodeOptions", "DecodePlan", "DecodeVerify", "PersistentDecode", "PersistentStats",
-           "TieredDecodePlan", "Workspace", "gather_prefix", "paged_decode", "persistent_decode", "prefill_attention",
-           "prefill_attention_batch", "tiered_decode"]
+__all__ = ["BatchRows", "BudgetError", "DecodeOptions", "DecodePlan", "DecodeVerify", "PersistentDecode",
+           "PersistentStats", "SplitCosts", "TieredDecodePlan", "Workspace", "gather_prefix", "paged_decode",
+           "persistent_decode", "prefill_attention", "prefill_attention_batch", "tiered_decode"]

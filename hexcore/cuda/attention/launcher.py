@@ -20,11 +20,14 @@ from ..store import DeviceKVStore, flat_words
 from ..streams import resolve_stream
 from ..views import flat
 from .kernel import MAX_CLUSTER, decode_kernel
-from .options import DEFAULT_OPTIONS, DecodeOptions
+from .options import DEFAULT_OPTIONS, DecodeOptions, SplitCosts, sm_share
 from .shape import THREADS, DecodeShape, unsupported_reason
 
 UNCAPPED_REGISTERS = 255  # the decode kernel's "no cap" (ptxas's own choice up to 255)
 UNCAPPED_CTAS_PER_SM = 3  # the most CTAs per SM of the uncapped kernel (about 160 registers)
+# the SMs the split policy prices on the simulator (which runs CTAs one at a time on one):
+# an H200's, so that a decode there splits as it would on that GPU
+SIMULATED_SMS = 132
 
 
 @functools.cache
@@ -124,18 +127,44 @@ class Workspace:
 _workspace = Workspace()
 
 
+def policy_sms() -> int:
+    """The SMs the split policy prices: this GPU's, or on the simulator :data:`SIMULATED_SMS`."""
+    return SIMULATED_SMS if SIMULATOR else _num_sms()
+
+
+def split_cost(items: int, splits: int, max_virtual: int, ctas_per_sm: int, costs: SplitCosts, heads: int = 4,
+               clustered: bool = False, sms: int | None = None) -> float:
+    """The split policy's price of ``splits`` splits per item for ``items`` (sequence, KV
+    head, head group) CTAs of ``heads`` query heads and ``max_virtual`` blocks, ``ctas_per_sm``
+    resident per SM, merged in clusters or not (``clustered``), on ``sms`` SMs (None:
+    :func:`policy_sms`), in blocks of one SM's work at full occupancy: the busiest SM runs
+    ``k = ceil(items * splits / SMs)`` CTAs (SMs times ``costs.cluster_spread`` for clusters of
+    three or more) of ``ceil(max_virtual / splits)`` blocks in rounds of ``ctas_per_sm``, a
+    block of a round of ``j`` CTAs costing ``sm_share(j) / sm_share(ctas_per_sm)``; plus
+    ``k`` times ``costs.cta`` and, for more than one split, ``costs.merge_cost``."""
+    sms = policy_sms() if sms is None else sms
+    blocks = -(-max_virtual // splits)
+    spread = costs.cluster_spread if clustered and splits > 2 else 1.0
+    per_sm = -(-items * splits // max(1, int(sms * spread)))
+    rounds, last = divmod(per_sm, ctas_per_sm)  # full rounds of resident CTAs, and the rest
+    cost = blocks * (rounds * ctas_per_sm + last * sm_share(last) / sm_share(ctas_per_sm)) + per_sm * costs.cta
+    return cost + (costs.merge_cost(splits, heads, clustered) if splits > 1 else 0.0)
+
+
 def split_blocks_for(items: int, max_virtual: int, ctas_per_sm: int, options: DecodeOptions, bits: int = 16,
-                     one_wave: bool = False, clustered=None) -> int:
-    """Blocks per split for ``items`` (sequence, KV head, head group) CTAs of up to
-    ``max_virtual`` blocks each of a ``bits`` cache: the split count whose waves of resident
-    CTAs finish first, ``waves * (blocks per split + options.split_overhead) + splits *
-    options.merge_cost(bits, clustered)``, no split shorter than ``options.min_split_blocks``
-    (the fewest splits among equals). ``one_wave``: only split counts whose CTAs are all
-    resident at once (one split when even that is not). ``clustered``: None, or
-    ``clustered(splits, fill)``, whether a launch of ``splits`` splits per item whose CTAs
-    fill ``fill`` of one wave merges them in clusters (``prepare_decode``'s rule), which
-    prices their merge at ``options.cluster_merge_share``."""
-    slots = max(1, ctas_per_sm * _num_sms())
+                     one_wave: bool = False, clustered=None, heads: int = 4) -> int:
+    """Blocks per split for ``items`` (sequence, KV head, head group) CTAs of ``heads`` query
+    heads and up to ``max_virtual`` blocks each of a ``bits`` cache, ``ctas_per_sm`` of them
+    resident per SM: the split count whose busiest SM finishes first, by :func:`split_cost`
+    with ``options.costs(bits)``; no split shorter than ``options.min_split_blocks`` (the
+    fewest splits among equals). ``one_wave``: only split counts whose CTAs are all resident
+    at once (one split when even that is not). ``clustered``: None, or ``clustered(splits,
+    fill)``, whether a launch of ``splits`` splits per item whose CTAs fill ``fill`` of one
+    wave merges them in clusters (``prepare_decode``'s rule), which prices their merge as a
+    cluster's."""
+    sms = policy_sms()
+    slots = max(1, ctas_per_sm * sms)
+    costs = options.costs(bits)
     best, best_cost = max_virtual, None
     for splits in range(1, min(max_virtual, -(-4 * slots // items)) + 1):  # more than 4 waves never pay
         blocks = -(-max_virtual // splits)
@@ -143,9 +172,8 @@ def split_blocks_for(items: int, max_virtual: int, ctas_per_sm: int, options: De
             break
         if -(-max_virtual // blocks) < splits:
             continue  # launched as fewer splits of the same length, already priced as such
-        in_cluster = clustered is not None and clustered(splits, items * splits / slots)
-        cost = -(-items * splits // slots) * (blocks + options.split_overhead) \
-            + splits * options.merge_cost(bits, in_cluster)
+        in_cluster = splits > 1 and clustered is not None and clustered(splits, items * splits / slots)
+        cost = split_cost(items, splits, max_virtual, ctas_per_sm, costs, heads, in_cluster, sms)
         if best_cost is None or cost < best_cost:
             best, best_cost = blocks, cost
     return best
@@ -185,7 +213,7 @@ def _choose_kernel(shape: DecodeShape, options: DecodeOptions, items: int, max_v
         ctas_per_sm = options.ctas_per_sm or _ctas_per_sm(kernel, args)
         clustered = cluster_rule(options, kernel) if prepared else None
         return kernel, ctas_per_sm, split_blocks_for(items, max_virtual, ctas_per_sm, options, shape.bits, one_wave,
-                                                     clustered)
+                                                     clustered, heads=-(-shape.G // shape.head_groups))
 
     if options.max_registers is None and shape.quantized and items <= UNCAPPED_CTAS_PER_SM * _num_sms():
         kernel, ctas_per_sm, split_blocks = sized(UNCAPPED_REGISTERS, one_wave=True)

@@ -17,27 +17,68 @@ ITEM_CALLS = ("call", "inline")
 TIERED_FP16 = ("launch", "merge")
 
 
-# the merge's cost per split in blocks of each dtype's work (bits -> blocks), for the split
-# policy (``launcher.split_blocks_for``). On the H200 (benchmarks/RESULTS.md, "twenty-seventh
-# session"; one run each, queued) the split counts of B=1 32/8 at 2k-32k were timed against
-# the shorter runs of blocks the policy picked without a merge term for FP16 and INT4: fewer,
-# longer splits won (INT4 2k 16 -> 8 splits: 7.56 -> 6.13 us, 4k 32 -> 8: 9.58 -> 7.96, 8k
-# 43 -> 16: 12.83 -> 10.24, 32k 49 -> 32: 19.30 -> 17.59; FP16 8k 64 -> 32: 16.07 -> 13.07).
-# These costs, with the cluster merge's at CLUSTER_MERGE_SHARE of them, pick for a prepared
-# launch the fastest count timed at every INT4 and INT2 row of 2k-128k; for FP16 the fastest
-# at 8k, a tie at 32k (64 splits, 42.74 us; 32: 42.72), 16 splits at 2k (4% slower than 8 in a
-# cluster), 66 at 128k (2.5% slower than 64) and 22 at 4k (untimed; 16 and 32 within 3%).
-# At 1k INT2 goes from 4 splits in a cluster (5.9 us) to 8 (untimed). INT2's 1.12 is the
-# thirteenth session's fit, unchanged. Untimed: every batch above 1 where the count changes
-# (B x KV heads x head groups up to about 64), and the launches that never merge in clusters
-# (eager ``paged_decode``, the persistent decode, formats by age), which take these costs
-# without the cluster share (B=1 32/8 INT4 at 4k: 32 -> 10 splits)
-MERGE_COST = {16: 0.25, 4: 1.0, 2: 1.12}
+@dataclasses.dataclass(frozen=True)
+class SplitCosts:
+    """What the split policy (``launcher.split_blocks_for``) charges a split count beside the
+    blocks the busiest SM streams, in blocks of one SM's work at full occupancy.
 
-# the cluster merge's cost per split as a share of the workspace merge's (``MERGE_COST``):
-# fitted with it above (INT2 B=1 4k: 8 splits in a cluster, 7.5 us, over 10 merged in the
-# workspace, 10.3 us; but at 8k 16 in the workspace, 9.6 us, over 8 in a cluster, 10.4 us)
-CLUSTER_MERGE_SHARE = 0.5
+    - ``cta``: each CTA's fixed cost on its SM (start, first loads, its partial).
+    - ``merge``: the workspace merge's cost per split, per 4 query heads of a CTA (the last
+      CTA of a (sequence, head group) reads every split's partial after the others finish).
+    - ``cluster_merge``: the cluster merge's cost per split, per 4 query heads of a CTA.
+    - ``cluster_saving``: what merging in a cluster saves once over the workspace merge (no
+      fence, counter or last CTA's pass).
+    - ``cluster_spread``: the share of the SMs that clusters of three or more CTAs spread
+      evenly over (1: as evenly as single CTAs; clusters of two always spread so).
+    """
+
+    cta: float
+    merge: float
+    cluster_merge: float
+    cluster_saving: float
+    cluster_spread: float = 1.0
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
+                raise HexcoreConfigError(f"split_costs.{field.name}: expected a number in [0, 1e6), got {value!r}")
+        if not 0 < self.cluster_spread <= 1:
+            raise HexcoreConfigError(
+                f"split_costs.cluster_spread: expected a share in (0, 1], got {self.cluster_spread!r}")
+
+    def merge_cost(self, splits: int, heads: int, clustered: bool) -> float:
+        """The merge's price for ``splits`` (> 1) splits of CTAs of ``heads`` query heads,
+        in clusters or through the workspace."""
+        if clustered:
+            return splits * heads / 4 * self.cluster_merge - self.cluster_saving
+        return splits * heads / 4 * self.merge
+
+
+# each dtype's split costs (bits -> SplitCosts): one set of microsecond costs over each
+# dtype's block time, fitted by benchmarks/split_fit.py (benchmarks/RESULTS.md, "twenty-eighth
+# session") to 467 launches timed on the H200 whose CTAs were all resident at once (29 shapes:
+# B = 1-128, 4-32 KV heads, 1k-128k tokens; 1-66 splits, workspace and cluster merges): 0.88 us per CTA on the busiest SM, 0.033
+# us per split and 4 query heads (cluster merge 0.023), 1.90 us saved by a cluster merge;
+# block time at head_dim 128, block 32: FP16 0.473, INT4 0.152, INT2 0.120 us. Relative rms
+# error 12% (FP16), 4-5% (INT4, INT2). At each of 31 shapes per dtype the count the policy
+# picks was timed: on average 0.2% (INT4) to 0.9% (INT2) slower than the fastest count timed there, at
+# most 3% (INT4), 7% (FP16 B=2 2k, 8 splits in clusters) and 13% (INT2 B=1 32/4 8k, 26 splits)
+SPLIT_COSTS = {16: SplitCosts(cta=1.87, merge=0.07, cluster_merge=0.048, cluster_saving=4.01),
+               4: SplitCosts(cta=5.832, merge=0.217, cluster_merge=0.151, cluster_saving=12.505, cluster_spread=0.75),
+               2: SplitCosts(cta=7.391, merge=0.275, cluster_merge=0.191, cluster_saving=15.849, cluster_spread=0.75)}
+
+# an SM's time per block with k CTAs resident, relative to one CTA (k -> share; more than 4:
+# the last), fitted with SPLIT_COSTS (each dtype's own fit: 1 / 0.68-0.71 / 0.63-0.66) and, for
+# 4, from FP16's timings of 3 against 4 CTAs per SM at equal blocks (B=1 32k and 128k, 16 x
+# 32/8 16k: 0.63-0.64): one CTA of four warps leaves an SM's bandwidth a third idle
+SM_SHARE = {1: 1.0, 2: 0.69, 3: 0.65, 4: 0.635}
+
+
+def sm_share(ctas: int) -> float:
+    """:data:`SM_SHARE` of ``ctas`` resident CTAs per SM."""
+    return SM_SHARE.get(ctas, SM_SHARE[max(SM_SHARE)]) if ctas >= 1 else 1.0
+
 
 # the most of one wave of resident CTAs a grid may fill and still merge its splits in thread
 # block clusters by default (DecodeOptions.cluster_merge None). On the H200 (twenty-sixth
@@ -51,24 +92,21 @@ CLUSTER_MAX_FILL = 0.5
 class DecodeOptions:
     """How paged decode splits its work and launches.
 
-    A sequence is split into runs of blocks, one CTA each, so that the grid's waves of
-    resident CTAs finish soonest (``launcher.split_blocks_for``).
+    A sequence is split into runs of blocks, one CTA each, so that the busiest SM finishes
+    soonest (``launcher.split_blocks_for``).
 
-    - ``ctas_per_sm``: resident CTAs per SM, for sizing splits into whole waves; None
+    - ``ctas_per_sm``: resident CTAs per SM, for pricing each SM's load; None
       reads it off the compiled kernel's registers and shared memory.
     - ``min_split_blocks``: the shortest split, in blocks (splits shorter than the CTA's
       four warps leave warps idle).
-    - ``split_overhead``: a CTA's fixed cost (start, combine, merge) in blocks of work, for
-      choosing the split count.
-    - ``split_merge_cost``: the merge's cost per split of a (sequence, head), in blocks of
-      work, added once per split count: the last CTA of a head reads every split's partial
-      after the others finish, so at B=1 more splits lengthen the tail even within one
-      wave. None (the default) takes :data:`MERGE_COST` for the cache's dtype, timed on the
-      H200 at B=1; 0 leaves the choice to the waves alone.
-    - ``cluster_merge_share``: the cluster merge's cost per split as a share of
-      ``split_merge_cost``, for the split counts a prepared launch would merge in clusters
-      (``cluster_merge``; the policy knows which): :data:`CLUSTER_MERGE_SHARE` by default, 1
-      prices both merges alike.
+    - ``split_overhead``: the persistent decode's fixed cost per work item, in blocks of
+      work, for fitting its items into a time budget (``persistent.py``).
+    - ``split_costs``: a :class:`SplitCosts`, what the split policy charges a split count
+      beside the blocks the busiest SM streams (its CTAs' fixed costs, the merge's cost per
+      split, what a cluster merge saves); None (the default) takes :data:`SPLIT_COSTS` for
+      the cache's dtype, fitted on the H200. A prepared launch is priced with the cluster
+      merge where it would merge in clusters (``cluster_merge``; the policy knows which);
+      ``SplitCosts(0, 0, 0, 0)`` leaves the count to the SMs' load alone.
     - ``max_registers``: a register cap; None takes each kernel's default: for the grid
       decode kernel 128 (four CTAs of 128 threads resident per SM; the 8-32 bytes it spills
       at head_dim 128 cost less than the warps it adds), except an INT4/INT2 launch whose
@@ -129,8 +167,7 @@ class DecodeOptions:
     ctas_per_sm: int | None = None
     min_split_blocks: int = 4
     split_overhead: float = 1.0
-    split_merge_cost: float | None = None
-    cluster_merge_share: float = CLUSTER_MERGE_SHARE
+    split_costs: SplitCosts | None = None
     max_registers: int | None = None
     l2_prefetch: str = "none"
     joint_softmax: bool = True
@@ -141,12 +178,11 @@ class DecodeOptions:
     cluster_merge: bool | None = None
 
     def __post_init__(self):
-        for name in ("split_overhead", "split_merge_cost", "cluster_merge_share"):
-            value = getattr(self, name)
-            if value is None and name == "split_merge_cost":
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
-                raise HexcoreConfigError(f"{name}: expected a number in [0, 1e6), got {value!r}")
+        value = self.split_overhead
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
+            raise HexcoreConfigError(f"split_overhead: expected a number in [0, 1e6), got {value!r}")
+        if not (self.split_costs is None or isinstance(self.split_costs, SplitCosts)):
+            raise HexcoreConfigError(f"split_costs: expected a SplitCosts or None, got {self.split_costs!r}")
         for name in ("ctas_per_sm", "max_registers"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -199,11 +235,9 @@ class DecodeOptions:
             on = self.cluster_merge
         return splits if on and 2 <= splits <= max_cluster else 1
 
-    def merge_cost(self, bits: int, clustered: bool = False) -> float:
-        """``split_merge_cost`` for a cache of ``bits`` (16, 4 or 2) per value, times
-        ``cluster_merge_share`` where the splits merge in a cluster (``clustered``)."""
-        cost = MERGE_COST[bits] if self.split_merge_cost is None else float(self.split_merge_cost)
-        return cost * self.cluster_merge_share if clustered else cost
+    def costs(self, bits: int) -> SplitCosts:
+        """``split_costs`` for a cache of ``bits`` (16, 4 or 2) per value (None resolved)."""
+        return SPLIT_COSTS[bits] if self.split_costs is None else self.split_costs
 
 
 DEFAULT_OPTIONS = DecodeOptions()

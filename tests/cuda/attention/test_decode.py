@@ -4,6 +4,7 @@ Every check: fresh random inputs (seed shown on failure), output poisoned with N
 before the launch, unused cache slots NaN / 0xFF, relative L2 error at most 2e-3.
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -13,7 +14,7 @@ from numba import cuda
 from hexcore import HexcoreConfigError, HexcoreInvalidArgumentError, KVCacheConfig
 from hexcore.cuda import DecodeOptions, DecodePlan, DeviceKVStore, paged_decode
 from hexcore.cuda.attention import launcher
-from hexcore.cuda.attention.options import CLUSTER_MAX_FILL, MERGE_COST
+from hexcore.cuda.attention.options import CLUSTER_MAX_FILL, SPLIT_COSTS, SplitCosts
 from hexcore.cuda.attention.shape import DecodeShape
 from hexcore.cuda.device import allow_dependent_grids
 from hexcore.cuda.timer import global_timer_ns
@@ -21,7 +22,7 @@ from tests import reference as ref
 from tests.cuda.fill import random_cache
 
 TOLERANCE = 2e-3
-SPLIT = DecodeOptions(ctas_per_sm=64, min_split_blocks=1)  # many splits even on the simulator's one SM
+SPLIT = DecodeOptions(ctas_per_sm=64, min_split_blocks=1)  # short splits, many of them, at few items
 
 
 def check_decode(cfg, group, seq_lens, rng, options=None, value_range=None, tolerance=TOLERANCE):
@@ -169,68 +170,74 @@ def test_long_context_small_groups_and_head_groups_gpu(dtype, rng):
         check_decode(cfg, group, lens, rng, options)
 
 
-def test_split_count_fills_whole_waves(monkeypatch):
-    """The split policy: one split when the items fill the waves evenly, many when they are few."""
+def test_the_split_count_evens_out_the_busiest_sm(monkeypatch):
+    """The split policy prices the SM that runs the most CTAs: with no fixed costs, the load
+    alone; each CTA's fixed cost and the merge's favor fewer, longer splits."""
     monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
-    opts = DecodeOptions(split_merge_cost=0)  # the waves alone
-    assert launcher.split_blocks_for(396, 128, 3, opts) == 128  # exactly one wave
-    assert launcher.split_blocks_for(8, 1024, 3, opts) == 21  # B=1, 8 KV heads, 32k: ~one wave of 392 CTAs
-    blocks = launcher.split_blocks_for(512, 128, 3, opts)  # 1.3 waves unsplit: split into ~4 even waves
-    assert -(-128 // blocks) in (3, 4)
-    assert launcher.split_blocks_for(8, 4, 3, opts) == 4  # no split below min_split_blocks
+    load = DecodeOptions(split_costs=SplitCosts(0, 0, 0, 0))
+    splits = lambda items, blocks, ctas, options, *a: -(-blocks // launcher.split_blocks_for(  # noqa: E731
+        items, blocks, ctas, options, *a))
+    assert splits(396, 128, 3, load) == 1  # exactly three CTAs on every SM: splitting gains nothing
+    assert splits(132, 64, 4, load) == 4  # one item per SM: four CTAs fill each SM (no more pays)
+    assert splits(8, 1024, 3, load) == 49  # B=1, 8 KV heads, 32k: 392 CTAs, three per SM
+    assert splits(8, 4, 3, load) == 1  # no split below min_split_blocks
     # one_wave: only split counts whose CTAs are resident together
-    assert launcher.split_blocks_for(256, 128, 3, opts) == 43  # 3 splits: two waves of 43 blocks
-    assert launcher.split_blocks_for(256, 128, 3, opts, one_wave=True) == 128  # 2 splits would be 512 > 396
-    assert launcher.split_blocks_for(128, 512, 3, opts, one_wave=True) == 171  # 3 splits, 384 CTAs
-    assert launcher.split_blocks_for(500, 128, 3, opts, one_wave=True) == 128  # not even one split fits
-    # a merge cost per split: B=1 at 32k (1024 blocks) takes fewer, longer splits, 128k as many
-    merged = DecodeOptions(split_merge_cost=0.7)
-    assert launcher.split_blocks_for(8, 1024, 4, opts) == 16  # 64 splits: one wave of 528 slots
-    assert launcher.split_blocks_for(8, 1024, 4, merged) == 27  # 38 splits
-    assert launcher.split_blocks_for(8, 4096, 4, merged) == 64  # 64 splits (66 without the term)
-    # the default: each dtype's measured cost (MERGE_COST), fewer splits for INT4/INT2 at B=1 32k
-    default = DecodeOptions()
-    assert [-(-1024 // launcher.split_blocks_for(8, 1024, 4, default, bits)) for bits in (16, 4, 2)] == [64, 32, 32]
-    assert default.merge_cost(2) == MERGE_COST[2] and merged.merge_cost(2) == 0.7
+    assert splits(256, 128, 3, load, 4, True) == 1  # 2 splits would be 512 CTAs > 396 slots
+    assert splits(128, 512, 3, load, 4, True) == 3  # 384 CTAs
+    # a CTA's fixed cost: one split per item over 132 SMs stays unsplit where it costs as
+    # much as the blocks it saves
+    assert splits(132, 64, 4, DecodeOptions(split_costs=SplitCosts(40, 0, 0, 0))) == 1
+    # the merge's cost per split, per 4 query heads: dearer with 8 heads per CTA than with 1
+    merge = DecodeOptions(split_costs=SplitCosts(0, 2.0, 0, 0))
+    assert splits(8, 1024, 3, merge, 4, False, None, 8) < splits(8, 1024, 3, merge, 4, False, None, 1)
 
 
-def splits_at_b1(blocks: int, bits: int, options: DecodeOptions, clustered=None) -> int:
-    """The split count of B=1 x 8 KV heads over ``blocks`` blocks on 132 SMs, as
-    ``_choose_kernel`` sizes it: FP16 four CTAs per SM, INT4/INT2 the uncapped kernel's three
-    in one wave."""
+def splits_at_b1(blocks: int, bits: int, options: DecodeOptions, clustered=None, items: int = 8) -> int:
+    """The split count of ``items`` (default: B=1 x 8 KV heads) over ``blocks`` blocks on 132
+    SMs, as ``_choose_kernel`` sizes it: FP16 four CTAs per SM, INT4/INT2 the uncapped
+    kernel's three in one wave; 4 query heads per CTA."""
     quantized = bits < 16
-    return -(-blocks // launcher.split_blocks_for(8, blocks, 3 if quantized else 4, options, bits, quantized,
+    return -(-blocks // launcher.split_blocks_for(items, blocks, 3 if quantized else 4, options, bits, quantized,
                                                   clustered))
 
 
 def test_the_split_policy_prices_the_cluster_merge(monkeypatch):
-    """``clustered``: split counts that a prepared launch would merge in a cluster cost
-    ``cluster_merge_share`` of the workspace merge; the defaults pick the split counts timed
-    fastest at B=1 32/8 on the H200 (``options.MERGE_COST``)."""
+    """``clustered``: split counts that a prepared launch would merge in a cluster are priced
+    as clusters (``SplitCosts``: each split's share and what a cluster saves, clusters of three
+    or more on ``cluster_spread`` of the SMs); at B=1 32/8 the defaults pick the INT4/INT2
+    split counts timed fastest on the H200 (``options.SPLIT_COSTS``), FP16's within 3%."""
     monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
-    default, alike = DecodeOptions(), DecodeOptions(cluster_merge_share=1.0)
-    assert (default.merge_cost(4, True), alike.merge_cost(4, True)) == (MERGE_COST[4] * 0.5, MERGE_COST[4])
+    default = DecodeOptions()
     rule = lambda splits, fill: default.cluster((9, 0), splits, 8, fill) > 1  # noqa: E731 (prepare_decode's)
-    # INT2 4k: 10 splits through the workspace, 8 in a cluster; priced alike, the clusters change nothing
-    assert (splits_at_b1(128, 2, default), splits_at_b1(128, 2, default, rule)) == (10, 8)
-    assert splits_at_b1(128, 2, alike, rule) == splits_at_b1(128, 2, alike) == 10
-    # longer contexts: the workspace's splits win again (8k: 16 over a cluster of 8)
-    assert [splits_at_b1(n, 2, default, rule) for n in (64, 256, 1024, 4096)] == [8, 16, 32, 49]
-    assert [splits_at_b1(n, 4, default, rule) for n in (64, 128, 256, 1024, 4096)] == [8, 8, 16, 32, 49]
-    assert [splits_at_b1(n, 16, default, rule) for n in (32, 256, 1024, 4096)] == [8, 32, 64, 66]
-    # 40 items of 64 INT4 blocks, clusters free: by default (fill at most CLUSTER_MAX_FILL of
-    # 528 slots) 6 splits in clusters, 240 CTAs; forced, 8 (320 CTAs); without clusters 8 too
-    free = DecodeOptions(cluster_merge_share=0.0)
+    contexts = (64, 128, 256, 512, 1024, 4096)  # blocks of 32 tokens: 2k to 128k
+    # INT4 and INT2: 8 splits in a cluster up to 4k, where the workspace would take 16
+    for bits in (4, 2):
+        assert [splits_at_b1(n, bits, default, rule) for n in contexts] == [8, 8, 16, 32, 32, 49]
+        assert [splits_at_b1(n, bits, default) for n in contexts] == [16, 16, 16, 32, 32, 49]
+    assert [splits_at_b1(n, 16, default, rule) for n in contexts] == [16, 32, 32, 32, 49, 66]  # within 3%
+    # B=2 x 8 KV heads at 8k: 8 splits in clusters would be 128 CTAs on 3/4 of the SMs, two on
+    # some (timed: 14.6 us against 12.2 for 16 through the workspace); spread as evenly as
+    # single CTAs, the clusters would win
+    assert splits_at_b1(256, 4, default, rule, items=16) == 16
+    even = DecodeOptions(split_costs=dataclasses.replace(SPLIT_COSTS[4], cluster_spread=1.0))
+    assert splits_at_b1(256, 4, even, rule, items=16) == 8
+    # clusters of two spread like single CTAs: B=8 x 8 KV heads at 1k, 2 splits in clusters
+    assert splits_at_b1(32, 4, default, rule, items=64) == 2
+    # 100 items of 64 INT4 blocks, a cluster merge worth more than any load: by default (fill
+    # at most CLUSTER_MAX_FILL of 528 slots) only 2 splits merge in clusters, so 2; forced,
+    # any count of 2-8, so the load's best of those; without clusters, the load's best of all
+    # (13: ten CTAs of 5 blocks on the busiest SM)
+    saving = DecodeOptions(split_costs=SplitCosts(0, 0, 0, 1000))
     forced = lambda splits, fill: DecodeOptions(cluster_merge=True).cluster((9, 0), splits, 8, fill) > 1  # noqa: E731
-    picks = [-(-64 // launcher.split_blocks_for(40, 64, 4, free, 4, False, r)) for r in (rule, forced, None)]
-    assert picks == [6, 8, 8]
+    picks = [-(-64 // launcher.split_blocks_for(100, 64, 4, saving, 4, False, r)) for r in (rule, forced, None)]
+    assert picks == [2, 5, 13], picks
 
 
 def test_only_a_prepared_launch_prices_its_splits_as_clustered(monkeypatch):
     """``_choose_kernel(prepared=True)`` on an sm_90 GPU (faked: 132 SMs, the uncapped INT2
     kernel three CTAs per SM) takes the count the cluster merge makes cheapest, the one
     ``prepare_decode`` then launches in a cluster; unprepared (eager) or with the cluster
-    merge off, the workspace's: INT2 B=1 32/8 4k, 8 splits against 10."""
+    merge off, the workspace's: INT2 B=1 32/8 4k, 8 splits against 16."""
     class Sm90:
         compute_capability = (9, 0)
         MULTIPROCESSOR_COUNT = 132
@@ -247,8 +254,8 @@ def test_only_a_prepared_launch_prices_its_splits_as_clustered(monkeypatch):
         return -(-128 // blocks), rule is not None and rule(-(-128 // blocks), 8 * -(-128 // blocks) / (ctas * 132))
 
     assert splits(DecodeOptions(), True) == (8, True)
-    assert splits(DecodeOptions(), False) == (10, False)
-    assert splits(DecodeOptions(cluster_merge=False), True) == (10, False)
+    assert splits(DecodeOptions(), False) == (16, False)
+    assert splits(DecodeOptions(cluster_merge=False), True) == (16, False)
     # a kernel with no cluster twin (partials, verify) is never priced as clustered, even here
     assert launcher.cluster_rule(DecodeOptions(), launcher.decode_kernel(shape, partials=True)) is None
     assert launcher.cluster_rule(DecodeOptions(), launcher.decode_kernel(shape, verify=True)) is None
@@ -283,7 +290,7 @@ def test_few_quantized_items_take_the_uncapped_kernel(monkeypatch):
         ((4, 8, 256, 128, 3), (True, 1)),  # INT4 there: one unsplit wave (3 splits would be two)
         ((4, 4, 128, 512, 3), (True, 3)),  # 16 x 32/8 16k
         ((2, 4, 512, 128, 3), (False, 1)), ((4, 4, 1024, 64, 3), (False, 1)),  # 64 x 32/8 4k, 128 x 32/8 2k
-        ((16, 4, 8, 1024, 3), (False, 64)),  # FP16 keeps the cap
+        ((16, 4, 8, 1024, 3), (False, 49)),  # FP16 keeps the cap
     ]
     for (bits, group, items, blocks, ctas), (want_uncapped, want_splits) in cases:
         shape = DecodeShape(bits, 8, 128, 32, group, 64)
@@ -301,11 +308,15 @@ def test_few_quantized_items_take_the_uncapped_kernel(monkeypatch):
 def test_options_are_validated():
     for bad in (dict(ctas_per_sm=0), dict(min_split_blocks=True), dict(max_registers=-1), dict(l2_prefetch="x"),
                 dict(launch_path="fast"), dict(split_overhead=float("nan")), dict(persistent_item="jump"),
-                dict(tiered_fp16="first"), dict(split_merge_cost=-1.0), dict(split_merge_cost="0.7"),
-                dict(cluster_merge_share=-0.5), dict(cluster_merge_share="half"),
+                dict(tiered_fp16="first"), dict(split_costs=0.7), dict(split_costs=(1, 0, 0, 0)),
                 dict(dependent_launch=1), dict(dependent_launch=True, launch_path="core")):
         with pytest.raises(HexcoreConfigError, match=next(iter(bad))):
             DecodeOptions(**bad)
+    for bad, name in (((-1, 0, 0, 0), "cta"), ((0, float("nan"), 0, 0), "merge"), ((0, 0, "0.1", 0), "cluster_merge"),
+                      ((0, 0, 0, True), "cluster_saving"), ((0, 0, 0, 0, 0.0), "cluster_spread"),
+                      ((0, 0, 0, 0, 1.5), "cluster_spread")):
+        with pytest.raises(HexcoreConfigError, match=f"split_costs.{name}"):
+            SplitCosts(*bad)
 
 
 def _bad_calls():
@@ -557,7 +568,7 @@ def check_cluster_merge(dtype, head_dim, group, seq_lens, rng, runs=3):
     shape = (len(seq_lens), 2 * group, head_dim)
     q, out = cuda.device_array(shape, np.float16), cuda.device_array(shape, np.float16)
     d_tables, lens, slots = (cuda.to_device(a) for a in (tables, np.array(seq_lens, np.int32), tails))
-    options = DecodeOptions(cluster_merge=True, ctas_per_sm=64, min_split_blocks=1, split_merge_cost=0)
+    options = DecodeOptions(cluster_merge=True, ctas_per_sm=64, min_split_blocks=1, split_costs=SplitCosts(0, 0, 0, 0))
     plan = DecodePlan(q, store, d_tables, lens, slots, max_seq_len=max(seq_lens), out=out, options=options)
     launch = plan.launch(0)
     splits = launch.grid[0]
@@ -584,7 +595,7 @@ def test_cluster_merge_falls_back_to_the_workspace_merge_on_the_simulator(rng):
 @pytest.mark.gpu
 def test_a_plan_launches_the_cluster_its_split_count_was_priced_for_gpu(rng):
     """INT2 at B=1 32/8 4k on an sm_90 GPU: the plan's split count is the one priced as a
-    cluster merge (8 on the H200's 132 SMs; 10 through the workspace for an eager launch),
+    cluster merge (8 on the H200's 132 SMs; 16 through the workspace for an eager launch),
     launched as one cluster, and its output matches the float64 reference."""
     if cuda.get_current_device().compute_capability < (9, 0):
         pytest.skip("thread block clusters need sm_90")
@@ -599,7 +610,7 @@ def test_a_plan_launches_the_cluster_its_split_count_was_priced_for_gpu(rng):
                                       launcher.Workspace())
     assert 2 <= launch.grid[0] <= 8 and launch.cluster == launch.grid[0], (launch.grid, launch.cluster)
     if launcher._num_sms() == 132:
-        assert (launch.grid[0], eager.grid[0]) == (8, 10)
+        assert (launch.grid[0], eager.grid[0]) == (8, 16)
     q_host = rng.standard_normal(shape).astype(np.float16)
     q.copy_to_device(q_host)
     out.copy_to_device(np.full(shape, np.nan, np.float16))

@@ -19,6 +19,7 @@ from hexcore.cuda import (
     DecodeGraph,
     DecodeOptions,
     DeviceKVStore,
+    SplitCosts,
     append,
     copy_tails,
     paged_decode,
@@ -206,8 +207,8 @@ def test_graph_steps_with_dependent_launches_equal_eager_steps_gpu(dtype, backen
     script = SCRIPT + [{"batch": "AD"}] * 3
     kwargs = {"prompts": prompts, "script": script, "max_seqs": 8, "num_blocks": 64}
     eager = run_workload(cfg, 32, eager_runner, seed, **kwargs)
-    options = DecodeOptions(dependent_launch=True, ctas_per_sm=16, min_split_blocks=1,  # 2-8 splits a sequence
-                            split_merge_cost=2.0, cluster_merge=cluster)
+    options = DecodeOptions(dependent_launch=True, ctas_per_sm=16, min_split_blocks=1,  # 2-4 splits a sequence
+                            split_costs=SplitCosts(0, 2.0, 2.0, 0), cluster_merge=cluster)
     graph = run_workload(cfg, 32, graph_runner((1, 2, 4, 8), backend, options), seed, **kwargs)
     assert_same(eager, graph)
     assert len(graph[2].graph.captured) < len(script), "no step replayed a graph"
