@@ -22,16 +22,15 @@ carry ``queued``.
 ``--shapes`` also takes shapes of one's own, ``batch,query heads,KV heads,context`` separated
 by ``;`` (e.g. ``"32,32,8,4096;64,64,8,4096"``: the G=4 and G=8 layouts at one CTA load).
 ``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, softmax per 16 tokens, the
-split policy without its merge term or with the cluster merge priced as the workspace's
-(``no merge term`` is the FP16/INT4 policy before the twenty-seventh session, ``clusters priced
-alike`` INT2's), a format's FP16 pool inside the merge launch, programmatic
+split policy pricing the busiest SM's load alone (``load only``: no CTA or merge costs), a
+format's FP16 pool inside the merge launch, programmatic
 dependent launches or plain ones, splits sized for 2 or 3 resident CTAs per SM) and the
 decode kernel's verify variant (``verify 1/16``: every block's head digests recorded, the
 blocks with ``block % 16 == 0`` checked as they are read, issue 14's sampled verification
 inside the decode; ``verify every=0``: the variant checking nothing, its fixed cost; the rows
 carry ``verify_flags``, the mismatches found, which must be 0); ``--shapes
-b1`` is the two B=1 shapes of the table (the merge term changes the split count where
-batch x KV heads x head groups is about 64 or less); ``--name``
+b1`` is the two B=1 shapes of the table (the split policy's costs matter most where batch x
+KV heads x head groups is small); ``--name``
 names the JSON
 (decode_<name>.json under $OUT). The hexcore rows use only the API older versions share
 (DecodePlan without options when none are given), so the same script measures a

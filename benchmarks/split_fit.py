@@ -4,7 +4,8 @@
 
 Each file is ``bench_decode``'s JSON (its ``hexcore <dtype>[ variant]`` rows: batch, heads,
 context, grid, cluster, resident CTAs per SM, ms). Only launches whose CTAs are all resident
-at once are fitted (the policy's choices that matter: B = 1-16). The model is the policy's own
+at once are fitted (where the split count is a choice: in the twenty-eighth session's files,
+B = 1-64). The model is the policy's own
 price (``launcher.split_cost``), split into its parts, with one set of microsecond costs for
 every dtype and each dtype its own block time ``u`` and constant ``a``:
 
@@ -28,7 +29,14 @@ import numpy as np
 
 BS = 32  # bench_decode's block size
 DTYPES = {"fp16": 16, "int4": 4, "int2": 2}
-SPREAD = {16: 1.0, 4: 0.75, 2: 0.75}  # clusters of 3-8 CTAs spread over this share of the SMs (a choice, not fitted)
+
+
+def spread(bits: int) -> float:
+    """The share of the SMs clusters of 3-8 CTAs spread over for ``bits``: the default
+    ``SplitCosts.cluster_spread`` (a choice the fit takes as given, not a fitted value)."""
+    from hexcore.cuda.attention.options import SPLIT_COSTS
+
+    return SPLIT_COSTS[bits].cluster_spread
 
 
 def rows_from_decode_json(path: str) -> list[dict]:
@@ -45,10 +53,9 @@ def rows_from_decode_json(path: str) -> list[dict]:
 
 
 def items_and_heads(row: dict) -> tuple[int, int]:
-    """(CTAs per split, query heads per CTA) of a row: head groups of at most 8 query heads."""
+    """(CTAs per split, query heads of the fullest CTA) of a row: head groups of at most 8."""
     group = row["hq"] // row["hkv"]
-    head_groups = -(-group // 8)
-    return row["batch"] * row["hkv"] * head_groups, -(-group // head_groups)
+    return row["batch"] * row["hkv"] * -(-group // 8), min(group, 8)
 
 
 def parts(row: dict, sms: int) -> list[float]:
@@ -58,11 +65,11 @@ def parts(row: dict, sms: int) -> list[float]:
     from hexcore.cuda.attention.options import SplitCosts
 
     items, heads = items_and_heads(row)
-    spread, clustered = SPREAD[DTYPES[row["dtype"]]], row["cluster"] > 1
+    share, clustered = spread(DTYPES[row["dtype"]]), row["cluster"] > 1
     args = (items, row["splits"], -(-row["ctx"] // BS), row["ctas_per_sm"])
 
     def price(cta=0.0, merge=0.0, cluster_merge=0.0, saving=0.0):
-        costs = SplitCosts(cta, merge, cluster_merge, saving, cluster_spread=spread)
+        costs = SplitCosts(cta, merge, cluster_merge, saving, cluster_spread=share)
         return split_cost(*args, costs, heads, clustered, sms)
 
     load = price()
@@ -96,9 +103,11 @@ def fit(rows: list[dict], sms: int = 132) -> dict:
     predicted = design @ solution
     for i, d in enumerate(dtypes):
         u = float(solution[n + i])
+        if not u > 0:
+            raise ValueError(f"{d}: the fitted block time is {u:.3g} us, not positive: too few or too alike rows")
         out["a"][d], out["u"][d] = float(solution[i]), u
         out["costs"][DTYPES[d]] = SplitCosts(*(max(0.0, round(x / u, 3)) for x in (cta, merge, cluster_merge, saving)),
-                                             cluster_spread=SPREAD[DTYPES[d]])
+                                             cluster_spread=spread(DTYPES[d]))
         mine = [j for j, r in enumerate(rows) if r["dtype"] == d]
         out["rel_rms"][d] = float(np.sqrt(np.mean(((predicted[mine] - times[mine]) / times[mine]) ** 2)))
     out["predicted"] = predicted
@@ -125,6 +134,8 @@ def regrets(rows: list[dict], predicted) -> list[dict]:
 def main(argv) -> None:
     sms = int(argv[argv.index("--sms") + 1]) if "--sms" in argv else 132
     paths = [a for i, a in enumerate(argv) if a != "--sms" and (i == 0 or argv[i - 1] != "--sms")]
+    if not paths:
+        raise SystemExit("usage: python -m benchmarks.split_fit [--sms 132] RESULT.json [RESULT.json ...]")
     rows = [r for path in paths for r in rows_from_decode_json(path)]
     result = fit(rows, sms)
     print("shared costs (us): " + ", ".join(f"{k} {v:.4f}" for k, v in result["us"].items()))

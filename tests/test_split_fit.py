@@ -41,7 +41,7 @@ def test_the_fit_recovers_the_costs_of_its_own_model():
         assert result["u"][dtype] == pytest.approx(u, rel=0.02)
         costs = result["costs"][split_fit.DTYPES[dtype]]
         assert costs.cta == pytest.approx(TRUE_US["cta"] / u, rel=0.05)
-        assert costs.cluster_spread == split_fit.SPREAD[split_fit.DTYPES[dtype]]
+        assert costs.cluster_spread == split_fit.spread(split_fit.DTYPES[dtype])
         assert result["rel_rms"][dtype] < 0.01
     assert max(r["regret"] for r in split_fit.regrets(result["rows"], result["predicted"])) < 0.01
 
@@ -60,10 +60,22 @@ def test_rows_come_from_bench_decode_json_and_only_one_wave_is_fitted(tmp_path):
                                                                               ("fp16", 16, 1, 8.0)]
     assert split_fit.one_wave(rows) == rows[1:]
     assert split_fit.items_and_heads(dict(batch=2, hq=64, hkv=4)) == (16, 8)  # 16 heads: two groups of 8
+    assert split_fit.items_and_heads(dict(batch=1, hq=24, hkv=2)) == (4, 8)  # 12 heads: groups of 8 and 4
 
 
-def test_fitted_costs_are_split_costs():
-    """The fitted costs are valid SplitCosts (negative parts clipped to 0)."""
-    rows = synthetic_rows(np.random.default_rng(1))
-    for costs in split_fit.fit(rows)["costs"].values():
-        assert isinstance(costs, SplitCosts) and min(costs.cta, costs.merge, costs.cluster_merge) >= 0
+def test_a_negative_fitted_cost_is_clipped_to_zero(monkeypatch):
+    """Times made with a cluster merge that gets cheaper per split (-0.02 us): the fit finds
+    the negative cost, and each dtype's SplitCosts (which holds no negative) takes 0."""
+    monkeypatch.setitem(TRUE_US, "cluster_merge", -0.02)
+    result = split_fit.fit(synthetic_rows(np.random.default_rng(1)))
+    assert result["us"]["cluster_merge"] == pytest.approx(-0.02, abs=2e-3)
+    for costs in result["costs"].values():
+        assert isinstance(costs, SplitCosts) and costs.cluster_merge == 0 and costs.merge > 0
+
+
+def test_a_block_time_of_zero_or_less_is_refused(monkeypatch):
+    """Times that fall as the load grows (INT4's block time -0.15 us): a ValueError naming the
+    dtype, not costs divided by a negative block time."""
+    monkeypatch.setitem(BLOCK_US, "int4", -0.15)
+    with pytest.raises(ValueError, match="int4: the fitted block time"):
+        split_fit.fit(synthetic_rows(np.random.default_rng(2)))

@@ -21,12 +21,13 @@ from ..streams import resolve_stream
 from ..views import flat
 from .kernel import MAX_CLUSTER, decode_kernel
 from .options import DEFAULT_OPTIONS, DecodeOptions, SplitCosts, sm_share
-from .shape import THREADS, DecodeShape, unsupported_reason
+from .shape import HEADS_PER_CTA, THREADS, DecodeShape, unsupported_reason
 
 UNCAPPED_REGISTERS = 255  # the decode kernel's "no cap" (ptxas's own choice up to 255)
 UNCAPPED_CTAS_PER_SM = 3  # the most CTAs per SM of the uncapped kernel (about 160 registers)
-# the SMs the split policy prices on the simulator (which runs CTAs one at a time on one):
-# an H200's, so that a decode there splits as it would on that GPU
+# the SMs the split policy prices on the simulator (which runs CTAs one at a time on one): an
+# H200's count, so that a decode there splits into as many CTAs as the grid of that GPU
+# would hold (its occupancy stays the simulator's: one CTA per SM unless ctas_per_sm says)
 SIMULATED_SMS = 132
 
 
@@ -142,6 +143,9 @@ def split_cost(items: int, splits: int, max_virtual: int, ctas_per_sm: int, cost
     three or more) of ``ceil(max_virtual / splits)`` blocks in rounds of ``ctas_per_sm``, a
     block of a round of ``j`` CTAs costing ``sm_share(j) / sm_share(ctas_per_sm)``; plus
     ``k`` times ``costs.cta`` and, for more than one split, ``costs.merge_cost``."""
+    if splits < 1 or ctas_per_sm < 1:
+        raise HexcoreInvalidArgumentError(f"split_cost: expected splits >= 1 and ctas_per_sm >= 1, "
+                                          f"got {splits} and {ctas_per_sm}")
     sms = policy_sms() if sms is None else sms
     blocks = -(-max_virtual // splits)
     spread = costs.cluster_spread if clustered and splits > 2 else 1.0
@@ -161,8 +165,21 @@ def split_blocks_for(items: int, max_virtual: int, ctas_per_sm: int, options: De
     at once (one split when even that is not). ``clustered``: None, or ``clustered(splits,
     fill)``, whether a launch of ``splits`` splits per item whose CTAs fill ``fill`` of one
     wave merges them in clusters (``prepare_decode``'s rule), which prices their merge as a
-    cluster's."""
+    cluster's. Without ``clustered`` (eager launches, every call) the answer is cached."""
     sms = policy_sms()
+    if clustered is None:
+        return _unclustered_split_blocks(items, max_virtual, ctas_per_sm, options, bits, one_wave, heads, sms)
+    return _search_split_blocks(items, max_virtual, ctas_per_sm, options, bits, one_wave, clustered, heads, sms)
+
+
+@functools.lru_cache(maxsize=4096)
+def _unclustered_split_blocks(items, max_virtual, ctas_per_sm, options, bits, one_wave, heads, sms) -> int:
+    """``_search_split_blocks`` without clusters, cached per sizes (a search is ~0.1-0.4 ms)."""
+    return _search_split_blocks(items, max_virtual, ctas_per_sm, options, bits, one_wave, None, heads, sms)
+
+
+def _search_split_blocks(items, max_virtual, ctas_per_sm, options, bits, one_wave, clustered, heads, sms) -> int:
+    """``split_blocks_for``'s search over split counts on ``sms`` SMs."""
     slots = max(1, ctas_per_sm * sms)
     costs = options.costs(bits)
     best, best_cost = max_virtual, None
@@ -196,24 +213,24 @@ def _choose_kernel(shape: DecodeShape, options: DecodeOptions, items: int, max_v
 
     ``options.max_registers`` None: an INT4/INT2 launch whose items fit in one wave of the
     uncapped kernel's resident CTAs (155-180 registers, no spills, two or three CTAs per SM)
-    takes that kernel, with the split count the wave model picks among those that fit one
+    takes that kernel, with the split count the policy prices cheapest among those that fit one
     wave (``split_blocks_for``, ``one_wave``); every other launch the 128-register one (four
-    CTAs per SM, 8-32 spilled bytes). Where the SMs would hold fewer CTAs than they could anyway (few items: B=1, B=32 x
-    8 KV heads), a warp that spills nothing finishes its blocks sooner; where the items fill
-    the SMs the fourth CTA is worth more (H200, ``benchmarks/RESULTS.md``, twenty-first
-    session: uncapped 2.7-12.5% faster at the shapes this rule takes it, but INT2 at 16 x 32/8
-    16k, +1.2%; 1.6-4.9% slower on the same grid, 14-33% with more splits, at the shapes it
-    leaves capped; twenty-fourth session: INT4 at 32 x 64/8 4k, one wave of 256 unsplit
-    uncapped CTAs, 10% faster than two waves' worth of splits capped; FP16 capped: unsplit
-    there, 6% slower). ``prepared``: the launch will be prepared (``prepare_decode``), so the
-    split policy knows which split counts would merge in clusters."""
+    CTAs per SM, 8-32 spilled bytes). Where the SMs would hold fewer CTAs than they could anyway
+    (few items: B=1, B=32 x 8 KV heads), a warp that spills nothing finishes its blocks sooner;
+    where the items fill the SMs the fourth CTA is worth more (H200, ``benchmarks/RESULTS.md``,
+    twenty-first session: uncapped 2.7-12.5% faster at the shapes this rule takes it, but INT2
+    at 16 x 32/8 16k, +1.2%; 1.6-4.9% slower on the same grid, 14-33% with more splits, at the
+    shapes it leaves capped; twenty-fourth session: INT4 at 32 x 64/8 4k, one wave of 256
+    unsplit uncapped CTAs, 10% faster than two waves' worth of splits capped; FP16 capped:
+    unsplit there, 6% slower). ``prepared``: the launch will be prepared (``prepare_decode``),
+    so the split policy knows which split counts would merge in clusters."""
     def sized(cap, one_wave=False):
         kernel = decode_kernel(shape, cap, options.l2_prefetch, options.joint_softmax, verify=verify,
                                dependent=dependent_launches(options) and not verify)
         ctas_per_sm = options.ctas_per_sm or _ctas_per_sm(kernel, args)
         clustered = cluster_rule(options, kernel) if prepared else None
         return kernel, ctas_per_sm, split_blocks_for(items, max_virtual, ctas_per_sm, options, shape.bits, one_wave,
-                                                     clustered, heads=-(-shape.G // shape.head_groups))
+                                                     clustered, heads=min(shape.G, HEADS_PER_CTA))
 
     if options.max_registers is None and shape.quantized and items <= UNCAPPED_CTAS_PER_SM * _num_sms():
         kernel, ctas_per_sm, split_blocks = sized(UNCAPPED_REGISTERS, one_wave=True)

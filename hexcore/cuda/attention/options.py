@@ -57,13 +57,14 @@ class SplitCosts:
 
 # each dtype's split costs (bits -> SplitCosts): one set of microsecond costs over each
 # dtype's block time, fitted by benchmarks/split_fit.py (benchmarks/RESULTS.md, "twenty-eighth
-# session") to 467 launches timed on the H200 whose CTAs were all resident at once (29 shapes:
-# B = 1-128, 4-32 KV heads, 1k-128k tokens; 1-66 splits, workspace and cluster merges): 0.88 us per CTA on the busiest SM, 0.033
-# us per split and 4 query heads (cluster merge 0.023), 1.90 us saved by a cluster merge;
-# block time at head_dim 128, block 32: FP16 0.473, INT4 0.152, INT2 0.120 us. Relative rms
-# error 12% (FP16), 4-5% (INT4, INT2). At each of 31 shapes per dtype the count the policy
-# picks was timed: on average 0.2% (INT4) to 0.9% (INT2) slower than the fastest count timed there, at
-# most 3% (INT4), 7% (FP16 B=2 2k, 8 splits in clusters) and 13% (INT2 B=1 32/4 8k, 26 splits)
+# session") to 467 launches timed on the H200 whose CTAs were all resident at once (29
+# shapes: B = 1-64, 4-32 KV heads, 1k-128k tokens; 1-66 splits, workspace and cluster
+# merges): 0.88 us per CTA on the busiest SM, 0.033 us per split and 4 query heads (cluster
+# merge 0.023), 1.90 us saved by a cluster merge; block time at head_dim 128, block 32: FP16
+# 0.473, INT4 0.152, INT2 0.120 us; relative rms error 12.3%, 4.4%, 5.4%. At each of the 26
+# small shapes of RESULTS' table the count the policy picks was timed: on average 0.8%
+# (FP16), 0.2% (INT4), 1.1% (INT2) slower than the fastest count timed there, at most 6.8%
+# (FP16 B=2 2k, 8 splits in clusters), 2.9% and 13.4% (INT2 B=1 32/4 8k, 26 splits)
 SPLIT_COSTS = {16: SplitCosts(cta=1.87, merge=0.07, cluster_merge=0.048, cluster_saving=4.01),
                4: SplitCosts(cta=5.832, merge=0.217, cluster_merge=0.151, cluster_saving=12.505, cluster_spread=0.75),
                2: SplitCosts(cta=7.391, merge=0.275, cluster_merge=0.191, cluster_saving=15.849, cluster_spread=0.75)}

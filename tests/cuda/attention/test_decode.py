@@ -205,7 +205,7 @@ def test_the_split_policy_prices_the_cluster_merge(monkeypatch):
     """``clustered``: split counts that a prepared launch would merge in a cluster are priced
     as clusters (``SplitCosts``: each split's share and what a cluster saves, clusters of three
     or more on ``cluster_spread`` of the SMs); at B=1 32/8 the defaults pick the INT4/INT2
-    split counts timed fastest on the H200 (``options.SPLIT_COSTS``), FP16's within 3%."""
+    split counts timed fastest on the H200 (``options.SPLIT_COSTS``), FP16's within 4%."""
     monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
     default = DecodeOptions()
     rule = lambda splits, fill: default.cluster((9, 0), splits, 8, fill) > 1  # noqa: E731 (prepare_decode's)
@@ -214,7 +214,7 @@ def test_the_split_policy_prices_the_cluster_merge(monkeypatch):
     for bits in (4, 2):
         assert [splits_at_b1(n, bits, default, rule) for n in contexts] == [8, 8, 16, 32, 32, 49]
         assert [splits_at_b1(n, bits, default) for n in contexts] == [16, 16, 16, 32, 32, 49]
-    assert [splits_at_b1(n, 16, default, rule) for n in contexts] == [16, 32, 32, 32, 49, 66]  # within 3%
+    assert [splits_at_b1(n, 16, default, rule) for n in contexts] == [16, 32, 32, 32, 49, 66]  # within 4%
     # B=2 x 8 KV heads at 8k: 8 splits in clusters would be 128 CTAs on 3/4 of the SMs, two on
     # some (timed: 14.6 us against 12.2 for 16 through the workspace); spread as evenly as
     # single CTAs, the clusters would win
@@ -560,7 +560,7 @@ def check_cluster_merge(dtype, head_dim, group, seq_lens, rng, runs=3):
     """A plan with ``cluster_merge``: its items' 2-8 splits launched as clusters (on a GPU)
     that merge in distributed shared memory, ragged sequences (one split, none, fewer than
     the grid's: CTAs with an empty partial) against the float64 reference, fresh q each run,
-    the output poisoned before each; a split per block (no merge term), so the sequence
+    the output poisoned before each; a split per block (the load alone priced), so the sequence
     lengths set the cluster size. The simulator runs CTAs one after another and has no
     clusters: the cluster path of the kernel runs only on a GPU (``_gpu`` below)."""
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=head_dim, block_size=32, kv_dtype=dtype)
