@@ -15,5 +15,6 @@ cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=128, block_size=32, k
 V = ctx // 32
 for mb in [int(x) for x in sys.argv[3].split(',')]:
     t = time.time()
-    err = check_decode(cfg, 4, [ctx], np.random.default_rng(seed), DecodeOptions(min_split_blocks=mb), tolerance=1.0)
+    options = DecodeOptions(min_split_blocks=mb)
+    err = check_decode(cfg, 4, [ctx], np.random.default_rng(seed), options, tolerance=1.0)
     print(ctx, seed, 'min_split_blocks', mb, 'splits <=', -(-V // mb), f'{err:.4e}', f'{time.time()-t:.0f}s', flush=True)
