@@ -17,4 +17,5 @@ for mb in [int(x) for x in sys.argv[3].split(',')]:
     t = time.time()
     options = DecodeOptions(min_split_blocks=mb)
     err = check_decode(cfg, 4, [ctx], np.random.default_rng(seed), options, tolerance=1.0)
-    print(ctx, seed, 'min_split_blocks', mb, 'splits <=', -(-V // mb), f'{err:.4e}', f'{time.time()-t:.0f}s', flush=True)
+    print(ctx, seed, 'min_split_blocks', mb, 'splits <=', -(-V // mb), f'{err:.4e}', f'{time.time() - t:.0f}s',
+          flush=True)
