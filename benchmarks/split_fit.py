@@ -53,9 +53,12 @@ def rows_from_decode_json(path: str) -> list[dict]:
 
 
 def items_and_heads(row: dict) -> tuple[int, int]:
-    """(CTAs per split, query heads of the fullest CTA) of a row: head groups of at most 8."""
+    """(CTAs per split, query heads of the fullest CTA) of a row, as the launcher counts them
+    (``DecodeShape.head_groups``: groups of ``HEADS_PER_CTA`` query heads)."""
+    from hexcore.cuda.attention.shape import HEADS_PER_CTA
+
     group = row["hq"] // row["hkv"]
-    return row["batch"] * row["hkv"] * -(-group // 8), min(group, 8)
+    return row["batch"] * row["hkv"] * -(-group // HEADS_PER_CTA), min(group, HEADS_PER_CTA)
 
 
 def parts(row: dict, sms: int) -> list[float]:
