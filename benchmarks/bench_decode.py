@@ -149,11 +149,14 @@ def tiered_case(name: str, batch: int, num_q_heads: int, num_kv_heads: int, ctx:
     """(run, bytes, stores, info) for a format by age (``hexcore.quant.FORMATS``, e.g.
     int2-aged): a store per pool holding each sequence's blocks of that kind (``ctx``
     tokens: blocks by ``KVFormat.block_tiers``), shuffled tables, and ``tiered_decode``'s
-    launches prepared once (each pool's partials launch, then the merge)."""
+    launches prepared once as a plan prepares them (each pool's partials launch, then the
+    merge; dependent launches where the options make them)."""
     import dataclasses
 
     from benchmarks.gpu_common import fill_store
     from hexcore.cuda import DeviceKVStore
+    from hexcore.cuda.attention.launcher import prepare_decode
+    from hexcore.cuda.attention.options import DEFAULT_OPTIONS
     from hexcore.cuda.attention.tiered import tiered_decode_launches
     from hexcore.host.tiered import block_pools, pool_kinds
     from hexcore.quant import kv_format
@@ -179,7 +182,7 @@ def tiered_case(name: str, batch: int, num_q_heads: int, num_kv_heads: int, ctx:
     launches, _ = tiered_decode_launches(q, stores, tables, counts, np.full(batch, tail, np.int32),
                                          np.zeros(batch, np.int32), np.arange(batch, dtype=np.int32),
                                          options=options)
-    prepared = [launch.prepare() for launch in launches if not launch.empty]
+    prepared = [prepare_decode(launch, options or DEFAULT_OPTIONS) for launch in launches if not launch.empty]
 
     def run():
         for launch in prepared:

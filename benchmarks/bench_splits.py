@@ -2,7 +2,8 @@
 fit of its costs (``benchmarks.split_fit``) to the rows.
 
     python -m benchmarks.bench_splits [--shapes 1x32x8x32768,1x32x8x131072] [--dtypes fp16,int4,int2]
-        [--ctas 1,2,4,8,16|auto] [--min-blocks 4,8,16,32] [--cluster-merge auto|on|off|both] [--policy]
+        [--ctas 1,2,4,8,16|auto] [--min-blocks 4,8,16,32] [--split-blocks 8,11,12,16]
+        [--cluster-merge auto|on|off|both] [--policy]
 
 Each shape (``BxHqxHkvxctx``) and dtype is decoded with ``DecodeOptions(ctas_per_sm=c,
 min_split_blocks=n, split_costs=LOAD_ONLY)`` for each ``c`` of ``--ctas`` (``auto``: the
@@ -12,10 +13,14 @@ alone (no CTA or merge costs), so the policy splits as finely as that load rewar
 the shortest split, steers the count below that (``--ctas auto --min-blocks 4,8,16,32``: 4
 counts per shape); ``c`` changes the rounds of resident CTAs the policy assumes. ``--policy``
 also times each shape with the default options and prints the policy's regret: its time over
-the fastest row's of that shape (``policy_regret``). Then per run, where at least 8 rows fit
+the fastest row's of that shape (``policy_regret``). ``--split-blocks``: rows of fixed split
+lengths instead (``DecodeOptions(split_blocks=n)``, each ``c`` of ``--ctas`` too): any count,
+where the load-only steer reaches only those its price ranks first (a split's blocks are
+priced as its busiest warp's, so lengths short of a multiple of four tie with the next
+one and the fewer splits win). Then per run, where at least 8 rows fit
 in one wave, ``split_fit.fit`` over them: the microsecond costs and each dtype's
 ``SplitCosts`` (the defaults, ``options.SPLIT_COSTS``, come from that fit over many more
-shapes: ``benchmarks/RESULTS.md``, twenty-eighth session). Rows as JSON under $OUT
+shapes: ``benchmarks/RESULTS.md``, twenty-ninth session). Rows as JSON under $OUT
 (``gpu_common.save``, name "splits").
 """
 
@@ -27,11 +32,12 @@ import sys
 from benchmarks.bench_decode import BS
 
 
-def sweep(shapes, dtypes, ctas, clusters=(None,), min_blocks=(4,), policy=False) -> list[dict]:
+def sweep(shapes, dtypes, ctas, clusters=(None,), min_blocks=(4,), policy=False, fixed=()) -> list[dict]:
     """Rows per shape, dtype, ``ctas_per_sm`` steer (None: the kernel's own), ``min_split_blocks``
-    of ``min_blocks`` and ``DecodeOptions.cluster_merge`` value of ``clusters`` (None: the
-    default rule; True: each item's 2-8 splits as a cluster); ``policy``: one more row per
-    shape and dtype with the default options (the split policy's own count, ``policy`` True)."""
+    of ``min_blocks`` (or, where ``fixed`` is given, ``split_blocks`` of ``fixed`` instead) and
+    ``DecodeOptions.cluster_merge`` value of ``clusters`` (None: the default rule; True: each
+    item's 2-8 splits as a cluster); ``policy``: one more row per shape and dtype with the
+    default options (the split policy's own count, ``policy`` True)."""
     from hexcore.cuda import DecodeOptions, SplitCosts
     from hexcore.cuda.attention import launcher
 
@@ -40,11 +46,11 @@ def sweep(shapes, dtypes, ctas, clusters=(None,), min_blocks=(4,), policy=False)
     rows = []
     for shape in shapes:
         for dtype in dtypes:
-            for c, n, cluster in ((c, n, cluster) for c in ctas for n in min_blocks for cluster in clusters):
-                options = DecodeOptions(ctas_per_sm=c, min_split_blocks=n, cluster_merge=cluster,
-                                        split_costs=load_only)
-                rows.append(timed_row(dtype, shape, options, sms, ctas=c, min_blocks=n, cluster_merge=cluster,
-                                      policy=False))
+            for c, n, cluster in ((c, n, cluster) for c in ctas for n in fixed or min_blocks for cluster in clusters):
+                steer = dict(split_blocks=n) if fixed else dict(min_split_blocks=n, split_costs=load_only)
+                options = DecodeOptions(ctas_per_sm=c, cluster_merge=cluster, **steer)
+                rows.append(timed_row(dtype, shape, options, sms, ctas=c, min_blocks=None if fixed else n,
+                                      split_blocks=n if fixed else None, cluster_merge=cluster, policy=False))
             if policy:
                 rows.append(timed_row(dtype, shape, DecodeOptions(), sms, ctas=None, min_blocks=None,
                                       cluster_merge=None, policy=True))
@@ -64,7 +70,9 @@ def timed_row(dtype, shape, options, sms: int, **labels) -> dict:
     row = dict(dtype=dtype, shape=list(shape), **labels, splits=splits, waves=waves,
                blocks=-(-max_virtual // splits), ms=ms, TBs=nbytes / ms / 1e9,
                kernel_ctas_per_sm=info["ctas_per_sm"], cluster=info.get("cluster", 1), sms=sms)
-    steer = "policy" if labels.get("policy") else f"ctas {labels['ctas']!s:4s} min {labels['min_blocks']:3d}"
+    fixed = labels.get("split_blocks")
+    steer = "policy" if labels.get("policy") else f"ctas {labels['ctas']!s:4s} " + (
+        f"fixed {fixed:3d}" if fixed else f"min {labels['min_blocks']:3d}")
     print(f"{dtype:5s} {shape} {steer} cluster_merge {labels['cluster_merge']!s:5s}: {splits:4d} splits of "
           f"{row['blocks']:4d} blocks, cluster {row['cluster']}, {waves} wave(s), {ms:.5f} ms", flush=True)
     del store
@@ -77,9 +85,7 @@ def fit_costs(rows: list[dict]) -> dict | None:
     8 rows whose CTAs fit in one wave."""
     from benchmarks import split_fit
 
-    timed = [dict(dtype=r["dtype"], batch=r["shape"][0], hq=r["shape"][1], hkv=r["shape"][2], ctx=r["shape"][3],
-                  splits=r["splits"], cluster=r["cluster"], ctas_per_sm=r["kernel_ctas_per_sm"], us=r["ms"] * 1e3)
-             for r in rows if "ms" in r]
+    timed = split_fit.rows_from_splits(rows)
     sms = next((r["sms"] for r in rows if "sms" in r), 132)
     one_wave = split_fit.one_wave(timed, sms)
     if len(one_wave) < 8:
@@ -113,8 +119,9 @@ def main(argv) -> None:
     dtypes = arg("--dtypes", "fp16,int4,int2").split(",")
     ctas = [None if c == "auto" else int(c) for c in arg("--ctas", "1,2,4,8,16").split(",")]
     min_blocks = [int(n) for n in arg("--min-blocks", "4").split(",")]
+    fixed = [int(n) for n in arg("--split-blocks", "").split(",") if n]
     clusters = {"auto": (None,), "on": (True,), "off": (False,), "both": (False, True)}[arg("--cluster-merge", "auto")]
-    rows = sweep(shapes, dtypes, ctas, clusters, min_blocks, policy="--policy" in argv)
+    rows = sweep(shapes, dtypes, ctas, clusters, min_blocks, policy="--policy" in argv, fixed=fixed)
     fitted = fit_costs(rows)
     if fitted is not None:
         rows.append(fitted)

@@ -19,14 +19,14 @@ import numpy as np
 from numba import cuda
 
 from hexcore import KVCacheConfig
-from hexcore.cuda import (DecodeGraph, DecodeOptions, DeviceKVStore, PersistentDecode, append, copy_blocks,
-                          copy_tails, dequantize_blocks, layout_agrees, nonfinite_flags, paged_decode,
+from hexcore.cuda import (DecodeGraph, DecodeOptions, DeviceKVStore, PersistentDecode, TieredDecodePlan, append,
+                          copy_blocks, copy_tails, dequantize_blocks, layout_agrees, nonfinite_flags, paged_decode,
                           persistent_decode, prefill_attention, prefill_attention_batch, reseal_blocks, seal, seal_rows,
                           tiered_decode)
 from hexcore.cuda.attention import DecodeVerify
 from hexcore.cuda.integrity import check_guards, checksum_blocks, record_head_sums
 
-SPLIT = DecodeOptions(ctas_per_sm=64, min_split_blocks=1)
+SPLIT = DecodeOptions(ctas_per_sm=64, split_blocks=1)
 
 
 def run_dtype(dtype: str, rng, only_new: bool = False) -> None:
@@ -158,7 +158,8 @@ def run_new_kernels(store, tables, rng) -> None:
 def run_tiered(rng) -> None:
     """A pool per kind (FP16, INT4, INT2): rows sealed into each (INT2 with fitted keys),
     re-seals FP16 -> INT4 and INT4 -> INT2 (fitted), then tiered_decode over the three (the
-    FP16 pool decoded by its own launch and inside the merge launch)."""
+    FP16 pool decoded by its own launch and inside the merge launch), eagerly and as a
+    TieredDecodePlan (programmatic dependent launches on sm_90) run three times."""
     base = KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=128, block_size=16)
     stores = []
     for kind in ("fp16", "int4", "int2"):
@@ -177,9 +178,15 @@ def run_tiered(rng) -> None:
               np.array([[2, 0], [1, 0]], np.int32)]
     counts = [np.array([2, 1], np.int32), np.array([2, 1], np.int32), np.array([1, 2], np.int32)]
     q = rng.standard_normal((2, 8, 128)).astype(np.float16)
+    index = (tables, counts, np.array([5, 0], np.int32), np.array([1, 0], np.int32), np.array([0, 1], np.int32))
     for where in ("launch", "merge"):  # the FP16 pool in its own launch, and in the merge's
-        out = tiered_decode(q, stores, tables, counts, np.array([5, 0], np.int32), np.array([1, 0], np.int32),
-                            np.array([0, 1], np.int32), layer=1, options=DecodeOptions(tiered_fp16=where))
+        options = DecodeOptions(tiered_fp16=where)
+        out = tiered_decode(q, stores, *index, layer=1, options=options)
+        cuda.synchronize()
+        assert not np.isnan(out.copy_to_host()).any()
+        plan = TieredDecodePlan(stores, *index, options=options)  # dependent launches on sm_90, run back to back
+        for layer in (1, 0, 1):
+            out = plan.run(layer, cuda.to_device(q), out)
         cuda.synchronize()
         assert not np.isnan(out.copy_to_host()).any()
     assert not any(check_guards(store).any() for store in stores)

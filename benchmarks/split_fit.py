@@ -3,9 +3,11 @@
     python -m benchmarks.split_fit [--sms 132] RESULT.json [RESULT.json ...]
 
 Each file is ``bench_decode``'s JSON (its ``hexcore <dtype>[ variant]`` rows: batch, heads,
-context, grid, cluster, resident CTAs per SM, ms). Only launches whose CTAs are all resident
-at once are fitted (where the split count is a choice: in the twenty-eighth session's files,
-B = 1-64). The model is the policy's own
+context, grid, cluster, resident CTAs per SM, ms; variants that change the kernel or the
+launch, not the split choice, left out: ``KERNEL_VARIANTS``) or ``bench_splits``' (its timed
+rows). Only launches whose CTAs are all resident at once, and clusters only where the
+default rule launches them, are fitted (where the split count is a choice: in the
+twenty-ninth session's files, B = 1-64). The model is the policy's own
 price (``launcher.split_cost``), split into its parts, with one set of microsecond costs for
 every dtype and each dtype its own block time ``u`` and constant ``a``:
 
@@ -28,6 +30,10 @@ import sys
 import numpy as np
 
 BS = 32  # bench_decode's block size
+# bench_decode variants (``option_variants``) that change the kernel or its launch, not only
+# the split count: their times are not the split policy's to fit or judge
+KERNEL_VARIANTS = ("prefetch", "register cap", "cap 128", "softmax", "fp16 in merge", "dependent launch",
+                   "plain launch", "verify")
 DTYPES = {"fp16": 16, "int4": 4, "int2": 2}
 
 
@@ -39,17 +45,36 @@ def spread(bits: int) -> float:
     return SPLIT_COSTS[bits].cluster_spread
 
 
-def rows_from_decode_json(path: str) -> list[dict]:
-    """The hexcore rows of one ``bench_decode`` JSON file as dicts of dtype, batch, hq, hkv,
-    ctx, splits, cluster (CTAs per cluster, 1: the workspace merge), ctas_per_sm, us."""
-    rows = []
-    for r in json.load(open(path))["rows"]:
+def rows_from_json(path: str) -> list[dict]:
+    """The timed rows of one ``bench_decode`` or ``bench_splits`` JSON file as dicts of dtype,
+    batch, hq, hkv, ctx, splits, cluster (CTAs per cluster, 1: the workspace merge),
+    ctas_per_sm, us."""
+    rows = json.load(open(path))["rows"]
+    if any("shape" in r for r in rows):
+        return rows_from_splits(rows)
+    return rows_from_decode(rows)
+
+
+def rows_from_splits(rows: list[dict]) -> list[dict]:
+    """``rows_from_json`` of ``bench_splits``' rows (those timed)."""
+    return [dict(dtype=r["dtype"], batch=r["shape"][0], hq=r["shape"][1], hkv=r["shape"][2], ctx=r["shape"][3],
+                 splits=r["splits"], cluster=r["cluster"], ctas_per_sm=r["kernel_ctas_per_sm"], us=r["ms"] * 1e3)
+            for r in rows if "ms" in r]
+
+
+def rows_from_decode(rows: list[dict]) -> list[dict]:
+    """``rows_from_json`` of ``bench_decode``'s rows (its ``hexcore <dtype>[ variant]`` ones,
+    none of ``KERNEL_VARIANTS``)."""
+    out = []
+    for r in rows:
         parts = r["kernel"].split()
-        if parts[0] != "hexcore" or parts[1] not in DTYPES or not r.get("grid"):
+        variant = " ".join(parts[2:])
+        if parts[0] != "hexcore" or parts[1] not in DTYPES or not r.get("grid") \
+                or any(name in variant for name in KERNEL_VARIANTS):
             continue
-        rows.append(dict(dtype=parts[1], batch=r["B"], hq=r["Hq"], hkv=r["Hkv"], ctx=r["ctx"], splits=r["grid"][0],
-                         cluster=r.get("cluster") or 1, ctas_per_sm=r["ctas_per_sm"], us=r["ms"] * 1e3))
-    return rows
+        out.append(dict(dtype=parts[1], batch=r["B"], hq=r["Hq"], hkv=r["Hkv"], ctx=r["ctx"], splits=r["grid"][0],
+                        cluster=r.get("cluster") or 1, ctas_per_sm=r["ctas_per_sm"], us=r["ms"] * 1e3))
+    return out
 
 
 def items_and_heads(row: dict) -> tuple[int, int]:
@@ -80,8 +105,17 @@ def parts(row: dict, sms: int) -> list[float]:
 
 
 def one_wave(rows: list[dict], sms: int = 132) -> list[dict]:
-    """The rows whose CTAs were all resident at once on ``sms`` SMs (the ones ``fit`` takes)."""
-    return [r for r in rows if items_and_heads(r)[0] * r["splits"] <= r["ctas_per_sm"] * sms]
+    """The rows ``fit`` takes: those whose CTAs were all resident at once on ``sms`` SMs,
+    clustered ones only where the default cluster rule launches clusters (at most
+    ``CLUSTER_MAX_FILL`` of the wave: past it a cluster's CTAs may wait for a second wave,
+    which the model does not price)."""
+    from hexcore.cuda.attention.options import CLUSTER_MAX_FILL
+
+    def fits(r):
+        fill = items_and_heads(r)[0] * r["splits"] / (r["ctas_per_sm"] * sms)
+        return fill <= 1 and (r["cluster"] == 1 or fill <= CLUSTER_MAX_FILL)
+
+    return [r for r in rows if fits(r)]
 
 
 def fit(rows: list[dict], sms: int = 132) -> dict:
@@ -134,12 +168,18 @@ def regrets(rows: list[dict], predicted) -> list[dict]:
     return out
 
 
-def main(argv) -> None:
+def rows_and_sms(argv, tool: str) -> tuple[list[dict], int]:
+    """(timed rows of every file named, SMs) from ``[--sms 132] RESULT.json ...`` (``tool``:
+    the module named in the usage message)."""
     sms = int(argv[argv.index("--sms") + 1]) if "--sms" in argv else 132
     paths = [a for i, a in enumerate(argv) if a != "--sms" and (i == 0 or argv[i - 1] != "--sms")]
     if not paths:
-        raise SystemExit("usage: python -m benchmarks.split_fit [--sms 132] RESULT.json [RESULT.json ...]")
-    rows = [r for path in paths for r in rows_from_decode_json(path)]
+        raise SystemExit(f"usage: python -m benchmarks.{tool} [--sms 132] RESULT.json [RESULT.json ...]")
+    return [r for path in paths for r in rows_from_json(path)], sms
+
+
+def main(argv) -> None:
+    rows, sms = rows_and_sms(argv, "split_fit")
     result = fit(rows, sms)
     print("shared costs (us): " + ", ".join(f"{k} {v:.4f}" for k, v in result["us"].items()))
     for d in result["u"]:

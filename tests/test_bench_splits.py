@@ -33,6 +33,23 @@ def test_the_sweep_times_each_cluster_setting_and_fits_when_it_has_rows_enough(m
                        "--cluster-merge", "off"])
     assert [(o.ctas_per_sm, o.min_split_blocks, o.cluster_merge) for o in seen] == [(None, 8, False), (None, 32, False)]
     assert {o.split_costs for o in seen} == {SplitCosts(0, 0, 0, 0)}  # the load and the steer set the count
+    # --split-blocks: fixed split lengths (the policy's price not asked), labelled as such
+    seen.clear()
+
+    def fixed_case(dtype, batch, hq, hkv, ctx, options):
+        seen.append(options)
+        return (lambda: None), 1, None, dict(grid=[-(-128 // options.split_blocks), hkv, batch], ctas_per_sm=4,
+                                             cluster=1)
+
+    monkeypatch.setattr(bench_decode, "decode_case", fixed_case)
+    saved = {}
+    monkeypatch.setattr(gpu_common, "save", lambda name, rows: saved.update({name: rows}))
+    bench_splits.main(["--shapes", "1x32x8x4096", "--dtypes", "int4", "--ctas", "auto", "--split-blocks", "11,12",
+                       "--cluster-merge", "off"])
+    assert [(o.split_blocks, o.min_split_blocks, o.split_costs) for o in seen] == [(11, 4, None), (12, 4, None)]
+    assert [(r["split_blocks"], r["min_blocks"], r["splits"]) for r in saved["splits"] if "ms" in r] == [
+        (11, None, 12), (12, None, 11)]
+    assert "fixed  11" in capsys.readouterr().out
 
 
 def test_the_policy_row_and_its_regret(monkeypatch, capsys):

@@ -47,18 +47,24 @@ def test_the_fit_recovers_the_costs_of_its_own_model():
 
 
 def test_rows_come_from_bench_decode_json_and_only_one_wave_is_fitted(tmp_path):
-    """``rows_from_decode_json`` keeps the hexcore rows (variants too), not the peers; ``one_wave``
-    drops launches with more CTAs than resident slots (128 x 8 x 2 splits > 3 x 132)."""
+    """``rows_from_json`` keeps the hexcore rows (split-policy variants too), not the peers or
+    the variants of another kernel or launch; ``one_wave`` drops launches with more CTAs than
+    resident slots (128 x 8 x 2 splits > 3 x 132)."""
     hexcore_row = dict(kernel="hexcore int4 load only", B=128, Hq=32, Hkv=8, ctx=2048, ms=0.09, grid=[2, 8, 128],
                        cluster=None, ctas_per_sm=3)
     small = dict(hexcore_row, kernel="hexcore fp16", B=1, grid=[16, 8, 1], cluster=1, ctas_per_sm=4, ms=0.008)
     sdpa = dict(kernel="torch SDPA fp16", B=1, Hq=32, Hkv=8, ctx=2048, ms=0.01)
+    prefetch = dict(small, kernel="hexcore fp16 prefetch=all")  # another kernel: not the policy's to fit
     path = tmp_path / "decode.json"
-    path.write_text(json.dumps(dict(rows=[hexcore_row, small, sdpa])))
-    rows = split_fit.rows_from_decode_json(str(path))
+    path.write_text(json.dumps(dict(rows=[hexcore_row, small, sdpa, prefetch])))
+    rows = split_fit.rows_from_json(str(path))
     assert [(r["dtype"], r["splits"], r["cluster"], r["us"]) for r in rows] == [("int4", 2, 1, 90.0),
                                                                               ("fp16", 16, 1, 8.0)]
     assert split_fit.one_wave(rows) == rows[1:]
+    # a cluster past CLUSTER_MAX_FILL of the wave (the default rule never launches one) is dropped
+    clustered = dict(rows[1], splits=8, cluster=8)  # 64 of 528 slots
+    crowded = dict(rows[1], batch=8, splits=8, cluster=8)  # 512 of 528
+    assert split_fit.one_wave([clustered, crowded, dict(crowded, cluster=1)]) == [clustered, dict(crowded, cluster=1)]
     assert split_fit.items_and_heads(dict(batch=2, hq=64, hkv=4)) == (16, 8)  # 16 heads: two groups of 8
     assert split_fit.items_and_heads(dict(batch=1, hq=24, hkv=2)) == (4, 8)  # 12 heads: groups of 8 and 4
 
@@ -79,3 +85,15 @@ def test_a_block_time_of_zero_or_less_is_refused(monkeypatch):
     monkeypatch.setitem(BLOCK_US, "int4", -0.15)
     with pytest.raises(ValueError, match="int4: the fitted block time"):
         split_fit.fit(synthetic_rows(np.random.default_rng(2)))
+
+
+def test_rows_come_from_bench_splits_json_too(tmp_path):
+    """``bench_splits``' rows (a ``shape`` each; untimed ones without ``ms``) read as the same
+    dicts as ``bench_decode``'s."""
+    timed = dict(dtype="int2", shape=[1, 32, 4, 8192], splits=22, cluster=1, kernel_ctas_per_sm=2, ms=0.0116)
+    path = tmp_path / "splits.json"
+    path.write_text(json.dumps(dict(rows=[timed, dict(timed, splits=32, ms=0.0105), {"fit": {}}])))
+    rows = split_fit.rows_from_json(str(path))
+    assert rows[0] == dict(dtype="int2", batch=1, hq=32, hkv=4, ctx=8192, splits=22, cluster=1, ctas_per_sm=2,
+                           us=pytest.approx(11.6))
+    assert [r["splits"] for r in rows] == [22, 32]

@@ -7,8 +7,9 @@
 #   verify (~400 s): after the refit (clusters of 3-8 INT4/INT2 CTAs on 3/4 of the SMs), the
 #      default at the shapes whose split count the refit changed or never timed, then the GPU
 #      tests of the decode (plans, clusters, the split policy's GPU branches) and graph steps;
-#   error (~150 s, not yet run): long_error.py, the B=1 x 2 KV heads 128k decode's error at 128,
-#      64 and 16 splits on the same seeds (the verify call's INT2 failure: 2.14e-3 > 2e-3).
+#   error (~60 s; the twenty-ninth session's call 2): long_error.py, the B=1 x 2 KV heads
+#      128k decode's error at 128, 64 and 16 splits on the same seeds (the verify call's INT2
+#      failure: 2.14e-3 > 2e-3).
 set -u
 source benchmarks/experiments/device-site.sh  # site, R
 export PYTHONPATH="$site:$PWD"

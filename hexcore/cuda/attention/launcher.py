@@ -21,7 +21,7 @@ from ..streams import resolve_stream
 from ..views import flat
 from .kernel import MAX_CLUSTER, decode_kernel
 from .options import DEFAULT_OPTIONS, DecodeOptions, SplitCosts, sm_share
-from .shape import HEADS_PER_CTA, THREADS, DecodeShape, unsupported_reason
+from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape, unsupported_reason
 
 UNCAPPED_REGISTERS = 255  # the decode kernel's "no cap" (ptxas's own choice up to 255)
 UNCAPPED_CTAS_PER_SM = 3  # the most CTAs per SM of the uncapped kernel (about 160 registers)
@@ -140,14 +140,17 @@ def split_cost(items: int, splits: int, max_virtual: int, ctas_per_sm: int, cost
     resident per SM, merged in clusters or not (``clustered``), on ``sms`` SMs (None:
     :func:`policy_sms`), in blocks of one SM's work at full occupancy: the busiest SM runs
     ``k = ceil(items * splits / SMs)`` CTAs (SMs times ``costs.cluster_spread`` for clusters of
-    three or more) of ``ceil(max_virtual / splits)`` blocks in rounds of ``ctas_per_sm``, a
-    block of a round of ``j`` CTAs costing ``sm_share(j) / sm_share(ctas_per_sm)``; plus
-    ``k`` times ``costs.cta`` and, for more than one split, ``costs.merge_cost``."""
+    three or more) of ``ceil(max_virtual / splits)`` blocks (rounded up to a multiple of
+    ``WARPS``: the CTA's warps take every ``WARPS``-th block, so its busiest warp sets its
+    time) in rounds of ``ctas_per_sm``, a block of a round of ``j`` CTAs costing
+    ``sm_share(j) / sm_share(ctas_per_sm)``; plus ``k`` times ``costs.cta`` and, for more
+    than one split, ``costs.merge_cost``."""
     if splits < 1 or ctas_per_sm < 1:
         raise HexcoreInvalidArgumentError(f"split_cost: expected splits >= 1 and ctas_per_sm >= 1, "
                                           f"got {splits} and {ctas_per_sm}")
     sms = policy_sms() if sms is None else sms
-    blocks = -(-max_virtual // splits)
+    per_split = -(-max_virtual // splits)
+    blocks = -(-per_split // WARPS) * WARPS  # warp w takes blocks w, w + WARPS, ...: the busiest warp's, WARPS times
     spread = costs.cluster_spread if clustered and splits > 2 else 1.0
     per_sm = -(-items * splits // max(1, int(sms * spread)))
     rounds, last = divmod(per_sm, ctas_per_sm)  # full rounds of resident CTAs, and the rest
@@ -165,7 +168,10 @@ def split_blocks_for(items: int, max_virtual: int, ctas_per_sm: int, options: De
     at once (one split when even that is not). ``clustered``: None, or ``clustered(splits,
     fill)``, whether a launch of ``splits`` splits per item whose CTAs fill ``fill`` of one
     wave merges them in clusters (``prepare_decode``'s rule), which prices their merge as a
-    cluster's. Without ``clustered`` (eager launches, every call) the answer is cached."""
+    cluster's. Without ``clustered`` (eager launches, every call) the answer is cached.
+    ``options.split_blocks`` set: that, at most ``max_virtual`` (no search)."""
+    if options.split_blocks is not None:
+        return max(1, min(options.split_blocks, max_virtual))
     sms = policy_sms()
     if clustered is None:
         return _unclustered_split_blocks(items, max_virtual, ctas_per_sm, options, bits, one_wave, heads, sms)

@@ -56,18 +56,20 @@ class SplitCosts:
 
 
 # each dtype's split costs (bits -> SplitCosts): one set of microsecond costs over each
-# dtype's block time, fitted by benchmarks/split_fit.py (benchmarks/RESULTS.md, "twenty-eighth
-# session") to 467 launches timed on the H200 whose CTAs were all resident at once (29
-# shapes: B = 1-64, 4-32 KV heads, 1k-128k tokens; 1-66 splits, workspace and cluster
-# merges): 0.88 us per CTA on the busiest SM, 0.033 us per split and 4 query heads (cluster
-# merge 0.023), 1.90 us saved by a cluster merge; block time at head_dim 128, block 32: FP16
-# 0.473, INT4 0.152, INT2 0.120 us; relative rms error 12.3%, 4.4%, 5.4%. At each of the 26
-# small shapes of RESULTS' table the count the policy picks was timed: on average 0.8%
-# (FP16), 0.2% (INT4), 1.1% (INT2) slower than the fastest count timed there, at most 6.8%
-# (FP16 B=2 2k, 8 splits in clusters), 2.9% and 13.4% (INT2 B=1 32/4 8k, 26 splits)
-SPLIT_COSTS = {16: SplitCosts(cta=1.87, merge=0.07, cluster_merge=0.048, cluster_saving=4.01),
-               4: SplitCosts(cta=5.832, merge=0.217, cluster_merge=0.151, cluster_saving=12.505, cluster_spread=0.75),
-               2: SplitCosts(cta=7.391, merge=0.275, cluster_merge=0.191, cluster_saving=15.849, cluster_spread=0.75)}
+# dtype's block time, fitted by benchmarks/split_fit.py (benchmarks/RESULTS.md, "twenty-ninth
+# session", with the command) to 645 launches timed on the H200 whose CTAs were all resident
+# at once, clustered ones only where the cluster rule launches them (29 shapes: B = 1-64, 4-32
+# KV heads, 1k-128k tokens; 1-66 splits), a split's blocks priced as its busiest warp's:
+# 0.78 us per CTA on the busiest SM, 0.037 us per split and 4 query heads (cluster merge
+# 0.033), 1.86 us saved by a cluster merge; block time at head_dim 128, block 32: FP16 0.455,
+# INT4 0.151, INT2 0.120 us; relative rms error 12.9%, 5.0%, 5.8%. At each of the 31 shapes
+# timed the count the policy picks was timed too: on average 0.54% (FP16), 0.12% (INT4), 0.74%
+# (INT2) slower than the fastest count timed there (the twenty-eighth session's costs: 0.64%,
+# 0.18%, 0.84%), at most 6.6% (FP16 B=2 2k, 8 splits in clusters), 2.7% (INT4 B=4 4k, 8
+# splits against 6 in clusters) and 9.7% (INT2 B=1 32/4 8k, 22 splits against 32)
+SPLIT_COSTS = {16: SplitCosts(cta=1.72, merge=0.081, cluster_merge=0.073, cluster_saving=4.095),
+               4: SplitCosts(cta=5.173, merge=0.243, cluster_merge=0.218, cluster_saving=12.313, cluster_spread=0.75),
+               2: SplitCosts(cta=6.54, merge=0.307, cluster_merge=0.276, cluster_saving=15.565, cluster_spread=0.75)}
 
 # an SM's time per block with k CTAs resident, relative to one CTA (k -> share; more than 4:
 # the last), fitted with SPLIT_COSTS (each dtype's own fit: 1 / 0.68-0.71 / 0.63-0.66) and, for
@@ -100,6 +102,14 @@ class DecodeOptions:
       reads it off the compiled kernel's registers and shared memory.
     - ``min_split_blocks``: the shortest split, in blocks (splits shorter than the CTA's
       four warps leave warps idle).
+    - ``split_blocks``: every split this many blocks long (fewer where the sequence is
+      shorter), whatever the policy would price (``min_split_blocks`` and the one-wave limit
+      of the uncapped kernel's count do not apply; the persistent decode may still cut
+      splits shorter to fit its budget); None (the default): the policy's choice. For tests
+      and sweeps that need a given split length (one-block splits, say, which the policy
+      never picks: a split's blocks are priced as its busiest warp's). The split workspace
+      grows with the count it gives (``B * Hq * splits * D`` float32 partials, kept per
+      shape), which the policy bounds at four waves of CTAs and this does not.
     - ``split_overhead``: the persistent decode's fixed cost per work item, in blocks of
       work, for fitting its items into a time budget (``persistent.py``).
     - ``split_costs``: a :class:`SplitCosts`, what the split policy charges a split count
@@ -167,6 +177,7 @@ class DecodeOptions:
 
     ctas_per_sm: int | None = None
     min_split_blocks: int = 4
+    split_blocks: int | None = None
     split_overhead: float = 1.0
     split_costs: SplitCosts | None = None
     max_registers: int | None = None
@@ -184,7 +195,7 @@ class DecodeOptions:
             raise HexcoreConfigError(f"split_overhead: expected a number in [0, 1e6), got {value!r}")
         if not (self.split_costs is None or isinstance(self.split_costs, SplitCosts)):
             raise HexcoreConfigError(f"split_costs: expected a SplitCosts or None, got {self.split_costs!r}")
-        for name in ("ctas_per_sm", "max_registers"):
+        for name in ("ctas_per_sm", "max_registers", "split_blocks"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise HexcoreConfigError(f"{name}: expected a positive int or None, got {value!r}")

@@ -31,11 +31,11 @@ from ..arrays import check_outside_store, checked, checked_layer, checked_store
 from ..launch import Launch
 from ..store import flat_words
 from ..streams import resolve_stream
-from ..device import SIMULATOR
+from ..device import SIMULATOR, allow_dependent_grids, wait_prior_grids
 from .kernel import GRID_REGISTERS, decode_item_function, decode_kernel, merge_function
 from ..uploads import upload_once
 from ..views import flat, layer_of, sliced
-from .launcher import Workspace, check_host_index, decode_launch, register_cap
+from .launcher import Workspace, check_host_index, decode_launch, dependent_launches, prepare_decode, register_cap
 from .options import DEFAULT_OPTIONS, DecodeOptions
 from .shape import HEADS_PER_CTA, THREADS, DecodeShape
 
@@ -117,9 +117,10 @@ class TieredDecodePlan:
             launches, out = tiered_decode_launches(q, *self._index, layer=layer, out=out, scale=self._scale,
                                                    options=self._options, upload=self._upload)
             launches = [launch for launch in launches if not launch.empty]
-            merge = _plain_merge(stores[0].config, q.shape)
-            self._launches = self._taken_over(launches, layer) or [(launch.prepare(), launch.kernel is merge)
-                                                             for launch in launches]
+            options = self._options or DEFAULT_OPTIONS
+            merge = _plain_merge(stores[0].config, q.shape, dependent_launches(options))
+            self._launches = self._taken_over(launches, layer) or [(prepare_decode(launch, options),
+                                                                     launch.kernel is merge) for launch in launches]
             self._shape = tuple(q.shape)
         else:
             q_words, out_flat = flat_words(q), flat(out)
@@ -171,11 +172,11 @@ def _for_layer(launch, is_merge: bool, q_words, out_flat, layer: int) -> None:
         launch.set_scalar(LAYER_ARG, layer)
 
 
-def _plain_merge(config, q_shape: tuple):
+def _plain_merge(config, q_shape: tuple, dependent: bool):
     """The :func:`merge_kernel` a step of ``q_shape`` ``[B, Hq, D]`` launches last unless the
     FP16 pool is fused into it (whose ``out`` is its argument 2, not the decode kernel's)."""
     _, num_q_heads, head_dim = q_shape
-    return merge_kernel(config.num_kv_heads, num_q_heads // config.num_kv_heads, head_dim)
+    return merge_kernel(config.num_kv_heads, num_q_heads // config.num_kv_heads, head_dim, dependent)
 
 
 Q_ARG, OUT_ARG, LAYER_ARG = 7, 11, 15  # in the decode and partials kernels' arguments
@@ -216,11 +217,12 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
               for store in stores]
     runs = [_partials(launch, shape, options, sliced(part_o, bases[p] * head_dim), sliced(part_ml, bases[p] * 2),
                       total) for p, (launch, shape) in enumerate(zip(launches, shapes))]
-    grid = (launches[0].grid[1], batch)
+    grid, dependent = (launches[0].grid[1], batch), dependent_launches(options)
     if options.tiered_fp16 == "merge" and shapes[0].bits == 16:  # pool 0's items in the merge launch
-        kernel = fused_merge_kernel(shapes[0], options.max_registers, options.l2_prefetch, options.joint_softmax)
+        kernel = fused_merge_kernel(shapes[0], options.max_registers, options.l2_prefetch, options.joint_softmax,
+                                    dependent)
         return runs[1:] + [Launch(kernel, grid, THREADS, (*runs[0].args, seq_lens, launches[0].grid[0]))], out
-    merge = Launch(merge_kernel(cfg.num_kv_heads, group, head_dim), grid, THREADS,
+    merge = Launch(merge_kernel(cfg.num_kv_heads, group, head_dim, dependent), grid, THREADS,
                    (part_o, part_ml, flat(out), seq_lens, total))
     return runs + [merge], out
 
@@ -228,27 +230,36 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
 def _partials(launch: Launch, shape: DecodeShape, options: DecodeOptions, part_o, part_ml, total: int) -> Launch:
     # the pool's launch with the partials kernel at the register cap its split count was
     # sized for (uncapped where the grid launch is: launcher.register_cap), its partial arrays
-    # starting at its first slot, and a row stride of every pool's slots (`total`)
+    # starting at its first slot, and a row stride of every pool's slots (`total`); a
+    # dependent launch's kernel where the grid decode's is (``DecodeOptions.dependent_launch``)
     cap = register_cap(launch, shape, options)
-    kernel = decode_kernel(shape, cap, options.l2_prefetch, options.joint_softmax, partials=True)
+    kernel = decode_kernel(shape, cap, options.l2_prefetch, options.joint_softmax, partials=True,
+                           dependent=dependent_launches(options))
     args = list(launch.args)
     args[12], args[13], args[19] = part_o, part_ml, total
     return Launch(kernel, launch.grid, launch.block, tuple(args))
 
 
 @functools.cache
-def merge_kernel(H: int, G: int, D: int):
+def merge_kernel(H: int, G: int, D: int, dependent: bool = False):
     """``kernel[(H * head_groups, B), THREADS](part_o, part_ml, out, seq_lens, total)``: each
     CTA merges the ``total`` split slots of its (sequence, KV head, head group)'s query heads
-    into ``out`` (flat float16), zeros for a sequence of length 0."""
+    into ``out`` (flat float16), zeros for a sequence of length 0. ``dependent``: for a
+    programmatic dependent launch (``kernel.decode_kernel``'s): it waits for the grid before
+    it (the pools' partials) before any read."""
     merge_row = merge_row_function(H, G, D)
     HG = -(-G // HEADS_PER_CTA)
 
     @cuda.jit
     def kernel(part_o, part_ml, out, seq_lens, total):
+        if dependent:
+            wait_prior_grids()
         h, hg, b = cuda.blockIdx.x // HG, cuda.blockIdx.x % HG, cuda.blockIdx.y
         merge_row(part_o, part_ml, out, seq_lens, total, h, hg, b)
+        if dependent:
+            allow_dependent_grids()
 
+    kernel.waits_for_prior_grids = dependent
     return kernel
 
 
@@ -274,7 +285,7 @@ def merge_row_function(H: int, G: int, D: int):
 
 @functools.cache
 def fused_merge_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
-                       joint_softmax: bool = True):
+                       joint_softmax: bool = True, dependent: bool = False):
     """``kernel[(H * head_groups, B), THREADS](<pool 0's partials arguments>, seq_lens,
     pool_splits)``: :func:`merge_kernel` with pool 0 (an FP16 pool of ``shape``) done first
     in the same CTA. Pool 0's arguments are its partials launch's (``_partials``: its slots
@@ -284,7 +295,8 @@ def fused_merge_kernel(shape: DecodeShape, max_registers: int | None = None, l2_
     partials were written by the launches before it), zeros where ``seq_lens[b]`` is 0.
     The items read their thread index volatile (``decode_item_function(volatile_tid=True)``):
     without it, what they derive from it was hoisted out of the split loop (sm_90, D128:
-    132 bytes of spills at the cap of 128, against 12 with it)."""
+    132 bytes of spills at the cap of 128, against 12 with it). ``dependent``: as
+    :func:`merge_kernel`'s."""
     item = decode_item_function(shape, l2_prefetch, joint_softmax, partials=True, volatile_tid=True)
     merge_row = merge_row_function(shape.H, shape.G, shape.D)
     HG = shape.head_groups
@@ -295,6 +307,8 @@ def fused_merge_kernel(shape: DecodeShape, max_registers: int | None = None, l2_
     def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, pool_lens, tail_slots, out,
                part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, total, scale, seq_lens,
                pool_splits):
+        if dependent:
+            wait_prior_grids()
         h, hg, b = cuda.blockIdx.x // HG, cuda.blockIdx.x % HG, cuda.blockIdx.y
         for split in range(pool_splits):
             item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, pool_lens, tail_slots,
@@ -304,7 +318,10 @@ def fused_merge_kernel(shape: DecodeShape, max_registers: int | None = None, l2_
         cuda.threadfence()  # the partials written above reach L2, where the merge reads them (ld.cg)
         cuda.syncthreads()
         merge_row(part_o, part_ml, out, seq_lens, total, h, hg, b)
+        if dependent:
+            allow_dependent_grids()
 
+    kernel.waits_for_prior_grids = dependent
     return kernel
 
 

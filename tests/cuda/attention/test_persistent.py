@@ -21,7 +21,7 @@ from tests import reference as ref
 from tests.cuda.fill import random_cache
 
 TOLERANCE = 2e-3
-SPLIT = DecodeOptions(ctas_per_sm=64, min_split_blocks=1)  # one-block splits (items) at the tests' lengths
+SPLIT = DecodeOptions(ctas_per_sm=64, split_blocks=1)  # one-block splits (items) at the tests' lengths
 STEP_NS = 10_000  # each timer read advances the simulated clock 10 us
 BUDGET_US = 15  # so the first CTA of a slice takes two items (reads at 0 and 10 us), and the others none
 
@@ -122,7 +122,7 @@ def test_static_and_dynamic_items_each_once(ctas_per_sm, budget, step, rng):
     (``count_items``), no item is taken after its slice's budget, and the output is
     paged_decode's, bit for bit."""
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="fp16")
-    options = DecodeOptions(ctas_per_sm=ctas_per_sm, min_split_blocks=1)
+    options = DecodeOptions(ctas_per_sm=ctas_per_sm, split_blocks=1)
     store, tables, tails, keys, values = random_cache(cfg, [60, 33], rng)
     q = rng.standard_normal((2, 2, 64)).astype(np.float16)
     lens = np.array([60, 33], np.int32)
@@ -151,7 +151,7 @@ def test_static_items_late_ctas_and_repair_slices(budget, taken, rng):
     from hexcore.cuda.attention import persistent as p
 
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="fp16")
-    options = DecodeOptions(ctas_per_sm=3, min_split_blocks=2)  # two splits of 2 blocks per (sequence, head)
+    options = DecodeOptions(ctas_per_sm=3, split_blocks=2)  # two splits of 2 blocks per (sequence, head)
     store, tables, tails, keys, values = random_cache(cfg, [60, 33], rng)
     q = rng.standard_normal((2, 2, 64)).astype(np.float16)
     args = [cuda.to_device(a) for a in (q, tables, np.array([60, 33], np.int32), tails)]

@@ -130,17 +130,24 @@ def test_every_block_holds_the_reference_chain_and_decode_matches_gpu(name, seed
     check_format(name, seed, lengths=[450, 300, 33], fork_at=200, config=config)
 
 
-@pytest.mark.parametrize("where", ["launch", "merge"])
-def test_a_plan_equals_tiered_decode_on_every_layer(where, seed):
-    """TieredDecodePlan (index arrays checked and copied once, launches reused with each
-    layer's q, out and layer number) against a tiered_decode per layer, bit for bit, both
-    layers of a two-layer cache; a q of another shape is refused."""
+def two_layer_index(seed):
+    """(stores, the index arrays of ``tiered_decode`` after ``q, stores``) of an int4-aged
+    two-layer cache grown to 52 and 21 tokens."""
     config = KVCacheConfig(num_layers=2, num_kv_heads=H, head_dim=D, block_size=BS, group_size=GROUP)
     cache, stores, seqs, rows = run_format("int4-aged", seed, lengths=[52, 21], config=config)
     ids = np.array(seqs, np.int32)
     tables = cache.block_tables(ids)
     lens = np.array([cache.seq_len(int(s)) for s in ids])
-    args = ([t for t, _ in tables], [c for _, c in tables], (lens % BS).astype(np.int32), cache.tail_pools(ids), ids)
+    return stores, ([t for t, _ in tables], [c for _, c in tables], (lens % BS).astype(np.int32),
+                    cache.tail_pools(ids), ids)
+
+
+@pytest.mark.parametrize("where", ["launch", "merge"])
+def test_a_plan_equals_tiered_decode_on_every_layer(where, seed):
+    """TieredDecodePlan (index arrays checked and copied once, launches reused with each
+    layer's q, out and layer number) against a tiered_decode per layer, bit for bit, both
+    layers of a two-layer cache; a q of another shape is refused."""
+    stores, args = two_layer_index(seed)
     options = DecodeOptions(tiered_fp16=where)
     q = np.random.default_rng(seed).standard_normal((2, 2, 2, D)).astype(np.float16)  # [layer, B, Hq, D]
     plan, want = TieredDecodePlan(stores, *args, options=options), {}
@@ -300,4 +307,23 @@ def test_each_pool_runs_the_register_cap_its_splits_were_sized_for():
     for options, cap in ((DecodeOptions(), launcher.UNCAPPED_REGISTERS), (DecodeOptions(max_registers=128), 128)):
         launches, _ = tiered_decode_launches(q, [store], tables, counts, np.zeros(1, np.int32),
                                              np.zeros(1, np.int32), np.zeros(1, np.int32), options=options)
-        assert launches[0].kernel is decode_kernel(shape, cap, "none", True, partials=True), options
+        assert launches[0].kernel is decode_kernel(shape, cap, "none", True, partials=True,
+                                                   dependent=launcher.dependent_launches(options)), options
+
+
+@pytest.mark.parametrize("where", ["launch", "merge"])
+def test_a_plans_launches_are_dependent_launches_where_the_grid_decodes_are(where, seed):
+    """``DecodeOptions.dependent_launch``: a TieredDecodePlan's pool and merge launches are
+    programmatic dependent launches of kernels that wait for the grid before them, as the
+    grid decode's (default: on for sm_90, which the simulator stands for), plain ones with
+    False; the outputs are the same bits either way."""
+    stores, args = two_layer_index(seed)
+    q = np.random.default_rng(seed).standard_normal((2, 2, D)).astype(np.float16)
+    outs = []
+    for dependent in (None, False):
+        plan = TieredDecodePlan(stores, *args, options=DecodeOptions(tiered_fp16=where, dependent_launch=dependent))
+        outs.append(plan.run(1, cuda.to_device(q), cuda.to_device(np.full(q.shape, np.nan, np.float16))).copy_to_host())
+        kinds = [(prepared.dependent, prepared.as_launch().kernel.waits_for_prior_grids)
+                 for prepared, _ in plan._launches]
+        assert len(kinds) >= 2 and all(k == (dependent is None,) * 2 for k in kinds), kinds
+    assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))

@@ -207,7 +207,7 @@ def test_graph_steps_with_dependent_launches_equal_eager_steps_gpu(dtype, backen
     script = SCRIPT + [{"batch": "AD"}] * 3
     kwargs = {"prompts": prompts, "script": script, "max_seqs": 8, "num_blocks": 64}
     eager = run_workload(cfg, 32, eager_runner, seed, **kwargs)
-    options = DecodeOptions(dependent_launch=True, ctas_per_sm=16, min_split_blocks=1,  # 2-4 splits a sequence
+    options = DecodeOptions(dependent_launch=True, ctas_per_sm=16,  # 2-8 splits a sequence (4 at B=4-8)
                             split_costs=SplitCosts(0, 2.0, 2.0, 0), cluster_merge=cluster)
     graph = run_workload(cfg, 32, graph_runner((1, 2, 4, 8), backend, options), seed, **kwargs)
     assert_same(eager, graph)
