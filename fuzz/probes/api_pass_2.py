@@ -14,8 +14,8 @@ store = DeviceKVStore(cfg, 4, 3)
 one = np.array([0], np.int32); two = np.array([1], np.int32)
 import inspect
 for h in H:
-    for f in ("max_registers", "ctas_per_sm", "min_split_blocks", "split_overhead", "split_costs", "l2_prefetch",
-              "joint_softmax", "launch_path"):
+    for f in ("max_registers", "ctas_per_sm", "min_split_blocks", "split_blocks", "split_overhead", "split_costs",
+              "l2_prefetch", "joint_softmax", "launch_path"):
         t(f"DecodeOptions({f}={h!r})", lambda: DecodeOptions(**{f: h}))
     for i in range(5):
         t(f"SplitCosts(field {i}={h!r})", lambda: SplitCosts(*[h if j == i else 0.5 for j in range(5)]))
