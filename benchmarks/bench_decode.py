@@ -150,7 +150,8 @@ def tiered_case(name: str, batch: int, num_q_heads: int, num_kv_heads: int, ctx:
     int2-aged): a store per pool holding each sequence's blocks of that kind (``ctx``
     tokens: blocks by ``KVFormat.block_tiers``), shuffled tables, and ``tiered_decode``'s
     launches prepared once as a plan prepares them (each pool's partials launch, then the
-    merge; dependent launches where the options make them)."""
+    merge, or the last pool's launch merging: ``tiered_merge``; dependent launches where
+    the options make them)."""
     import dataclasses
 
     from benchmarks.gpu_common import fill_store
@@ -320,7 +321,11 @@ def option_variants():
             " cap 128": DecodeOptions(max_registers=128),
             " per-16 softmax": DecodeOptions(joint_softmax=False),
             " load only": DecodeOptions(split_costs=SplitCosts(0, 0, 0, 0)),
-            " fp16 in merge": DecodeOptions(tiered_fp16="merge"),  # formats by age only
+            " fp16 in merge": DecodeOptions(tiered_fp16="merge", tiered_merge="launch"),  # formats by age only
+            " fp16 launch": DecodeOptions(tiered_fp16="launch", tiered_merge="launch"),
+            " merge launch": DecodeOptions(tiered_merge="launch"),
+            " last pool merges": DecodeOptions(tiered_merge="last"),
+            " last pool merges, plain": DecodeOptions(tiered_merge="last", dependent_launch=False),
             " dependent launch": DecodeOptions(dependent_launch=True),
             " plain launch": DecodeOptions(dependent_launch=False),
             " ctas 2": DecodeOptions(ctas_per_sm=2), " ctas 3": DecodeOptions(ctas_per_sm=3),

@@ -5,6 +5,7 @@ kernels instead (plain and with fitted keys).
     python -m benchmarks.ptx_report [--sass] [--dump DIR] [--only BITS,D,BS,G] [--verify]
     python -m benchmarks.ptx_report --seal
     python -m benchmarks.ptx_report --persistent [--dump DIR] [--only BITS,D,BS,G] [--count-items]
+    python -m benchmarks.ptx_report --tiered [--only BITS,D,BS,G]
 
 ``--verify``: each shape's line is followed by one for the decode kernel's verify variant
 (``decode_kernel(verify=True)``: sampled blocks checked against their head digests).
@@ -14,6 +15,10 @@ at the grid kernel's register cap) instead, FP16/INT4/INT2 at D=128, block 32, g
 default: its registers and spills, and the slice's own cost (``benchmarks.sass_slice``):
 atomics, fences and barriers in the whole kernel, and the instructions before the first
 item and after the last one.
+
+``--tiered``: a format by age's pool kernels (``tiered_kernels.py``) at D=128, block 32, group
+4 by default, capped at 128 registers and uncapped: the partials kernel a merge launch
+follows, and ``pool_kernel`` first, middle and last (merging): registers and spills.
 
 Needs numba-cuda's NVVM (``numba-cuda[cu13]``) and, for registers and SASS, ptxas and
 cuobjdump on PATH (Triton's wheel carries cuobjdump). No GPU is used: the compute
@@ -126,6 +131,26 @@ def persistent_report(dump: str | None = None, only: str | None = None, count_it
               f"    {describe_slice(slice_cost(sass))}", flush=True)
 
 
+def tiered_report(only: str | None = None) -> None:
+    """One line per (shape, register cap, kernel): a format by age's pool kernels' registers
+    and spills (``--tiered``)."""
+    from hexcore.cuda.attention.launcher import UNCAPPED_REGISTERS
+    from hexcore.cuda.attention.tiered_kernels import pool_kernel
+
+    shapes = [tuple(int(x) for x in only.split(","))] if only else PERSISTENT_SHAPES
+    for bits, head_dim, block_size, group in shapes:
+        shape = DecodeShape(bits, 8, head_dim, block_size, group, 64)
+        for cap in (GRID_REGISTERS, UNCAPPED_REGISTERS):
+            kernels = {"partials": (decode_kernel(shape, cap, partials=True, dependent=True), DECODE_SIG)}
+            for name, first, last in (("first", True, False), ("middle", False, False), ("last", False, True)):
+                kernel = pool_kernel(shape, cap, "none", True, True, first, last)
+                kernels[f"pool {name}"] = (kernel, DECODE_SIG + (I32,))
+            for name, (kernel, sig) in kernels.items():
+                ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+                print(f"tiered bits={bits:2} D={head_dim} BS={block_size} G={group} cap {cap} {name:12}: "
+                      f"{ptxas(ptx, cap=cap)}", flush=True)
+
+
 SEAL_SIG = (U32, U32, U32, U32, types.float16[::1], types.float16[::1], I32, I32, I64, I64, I64,
             types.int32[:, ::1], I64, I64)
 
@@ -147,6 +172,8 @@ if __name__ == "__main__":
         return sys.argv[sys.argv.index(flag) + 1] if flag in sys.argv else None
     if "--seal" in sys.argv:
         seal_report()
+    elif "--tiered" in sys.argv:
+        tiered_report(only=_arg("--only"))
     elif "--persistent" in sys.argv:
         persistent_report(dump=_arg("--dump"), only=_arg("--only"), count_items="--count-items" in sys.argv)
     else:

@@ -158,8 +158,9 @@ def run_new_kernels(store, tables, rng) -> None:
 def run_tiered(rng) -> None:
     """A pool per kind (FP16, INT4, INT2): rows sealed into each (INT2 with fitted keys),
     re-seals FP16 -> INT4 and INT4 -> INT2 (fitted), then tiered_decode over the three (the
-    FP16 pool decoded by its own launch and inside the merge launch), eagerly and as a
-    TieredDecodePlan (programmatic dependent launches on sm_90) run three times."""
+    FP16 pool decoded by its own launch and inside the merge launch; the last pool's launch
+    merging), eagerly and as a TieredDecodePlan (programmatic dependent launches on sm_90)
+    run three times."""
     base = KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=128, block_size=16)
     stores = []
     for kind in ("fp16", "int4", "int2"):
@@ -179,8 +180,8 @@ def run_tiered(rng) -> None:
     counts = [np.array([2, 1], np.int32), np.array([2, 1], np.int32), np.array([1, 2], np.int32)]
     q = rng.standard_normal((2, 8, 128)).astype(np.float16)
     index = (tables, counts, np.array([5, 0], np.int32), np.array([1, 0], np.int32), np.array([0, 1], np.int32))
-    for where in ("launch", "merge"):  # the FP16 pool in its own launch, and in the merge's
-        options = DecodeOptions(tiered_fp16=where)
+    for options in (DecodeOptions(tiered_fp16="launch", tiered_merge="launch"),
+                    DecodeOptions(tiered_fp16="merge", tiered_merge="launch"), DecodeOptions(tiered_merge="last")):
         out = tiered_decode(q, stores, *index, layer=1, options=options)
         cuda.synchronize()
         assert not np.isnan(out.copy_to_host()).any()
@@ -193,10 +194,12 @@ def run_tiered(rng) -> None:
 
 
 def main(argv=None) -> None:
-    """``--new``: only the kernels added on 2026-12-01 (prefill, checksums, persistent)."""
+    """``--new``: only the kernels added on 2026-12-01 (prefill, checksums, persistent);
+    ``--tiered``: only the format by age's (``run_tiered``)."""
     rng = np.random.default_rng(0)
-    only_new = "--new" in (sys.argv[1:] if argv is None else argv)
-    for dtype in ("fp16", "int4", "int2"):
+    argv = sys.argv[1:] if argv is None else argv
+    only_new = "--new" in argv
+    for dtype in () if "--tiered" in argv else ("fp16", "int4", "int2"):
         run_dtype(dtype, rng, only_new)
         assert layout_agrees(KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=128, block_size=16, kv_dtype=dtype))
     run_tiered(rng)

@@ -15,6 +15,7 @@ from ..launch import PATHS
 PREFETCH = ("quantized", "all", "none")
 ITEM_CALLS = ("call", "inline")
 TIERED_FP16 = ("launch", "merge")
+TIERED_MERGE = ("launch", "last")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +90,10 @@ def sm_share(ctas: int) -> float:
 # 28-41% (16 x 32/8 16k: 384 and 512 CTAs in clusters of 3 and 4); nothing between was
 # measured, so the rule keeps to the half where no cluster placement can need a second wave
 CLUSTER_MAX_FILL = 0.5
+# a format by age's last pool merges (tiered_merge None) where the step's items times its
+# longest sequence's blocks come to at most this many blocks per SM: short launches (H200,
+# thirtieth session: faster at 31-62, slower at 248-496)
+TIERED_LAST_MAX_BLOCKS = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +164,19 @@ class DecodeOptions:
       tails; ``tiered.py``): "merge" (the default: inside the merge launch, each CTA its own
       (sequence, head) first, one launch fewer; 2-7% faster on grouped-query shapes, 0.5-1%
       slower with one query head per KV head, measured on the H200) or "launch" (its own
-      partials launch before the merge).
+      partials launch before the merge); where the last pool merges (``tiered_merge``) the
+      FP16 pool has its own launch.
+    - ``tiered_merge``: what merges a format by age's pools (``tiered_kernels.py``):
+      "launch" (a merge launch after the pools' launches), "last" (the last pool's launch:
+      its last CTA of each (sequence, KV head, head group) merges every pool's partials; with
+      ``dependent_launch`` the pools' launches overlap, each letting the next start as soon as
+      it starts) or None (the default): "last" with dependent launches where the step is
+      short (its (sequence, KV head, head group) items times its longest sequence's blocks
+      at most ``TIERED_LAST_MAX_BLOCKS`` per SM), "launch" otherwise. Measured on the H200
+      with dependent launches, 32/8 heads (``benchmarks/RESULTS.md``, thirtieth session),
+      "last" against "launch": int4-aged / int2-aged B=1 32k 23.8 -> 19.8 / 26.1 -> 22.9 us,
+      B=2 8k -14% / -5%, B=8 4k -11% / -6% (31-62 blocks per SM); B=1 128k +9% / +2%, B=32
+      4k +23% / +12%, B=16 16k +17% / -4%, B=64 4k +1% / +2% (248-496).
     - ``cluster_merge``: whether a prepared grid decode whose items have 2 to 8 splits
       (``kernel.MAX_CLUSTER``) launches each item's splits as one thread block cluster that
       merges through distributed shared memory (``kernel.decode_kernel``, ``cluster``)
@@ -186,6 +203,7 @@ class DecodeOptions:
     launch_path: str = "raw"
     persistent_item: str = "inline"
     tiered_fp16: str = "merge"
+    tiered_merge: str | None = None
     dependent_launch: bool | None = None
     cluster_merge: bool | None = None
 
@@ -210,6 +228,9 @@ class DecodeOptions:
             raise HexcoreConfigError(f"persistent_item: expected one of {ITEM_CALLS}, got {self.persistent_item!r}")
         if self.tiered_fp16 not in TIERED_FP16:
             raise HexcoreConfigError(f"tiered_fp16: expected one of {TIERED_FP16}, got {self.tiered_fp16!r}")
+        if not (self.tiered_merge is None or self.tiered_merge in TIERED_MERGE):
+            raise HexcoreConfigError(f"tiered_merge: expected None or one of {TIERED_MERGE}, "
+                                     f"got {self.tiered_merge!r}")
         if self.launch_path not in PATHS:
             raise HexcoreConfigError(f"launch_path: expected one of {PATHS}, got {self.launch_path!r}")
         if not (self.dependent_launch is None or isinstance(self.dependent_launch, bool)) \
@@ -231,6 +252,14 @@ class DecodeOptions:
         if self.dependent_launch is not None:
             return self.dependent_launch
         return self.launch_path == "raw" and sm90
+
+    def merges_last(self, dependent: bool, blocks_per_sm: float) -> bool:
+        """Whether a format by age's last pool merges (``tiered_merge``, None resolved) for
+        a step of ``blocks_per_sm`` (items times the longest sequence's blocks, per SM)
+        whose launches are dependent ones or not (``dependent``)."""
+        if self.tiered_merge is None:
+            return dependent and blocks_per_sm <= TIERED_LAST_MAX_BLOCKS
+        return self.tiered_merge == "last"
 
     def cluster(self, compute_capability: tuple[int, int], splits: int, max_cluster: int, fill: float) -> int:
         """The thread block cluster size of a prepared grid decode of ``splits`` splits per

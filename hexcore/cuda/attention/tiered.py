@@ -4,10 +4,12 @@ lie in several pools, one store per kind of block (FP16, INT4, INT2).
 Each pool is decoded by the decode kernel of its kind, specialised to write split-K
 partials only (``kernel.decode_item_function(partials=True)``): pool ``p``'s splits take
 the workspace's split slots ``[base_p, base_p + splits_p)`` of every query head's row, an
-item past its sequence's splits an empty partial. One merge launch then combines every
-slot of a row (``kernel.merge_function``) into ``out``: the same arithmetic as one decode
-over all the blocks (attention does not depend on the order of its keys). The open tail is
-read from the store of the pool it will be sealed into (``tail_pool``). With
+item past its sequence's splits an empty partial. Every slot of a row is then merged into
+``out`` (``kernel.merge_function``): the same arithmetic as one decode over all the blocks
+(attention does not depend on the order of its keys), by the last pool's launch itself or
+by a merge launch after the pools' (``DecodeOptions.tiered_merge``; the kernels and how the
+launches overlap: ``tiered_kernels.py``). The open tail is read from the store of the pool
+it will be sealed into (``tail_pool``). With a merge launch and
 ``DecodeOptions(tiered_fp16="merge")`` an FP16 first pool (the sink, young blocks, tails:
 little work per sequence) has no launch of its own: each merge CTA first computes its
 (sequence, KV head, head group)'s FP16 partials, then merges (``fused_merge_kernel``).
@@ -21,23 +23,21 @@ index arrays only (this first version reads them to size each pool's launch).
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
-from numba import cuda
 
 from ...errors import HexcoreInvalidArgumentError
 from ..arrays import check_outside_store, checked, checked_layer, checked_store
 from ..launch import Launch
 from ..store import flat_words
 from ..streams import resolve_stream
-from ..device import SIMULATOR, allow_dependent_grids, wait_prior_grids
-from .kernel import GRID_REGISTERS, decode_item_function, decode_kernel, merge_function
 from ..uploads import upload_once
 from ..views import flat, layer_of, sliced
-from .launcher import Workspace, check_host_index, decode_launch, dependent_launches, prepare_decode, register_cap
+from .kernel import decode_kernel
+from .launcher import (Workspace, check_host_index, decode_launch, dependent_launches, policy_sms, prepare_decode,
+                       register_cap)
 from .options import DEFAULT_OPTIONS, DecodeOptions
-from .shape import HEADS_PER_CTA, THREADS, DecodeShape
+from .shape import THREADS, DecodeShape
+from .tiered_kernels import fused_merge_kernel, merge_kernel, pool_kernel
 
 _workspace = Workspace()
 
@@ -198,131 +198,67 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
             for p in range(n)]
     longest = [check_host_index(store, tables[p], lens[p], tail_slots, batch) for p, store in enumerate(stores)]
     seq_lens = (sum(c.astype(np.int64) for c in counts) * bs + tail_lens).astype(np.int32)
+    longest_blocks = -(-int(seq_lens.max(initial=0)) // bs)
     host_tail = isinstance(tail_slots, np.ndarray)
     staged = (upload or upload_once)([*tables, *lens, seq_lens] + ([tail_slots] if host_tail else []))
     seq_lens, tail_slots = staged[2 * n], staged[2 * n + 1] if host_tail else tail_slots
-    launches, bases = [], [0]
+    launches = []
     for p, store in enumerate(stores):  # each pool's own launch first: its split count
         launch, out = decode_launch(q, store, layer, staged[p], staged[n + p], tail_slots, out, scale, longest[p],
                                     options, _workspace)
         launches.append(launch)
-        bases.append(bases[-1] + launch.grid[0])
-    total = bases[-1]
-    batch, num_q_heads, head_dim = out.shape
     items = launches[0].grid[1] * batch
-    part_o, part_ml, _ = _workspace.get(batch * num_q_heads, total, head_dim, items)
+    merging_last = options.merges_last(dependent_launches(options), items * longest_blocks / policy_sms())
+    order = [n - 1, *range(n - 1)] if merging_last else list(range(n))  # whose slots come first in a row
+    bases, total = {}, 0
+    for p in order:
+        bases[p], total = total, total + launches[p].grid[0]
+    batch, num_q_heads, head_dim = q.shape
+    part_o, part_ml, counters = _workspace.get(batch * num_q_heads, total, head_dim, items)
     cfg = stores[0].config
-    group = num_q_heads // cfg.num_kv_heads
-    shapes = [DecodeShape(store.config.kv_dtype.bits, cfg.num_kv_heads, head_dim, bs, group, cfg.group_size)
-              for store in stores]
-    runs = [_partials(launch, shape, options, sliced(part_o, bases[p] * head_dim), sliced(part_ml, bases[p] * 2),
-                      total) for p, (launch, shape) in enumerate(zip(launches, shapes))]
-    grid, dependent = (launches[0].grid[1], batch), dependent_launches(options)
-    if options.tiered_fp16 == "merge" and shapes[0].bits == 16:  # pool 0's items in the merge launch
+    shapes = [DecodeShape(store.config.kv_dtype.bits, cfg.num_kv_heads, head_dim, bs, num_q_heads // cfg.num_kv_heads,
+                          cfg.group_size) for store in stores]
+    runs = []
+    for p, (launch, shape) in enumerate(zip(launches, shapes)):
+        merging = (p == 0, p == n - 1, seq_lens, counters) if merging_last else None
+        runs.append(_partials(launch, shape, options, sliced(part_o, bases[p] * head_dim),
+                              sliced(part_ml, bases[p] * 2), total, merging))
+    if merging_last:
+        return runs, out
+    return _with_merge_launch(runs, shapes, options, (part_o, part_ml, flat(out), seq_lens, total)), out
+
+
+def _with_merge_launch(runs: list, shapes: list, options: DecodeOptions, merge_args: tuple) -> list:
+    # tiered_merge "launch": the pools' launches, then the merge launch (with pool 0's items
+    # where it is an FP16 pool and tiered_fp16 says "merge")
+    grid, dependent = runs[0].grid[1:], dependent_launches(options)
+    if options.tiered_fp16 == "merge" and shapes[0].bits == 16:
         kernel = fused_merge_kernel(shapes[0], options.max_registers, options.l2_prefetch, options.joint_softmax,
                                     dependent)
-        return runs[1:] + [Launch(kernel, grid, THREADS, (*runs[0].args, seq_lens, launches[0].grid[0]))], out
-    merge = Launch(merge_kernel(cfg.num_kv_heads, group, head_dim, dependent), grid, THREADS,
-                   (part_o, part_ml, flat(out), seq_lens, total))
-    return runs + [merge], out
+        return runs[1:] + [Launch(kernel, grid, THREADS, (*runs[0].args, merge_args[3], runs[0].grid[0]))]
+    shape = shapes[0]
+    return runs + [Launch(merge_kernel(shape.H, shape.G, shape.D, dependent), grid, THREADS, merge_args)]
 
 
-def _partials(launch: Launch, shape: DecodeShape, options: DecodeOptions, part_o, part_ml, total: int) -> Launch:
+def _partials(launch: Launch, shape: DecodeShape, options: DecodeOptions, part_o, part_ml, total: int,
+              merging: tuple | None = None) -> Launch:
     # the pool's launch with the partials kernel at the register cap its split count was
     # sized for (uncapped where the grid launch is: launcher.register_cap), its partial arrays
     # starting at its first slot, and a row stride of every pool's slots (`total`); a
-    # dependent launch's kernel where the grid decode's is (``DecodeOptions.dependent_launch``)
-    cap = register_cap(launch, shape, options)
-    kernel = decode_kernel(shape, cap, options.l2_prefetch, options.joint_softmax, partials=True,
-                           dependent=dependent_launches(options))
+    # dependent launch's kernel where the grid decode's is (``DecodeOptions.dependent_launch``).
+    # merging: None for tiered_merge "launch", else (first, last, seq_lens, counters): the
+    # pool's launch of tiered_merge "last" (tiered_kernels.pool_kernel)
+    cap, dependent = register_cap(launch, shape, options), dependent_launches(options)
     args = list(launch.args)
     args[12], args[13], args[19] = part_o, part_ml, total
+    if merging is None:
+        kernel = decode_kernel(shape, cap, options.l2_prefetch, options.joint_softmax, partials=True,
+                               dependent=dependent)
+    else:
+        first, last, seq_lens, args[14] = merging
+        kernel = pool_kernel(shape, cap, options.l2_prefetch, options.joint_softmax, dependent, first, last)
+        args.append(seq_lens)
     return Launch(kernel, launch.grid, launch.block, tuple(args))
-
-
-@functools.cache
-def merge_kernel(H: int, G: int, D: int, dependent: bool = False):
-    """``kernel[(H * head_groups, B), THREADS](part_o, part_ml, out, seq_lens, total)``: each
-    CTA merges the ``total`` split slots of its (sequence, KV head, head group)'s query heads
-    into ``out`` (flat float16), zeros for a sequence of length 0. ``dependent``: for a
-    programmatic dependent launch (``kernel.decode_kernel``'s): it waits for the grid before
-    it (the pools' partials) before any read."""
-    merge_row = merge_row_function(H, G, D)
-    HG = -(-G // HEADS_PER_CTA)
-
-    @cuda.jit
-    def kernel(part_o, part_ml, out, seq_lens, total):
-        if dependent:
-            wait_prior_grids()
-        h, hg, b = cuda.blockIdx.x // HG, cuda.blockIdx.x % HG, cuda.blockIdx.y
-        merge_row(part_o, part_ml, out, seq_lens, total, h, hg, b)
-        if dependent:
-            allow_dependent_grids()
-
-    kernel.waits_for_prior_grids = dependent
-    return kernel
-
-
-@functools.cache
-def merge_row_function(H: int, G: int, D: int):
-    """``merge_row(part_o, part_ml, out, seq_lens, total, h, hg, b)``, the whole CTA: the
-    ``total`` split slots of (sequence ``b``, KV head ``h``, head group ``hg``)'s query heads
-    merged into ``out`` (flat float16), zeros for a sequence of length 0."""
-    merge_splits = merge_function(D)
-
-    @cuda.jit(device=True)
-    def merge_row(part_o, part_ml, out, seq_lens, total, h, hg, b):
-        row0 = (b * H + h) * G + hg * HEADS_PER_CTA
-        heads = min(HEADS_PER_CTA, G - hg * HEADS_PER_CTA)
-        if seq_lens[b] <= 0:
-            for i in range(cuda.threadIdx.x, heads * D, THREADS):
-                out[(row0 + i // D) * D + i % D] = 0
-            return
-        merge_splits(part_o, part_ml, out, row0, heads, total, total)
-
-    return merge_row
-
-
-@functools.cache
-def fused_merge_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
-                       joint_softmax: bool = True, dependent: bool = False):
-    """``kernel[(H * head_groups, B), THREADS](<pool 0's partials arguments>, seq_lens,
-    pool_splits)``: :func:`merge_kernel` with pool 0 (an FP16 pool of ``shape``) done first
-    in the same CTA. Pool 0's arguments are its partials launch's (``_partials``: its slots
-    first in every row, ``max_splits`` every pool's ``total``); each CTA runs its (sequence,
-    KV head, head group)'s items of splits ``0 .. pool_splits - 1`` (``decode_item_function``
-    with ``partials``), then merges the ``total`` slots into ``out`` (the other pools'
-    partials were written by the launches before it), zeros where ``seq_lens[b]`` is 0.
-    The items read their thread index volatile (``decode_item_function(volatile_tid=True)``):
-    without it, what they derive from it was hoisted out of the split loop (sm_90, D128:
-    132 bytes of spills at the cap of 128, against 12 with it). ``dependent``: as
-    :func:`merge_kernel`'s."""
-    item = decode_item_function(shape, l2_prefetch, joint_softmax, partials=True, volatile_tid=True)
-    merge_row = merge_row_function(shape.H, shape.G, shape.D)
-    HG = shape.head_groups
-    cap = GRID_REGISTERS if max_registers is None else max_registers
-    options = {} if SIMULATOR else {"max_registers": cap}
-
-    @cuda.jit(**options)
-    def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, pool_lens, tail_slots, out,
-               part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, total, scale, seq_lens,
-               pool_splits):
-        if dependent:
-            wait_prior_grids()
-        h, hg, b = cuda.blockIdx.x // HG, cuda.blockIdx.x % HG, cuda.blockIdx.y
-        for split in range(pool_splits):
-            item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, pool_lens, tail_slots,
-                 out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, total, scale, split, h,
-                 hg, b)
-            cuda.syncthreads()  # the item's shared memory free for the next
-        cuda.threadfence()  # the partials written above reach L2, where the merge reads them (ld.cg)
-        cuda.syncthreads()
-        merge_row(part_o, part_ml, out, seq_lens, total, h, hg, b)
-        if dependent:
-            allow_dependent_grids()
-
-    kernel.waits_for_prior_grids = dependent
-    return kernel
 
 
 def _check(stores, tables, counts, tail_lens, tail_pool) -> None:

@@ -20,6 +20,11 @@ CONFIG = KVCacheConfig(num_layers=1, num_kv_heads=H, head_dim=D, block_size=BS, 
 # the 2-bit preset's shape at a smaller scale: sink, INT4 when sealed, INT2 (fitted keys) from 64 tokens of age
 SMALL2 = KVFormat("small2", (AgeTier(0, 4, 4), AgeTier(64, 2, 2)), sink_blocks=1, fitted_keys=True)
 FORMATS = {"int4-aged": "int4-aged", "small2": SMALL2}
+# what merges the pools: a merge launch with the FP16 pool its own launch or inside the merge
+# launch, or the last pool's launch (DecodeOptions.tiered_fp16, tiered_merge)
+MERGES = {"launch": DecodeOptions(tiered_fp16="launch", tiered_merge="launch"),
+          "merge": DecodeOptions(tiered_fp16="merge", tiered_merge="launch"),
+          "last": DecodeOptions(tiered_merge="last")}
 
 
 def run_format(fmt, seed, lengths, fork_at=None, config=CONFIG):
@@ -85,8 +90,10 @@ def expected_block(fmt, k, v, j, BS, GROUP):
 
 def check_format(fmt, seed, lengths, fork_at, config=CONFIG):
     """run_format, then every block of every sequence byte for byte against the reference
-    chain, and tiered_decode against float64 attention over tiered_kv, the FP16 pool decoded
-    by its own launch and inside the merge launch (bit-identical: the same items)."""
+    chain, and tiered_decode against float64 attention over tiered_kv, merged each way
+    (``MERGES``): the FP16 pool decoded by its own launch and inside the merge launch
+    bit-identical (the same items); the last pool's launch merging sums the same partials
+    in another order."""
     print(f"seed {seed}")
     cache, stores, seqs, rows = run_format(fmt, seed, lengths, fork_at, config)
     fmt, BS, D, GROUP = cache.format, config.block_size, config.head_dim, config.group_size
@@ -109,12 +116,12 @@ def check_format(fmt, seed, lengths, fork_at, config=CONFIG):
     tables = cache.block_tables(ids)
     lens = np.array([cache.seq_len(int(s)) for s in ids])
     args = ([t for t, _ in tables], [c for _, c in tables], (lens % BS).astype(np.int32), cache.tail_pools(ids), ids)
-    outs = [tiered_decode(q, stores, *args, layer=config.num_layers - 1, options=DecodeOptions(tiered_fp16=where),
+    outs = [tiered_decode(q, stores, *args, layer=config.num_layers - 1, options=options,
                           out=cuda.to_device(np.full(q.shape, np.nan, np.float16))).copy_to_host()
-            for where in ("launch", "merge")]
+            for options in MERGES.values()]
     keys, values = zip(*(ref.tiered_kv(*rows[int(s)], fmt, BS, GROUP) for s in ids))
     want = ref.decode_attention(q, list(keys), list(values), D ** -0.5)
-    assert ref.relative_l2(outs[0], want) < 2e-3
+    assert ref.relative_l2(outs[0], want) < 2e-3 and ref.relative_l2(outs[2], want) < 2e-3
     assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
 
 
@@ -130,6 +137,31 @@ def test_every_block_holds_the_reference_chain_and_decode_matches_gpu(name, seed
     check_format(name, seed, lengths=[450, 300, 33], fork_at=200, config=config)
 
 
+@pytest.mark.gpu
+def test_overlapped_pool_launches_give_the_eager_bits_layer_after_layer(seed):
+    """``tiered_merge`` "last" as a plan runs it on sm_90: the pools' launches overlapping
+    (programmatic dependent launches: each lets the next start as it starts, the last pool's
+    merging CTA waits for the one before it), twenty layers enqueued back to back with no
+    synchronisation, each against the plain (eager) launches' bits: a merge that read a
+    slot before its pool wrote it, or the next layer's first pool overwriting slots a merge
+    still reads, would differ."""
+    config = KVCacheConfig(num_layers=2, num_kv_heads=8, head_dim=128, block_size=32, group_size=64)
+    cache, stores, seqs, _ = run_format("int2-aged", seed, lengths=[900, 300, 33], config=config)
+    ids = np.array(seqs, np.int32)
+    tables = cache.block_tables(ids)
+    lens = np.array([cache.seq_len(int(s)) for s in ids])
+    args = ([t for t, _ in tables], [c for _, c in tables], (lens % 32).astype(np.int32), cache.tail_pools(ids), ids)
+    q = np.random.default_rng(seed).standard_normal((20, len(ids), 32, 128)).astype(np.float16)
+    want = [tiered_decode(q[i], stores, *args, layer=i % 2, options=MERGES["last"]).copy_to_host() for i in range(20)]
+    plan = TieredDecodePlan(stores, *args, options=MERGES["last"])
+    q_dev, outs = cuda.to_device(q), cuda.to_device(np.full(q.shape, np.nan, np.float16))
+    for i in range(20):
+        plan.run(i % 2, q_dev[i], outs[i])
+    got = outs.copy_to_host()
+    for i in range(20):
+        assert np.array_equal(got[i].view(np.uint16), want[i].view(np.uint16)), i
+
+
 def two_layer_index(seed):
     """(stores, the index arrays of ``tiered_decode`` after ``q, stores``) of an int4-aged
     two-layer cache grown to 52 and 21 tokens."""
@@ -142,13 +174,13 @@ def two_layer_index(seed):
                     cache.tail_pools(ids), ids)
 
 
-@pytest.mark.parametrize("where", ["launch", "merge"])
+@pytest.mark.parametrize("where", list(MERGES))
 def test_a_plan_equals_tiered_decode_on_every_layer(where, seed):
     """TieredDecodePlan (index arrays checked and copied once, launches reused with each
     layer's q, out and layer number) against a tiered_decode per layer, bit for bit, both
     layers of a two-layer cache; a q of another shape is refused."""
     stores, args = two_layer_index(seed)
-    options = DecodeOptions(tiered_fp16=where)
+    options = MERGES[where]
     q = np.random.default_rng(seed).standard_normal((2, 2, 2, D)).astype(np.float16)  # [layer, B, Hq, D]
     plan, want = TieredDecodePlan(stores, *args, options=options), {}
     for layer in (1, 0):
@@ -161,7 +193,7 @@ def test_a_plan_equals_tiered_decode_on_every_layer(where, seed):
     with pytest.raises(HexcoreInvalidArgumentError, match="q: needed by a plan made without buffers"):
         plan.run(0)
     if where == "launch":
-        return  # the Engine's form below once, with the default FP16 pool in the merge (simulator time)
+        return  # the Engine's form below with the default FP16 pool in the merge and the last pool merging
     # the Engine's form: the step's [L, B, Hq, D] buffers checked once, run(layer) reads and writes them
     q_all, out_all = cuda.to_device(q), cuda.to_device(np.full(q.shape, np.nan, np.float16))
     plan = TieredDecodePlan(stores, *args, options=options, buffers=(q_all, out_all))
@@ -194,8 +226,10 @@ def test_a_sequence_with_no_token_gives_zeros_and_bad_pools_are_refused(seed):
     lens = np.array([cache.seq_len(int(s)) for s in ids])
     args = ([t for t, _ in tables], [c for _, c in tables], (lens % BS).astype(np.int32), cache.tail_pools(ids), ids)
     q = np.random.default_rng(seed).standard_normal((2, 2, D)).astype(np.float16)
-    out = tiered_decode(q, stores, *args).copy_to_host()
-    assert not out[1].any() and np.isfinite(out[0]).all() and out[0].any()
+    for options in (MERGES["merge"], MERGES["last"]):  # (the last pool's launch: split 0 merges an empty row)
+        out = tiered_decode(q, stores, *args, options=options,
+                            out=cuda.to_device(np.full(q.shape, np.nan, np.float16))).copy_to_host()
+        assert not out[1].any() and np.isfinite(out[0]).all() and out[0].any()
     with pytest.raises(HexcoreInvalidArgumentError, match=r"tables, counts: expected one per store \(2\)"):
         tiered_decode(q, stores, args[0][:1], args[1][:1], *args[2:])
     with pytest.raises(HexcoreInvalidArgumentError, match=r"tail_pool: expected values in \[0, 2\)"):
@@ -290,6 +324,60 @@ def test_a_prompt_grown_at_once_holds_what_token_steps_hold(name, seed):
     assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
 
 
+def test_the_last_pool_merges_by_default_where_the_step_is_short():
+    """``tiered_merge`` None: the last pool's launch merges (no merge launch) with dependent
+    launches where items times the longest sequence's blocks come to at most
+    ``TIERED_LAST_MAX_BLOCKS`` per SM; a merge launch otherwise, with plain launches, or
+    where the option says "launch"."""
+    from hexcore.cuda.attention.launcher import policy_sms
+    from hexcore.cuda.attention.options import TIERED_LAST_MAX_BLOCKS
+    from hexcore.cuda.attention.tiered import tiered_decode_launches
+    from hexcore.cuda.attention.tiered_kernels import pool_kernel
+
+    stores = [DeviceKVStore(dataclasses.replace(CONFIG, kv_dtype=kind), num_blocks=1, max_seqs=1)
+              for kind in ("fp16", "int4")]
+    limit = TIERED_LAST_MAX_BLOCKS * policy_sms()  # items (here 1) times blocks
+    for blocks, options, last in ((limit, DecodeOptions(), True), (limit + 1, DecodeOptions(), False),
+                                  (limit, DecodeOptions(dependent_launch=False), False),
+                                  (limit, DecodeOptions(tiered_merge="launch"), False),
+                                  (limit + 1, DecodeOptions(tiered_merge="last"), True)):
+        tables = [np.zeros((1, 1), np.int32), np.zeros((1, blocks), np.int32)]
+        counts = [np.zeros(1, np.int32), np.array([blocks], np.int32)]
+        launches, _ = tiered_decode_launches(np.zeros((1, 2, D), np.float16), stores, tables, counts,
+                                             np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32),
+                                             options=options)
+        kinds = [launch.kernel.py_func.__qualname__.split(".")[0] for launch in launches]
+        assert kinds == (["pool_kernel"] * 2 if last else ["decode_kernel", "fused_merge_kernel"]), (blocks, options)
+
+
+def test_the_last_pools_merge_reads_only_slots_written_in_this_launch(seed):
+    """``tiered_merge`` "last" with one-block splits: sequence 0 has six blocks in the last
+    pool, sequence 1 none (its five extra splits there are empty partials, which the merge
+    reads too); the workspace poisoned (NaN) before: every slot the merge reads must be
+    written by this decode, and the output equals a merge launch's to rounding."""
+    from hexcore.cuda.attention import tiered
+    from hexcore.cuda.store import flat_words
+
+    config = dataclasses.replace(CONFIG, num_layers=1)
+    rng = np.random.default_rng(seed)
+    stores = [DeviceKVStore(config, num_blocks=8, max_seqs=2) for _ in range(2)]
+    for store in stores:  # FP16 pools: every block and tail random rows
+        for array in store.arrays.values():
+            words = flat_words(array)
+            words.copy_to_device(rng.standard_normal(2 * words.shape[0]).astype(np.float16).view(np.uint32))
+    tables = [np.array([[0], [1]], np.int32), np.array([[0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 0, 0]], np.int32)]
+    counts = [np.array([1, 1], np.int32), np.array([6, 0], np.int32)]
+    args = (tables, counts, np.array([3, 5], np.int32), np.zeros(2, np.int32), np.array([0, 1], np.int32))
+    q = rng.standard_normal((2, 2, D)).astype(np.float16)
+    want = tiered_decode(q, stores, *args, options=DecodeOptions(tiered_merge="launch", split_blocks=1))
+    for part_o, part_ml, _ in tiered._workspace._arrays.values():
+        part_o.copy_to_device(np.full(part_o.shape, np.nan, np.float32))
+        part_ml.copy_to_device(np.full(part_ml.shape, np.nan, np.float32))
+    got = tiered_decode(q, stores, *args, options=DecodeOptions(tiered_merge="last", split_blocks=1)).copy_to_host()
+    assert np.isfinite(got).all()
+    assert np.abs(got.astype(np.float32) - want.copy_to_host()).max() < 2e-3
+
+
 def test_each_pool_runs_the_register_cap_its_splits_were_sized_for():
     """A pool whose grid launch would take the uncapped kernel (few items) runs the uncapped
     partials kernel, one that would not (an explicit cap) the capped one: the split count
@@ -298,20 +386,25 @@ def test_each_pool_runs_the_register_cap_its_splits_were_sized_for():
     from hexcore.cuda.attention.kernel import decode_kernel
     from hexcore.cuda.attention.shape import DecodeShape
     from hexcore.cuda.attention.tiered import tiered_decode_launches
+    from hexcore.cuda.attention.tiered_kernels import pool_kernel
 
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="int4")
     store = DeviceKVStore(cfg, num_blocks=2, max_seqs=1)
     shape = DecodeShape(4, 1, 64, 16, 2, cfg.group_size)
     q = np.zeros((1, 2, 64), np.float16)
     tables, counts = [np.array([[0, 1]], np.int32)], [np.array([2], np.int32)]
-    for options, cap in ((DecodeOptions(), launcher.UNCAPPED_REGISTERS), (DecodeOptions(max_registers=128), 128)):
-        launches, _ = tiered_decode_launches(q, [store], tables, counts, np.zeros(1, np.int32),
-                                             np.zeros(1, np.int32), np.zeros(1, np.int32), options=options)
-        assert launches[0].kernel is decode_kernel(shape, cap, "none", True, partials=True,
-                                                   dependent=launcher.dependent_launches(options)), options
+    for merge in ("launch", "last"):
+        for options, cap in ((DecodeOptions(tiered_merge=merge), launcher.UNCAPPED_REGISTERS),
+                             (DecodeOptions(max_registers=128, tiered_merge=merge), 128)):
+            launches, _ = tiered_decode_launches(q, [store], tables, counts, np.zeros(1, np.int32),
+                                                 np.zeros(1, np.int32), np.zeros(1, np.int32), options=options)
+            dependent = launcher.dependent_launches(options)
+            want = (decode_kernel(shape, cap, "none", True, partials=True, dependent=dependent) if merge == "launch"
+                    else pool_kernel(shape, cap, "none", True, dependent, True, True))
+            assert launches[0].kernel is want, options
 
 
-@pytest.mark.parametrize("where", ["launch", "merge"])
+@pytest.mark.parametrize("where", list(MERGES))
 def test_a_plans_launches_are_dependent_launches_where_the_grid_decodes_are(where, seed):
     """``DecodeOptions.dependent_launch``: a TieredDecodePlan's pool and merge launches are
     programmatic dependent launches of kernels that wait for the grid before them, as the
@@ -321,7 +414,8 @@ def test_a_plans_launches_are_dependent_launches_where_the_grid_decodes_are(wher
     q = np.random.default_rng(seed).standard_normal((2, 2, D)).astype(np.float16)
     outs = []
     for dependent in (None, False):
-        plan = TieredDecodePlan(stores, *args, options=DecodeOptions(tiered_fp16=where, dependent_launch=dependent))
+        options = dataclasses.replace(MERGES[where], dependent_launch=dependent)
+        plan = TieredDecodePlan(stores, *args, options=options)
         outs.append(plan.run(1, cuda.to_device(q), cuda.to_device(np.full(q.shape, np.nan, np.float16))).copy_to_host())
         kinds = [(prepared.dependent, prepared.as_launch().kernel.waits_for_prior_grids)
                  for prepared, _ in plan._launches]

@@ -1,0 +1,177 @@
+"""The kernels of a format by age's decode (``tiered.py`` makes their launches).
+
+Every pool's launch runs the decode kernel's item with ``partials`` (its split slots of
+every query head's row: ``[base_p, base_p + splits_p)`` of ``total``). What combines the
+slots of a row into ``out`` is one of:
+
+- ``merge_kernel``: a launch of its own after the pools' (``DecodeOptions.tiered_merge``
+  "launch"), each CTA one (sequence, KV head, head group); ``fused_merge_kernel`` is it with
+  an FP16 first pool's items computed first in the same CTA (``tiered_fp16`` "merge").
+- ``pool_kernel(..., last=True)``: the last pool's launch itself (``tiered_merge`` "last"):
+  every CTA of it counts itself done in ``counters`` (an item past its sequence's splits
+  too: its empty partial is one of the slots merged), and the last of a (sequence, KV head,
+  head group) merges every pool's slots. With programmatic dependent launches the pools'
+  launches then overlap: each but the last lets the next one start as soon as it starts
+  (``allow_dependent_grids``), the first waits for what ran before it (the step's ``q``, the
+  last layer's merge still reading the workspace), every later one but the last waits for
+  the one before it before it exits, so that a grid's end implies every earlier pool's; the
+  last pool's merging CTA waits for the one before it, then reads every slot. The later
+  pools read ``q`` and the stores without waiting: every CTA of the first pool passed its
+  wait (the grids before it had ended) before the second could start.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from numba import cuda, int32
+
+from ..device import SIMULATOR, add_acq_rel_i32, allow_dependent_grids, wait_prior_grids
+from .kernel import GRID_REGISTERS, decode_item_function, merge_function
+from .shape import HEADS_PER_CTA, THREADS, DecodeShape
+
+
+@functools.cache
+def merge_kernel(H: int, G: int, D: int, dependent: bool = False):
+    """``kernel[(H * head_groups, B), THREADS](part_o, part_ml, out, seq_lens, total)``: each
+    CTA merges the ``total`` split slots of its (sequence, KV head, head group)'s query heads
+    into ``out`` (flat float16), zeros for a sequence of length 0. ``dependent``: for a
+    programmatic dependent launch (``kernel.decode_kernel``'s): it waits for the grid before
+    it (the pools' partials) before any read."""
+    merge_row = merge_row_function(H, G, D)
+    HG = -(-G // HEADS_PER_CTA)
+
+    @cuda.jit
+    def kernel(part_o, part_ml, out, seq_lens, total):
+        if dependent:
+            wait_prior_grids()
+        h, hg, b = cuda.blockIdx.x // HG, cuda.blockIdx.x % HG, cuda.blockIdx.y
+        merge_row(part_o, part_ml, out, seq_lens, total, h, hg, b)
+        if dependent:
+            allow_dependent_grids()
+
+    kernel.waits_for_prior_grids = dependent
+    return kernel
+
+
+@functools.cache
+def merge_row_function(H: int, G: int, D: int):
+    """``merge_row(part_o, part_ml, out, seq_lens, total, h, hg, b)``, the whole CTA: the
+    ``total`` split slots of (sequence ``b``, KV head ``h``, head group ``hg``)'s query heads
+    merged into ``out`` (flat float16), zeros for a sequence of length 0."""
+    merge_splits = merge_function(D)
+
+    @cuda.jit(device=True)
+    def merge_row(part_o, part_ml, out, seq_lens, total, h, hg, b):
+        row0 = (b * H + h) * G + hg * HEADS_PER_CTA
+        heads = min(HEADS_PER_CTA, G - hg * HEADS_PER_CTA)
+        if seq_lens[b] <= 0:
+            for i in range(cuda.threadIdx.x, heads * D, THREADS):
+                out[(row0 + i // D) * D + i % D] = 0
+            return
+        merge_splits(part_o, part_ml, out, row0, heads, total, total)
+
+    return merge_row
+
+
+@functools.cache
+def fused_merge_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
+                       joint_softmax: bool = True, dependent: bool = False):
+    """``kernel[(H * head_groups, B), THREADS](<pool 0's partials arguments>, seq_lens,
+    pool_splits)``: :func:`merge_kernel` with pool 0 (an FP16 pool of ``shape``) done first
+    in the same CTA. Pool 0's arguments are its partials launch's (``_partials``: its slots
+    first in every row, ``max_splits`` every pool's ``total``); each CTA runs its (sequence,
+    KV head, head group)'s items of splits ``0 .. pool_splits - 1`` (``decode_item_function``
+    with ``partials``), then merges the ``total`` slots into ``out`` (the other pools'
+    partials were written by the launches before it), zeros where ``seq_lens[b]`` is 0.
+    The items read their thread index volatile (``decode_item_function(volatile_tid=True)``):
+    without it, what they derive from it was hoisted out of the split loop (sm_90, D128:
+    132 bytes of spills at the cap of 128, against 12 with it). ``dependent``: as
+    :func:`merge_kernel`'s."""
+    item = decode_item_function(shape, l2_prefetch, joint_softmax, partials=True, volatile_tid=True)
+    merge_row = merge_row_function(shape.H, shape.G, shape.D)
+    HG = shape.head_groups
+    cap = GRID_REGISTERS if max_registers is None else max_registers
+    options = {} if SIMULATOR else {"max_registers": cap}
+
+    @cuda.jit(**options)
+    def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, pool_lens, tail_slots, out,
+               part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, total, scale, seq_lens,
+               pool_splits):
+        if dependent:
+            wait_prior_grids()
+        h, hg, b = cuda.blockIdx.x // HG, cuda.blockIdx.x % HG, cuda.blockIdx.y
+        for split in range(pool_splits):
+            item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, pool_lens, tail_slots,
+                 out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, total, scale, split, h,
+                 hg, b)
+            cuda.syncthreads()  # the item's shared memory free for the next
+        cuda.threadfence()  # the partials written above reach L2, where the merge reads them (ld.cg)
+        cuda.syncthreads()
+        merge_row(part_o, part_ml, out, seq_lens, total, h, hg, b)
+        if dependent:
+            allow_dependent_grids()
+
+    kernel.waits_for_prior_grids = dependent
+    return kernel
+
+
+
+
+@functools.cache
+def pool_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
+                joint_softmax: bool = True, dependent: bool = False, first: bool = True, last: bool = True):
+    """``kernel[(splits, H * head_groups, B), THREADS](<the partials kernel's 21 arguments>,
+    seq_lens)``: one pool's launch of ``tiered_merge`` "last" (the module's docstring). The
+    arguments are the decode kernel's with ``part_o``/``part_ml`` starting at the pool's first
+    slot and ``max_splits`` every pool's ``total``; ``seq_lens`` int32 ``[B]`` is each
+    sequence's whole length (zeros in ``out`` where it is 0). ``last``: this launch merges
+    (``counters``: int32 ``[B * H * head_groups]``, zero before, zero after). ``first``,
+    ``dependent``: where it waits and lets the next launch start (the module's docstring).
+    ``first`` and ``last`` both: a format of one pool, the grid decode's order of waits."""
+    item = decode_item_function(shape, l2_prefetch, joint_softmax, partials=True)
+    merge_row = merge_row_function(shape.H, shape.G, shape.D)
+    H, HG = shape.H, shape.head_groups
+    cap = GRID_REGISTERS if max_registers is None else max_registers
+    options = {} if SIMULATOR else {"max_registers": cap}
+
+    @cuda.jit(device=True)
+    def merge_if_last(part_o, part_ml, out, counters, seq_lens, max_splits):
+        # every CTA of the grid counts, its partial (an empty one past its sequence's splits:
+        # the merge reads every slot) released by thread 0's count after the barrier; the
+        # last acquires them, and the earlier pools' by waiting for the grid before it. The
+        # CTA's indices read again here: none held in registers across the item's loop
+        h, hg, b = cuda.blockIdx.y // HG, cuda.blockIdx.y % HG, cuda.blockIdx.z
+        s_flag = cuda.shared.array(1, int32)
+        cuda.syncthreads()  # every thread's partial written
+        slot = (b * H + h) * HG + hg
+        if cuda.threadIdx.x == 0:
+            s_flag[0] = add_acq_rel_i32(counters, slot, 1) == cuda.gridDim.x - 1
+        cuda.syncthreads()
+        if s_flag[0] == 0:
+            return
+        if dependent and not first:
+            wait_prior_grids()
+        merge_row(part_o, part_ml, out, seq_lens, max_splits, h, hg, b)
+        if cuda.threadIdx.x == 0:
+            counters[slot] = 0  # ready for the next launch
+
+    @cuda.jit(**options)
+    def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, pool_lens, tail_slots, out,
+               part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale, seq_lens):
+        if dependent and first:
+            wait_prior_grids()
+        if dependent and not last:
+            allow_dependent_grids()
+        split, h, hg, b = cuda.blockIdx.x, cuda.blockIdx.y // HG, cuda.blockIdx.y % HG, cuda.blockIdx.z
+        item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, pool_lens, tail_slots, out,
+             part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale, split, h, hg, b)
+        if last:
+            merge_if_last(part_o, part_ml, out, counters, seq_lens, max_splits)
+            if dependent:
+                allow_dependent_grids()
+        elif dependent and not first:
+            wait_prior_grids()  # this grid ends after the one before it (the last pool's merge relies on it)
+
+    kernel.waits_for_prior_grids = dependent
+    return kernel
