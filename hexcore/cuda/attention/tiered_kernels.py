@@ -116,8 +116,6 @@ def fused_merge_kernel(shape: DecodeShape, max_registers: int | None = None, l2_
     return kernel
 
 
-
-
 @functools.cache
 def pool_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
                 joint_softmax: bool = True, dependent: bool = False, first: bool = True, last: bool = True):
