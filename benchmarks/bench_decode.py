@@ -365,14 +365,17 @@ def main(argv) -> None:
     if variants and "--variant-names" in argv:  # e.g. "default,no register cap"
         keep = arg("--variant-names", "").split(",")
         variants = {k: v for k, v in variants.items() if (k.strip() or "default") in keep}
-    rows = []
-    for i, shape in enumerate(shapes):
+    rows, name = [], f"decode_{arg('--name', 'table')}"
+    for i, shape in enumerate(shapes):  # saved shape by shape: a run cut by a time limit keeps what it timed
         use_flex = flex == "all" or (flex.isdigit() and i < int(flex))
-        rows += rows_for(shape, dtypes, variants, peers="--no-peers" not in argv, flex=use_flex,
-                         queue_ns=QUEUE_NS if "--queued" in argv else 0)
-    for row in rows:
-        row["queued"] = "--queued" in argv
-    save(f"decode_{arg('--name', 'table')}", rows)
+        done = rows_for(shape, dtypes, variants, peers="--no-peers" not in argv, flex=use_flex,
+                        queue_ns=QUEUE_NS if "--queued" in argv else 0)
+        for row in done:
+            row["queued"] = "--queued" in argv
+            print(f"timed ({i + 1}/{len(shapes)}): {row['kernel']} {shape}: {row['ms']:.4g} ms",
+                  flush=True)
+        rows += done
+        save(name, rows, table=i == len(shapes) - 1)
 
 
 @pytest.mark.gpu

@@ -139,14 +139,17 @@ def host_seconds_per_call(fn, calls: int = 200, idle: bool = False, until_done: 
     return statistics.median(times)
 
 
-def save(name: str, rows: list[dict]) -> None:
-    """Write rows as JSON under $OUT (or ./gpu-results) and print them as a table."""
+def save(name: str, rows: list[dict], table: bool = True) -> None:
+    """Write rows as JSON under $OUT (or ./gpu-results) and print them as a table (unless
+    ``table`` is False: a run saving as it goes)."""
     out = os.environ.get("OUT") or os.path.join(os.getcwd(), "gpu-results")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"{name}.json"), "w") as f:
         name = getattr(cuda.get_current_device(), "name", "CUDA simulator")
         json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                    "device": name.decode() if isinstance(name, bytes) else str(name), "rows": rows}, f, indent=1)
+    if not table:
+        return
     keys = list(dict.fromkeys(k for r in rows for k in r))  # rows may differ (a tiered row has no registers)
     print("\n" + " | ".join(keys))
     for r in rows:
