@@ -142,9 +142,12 @@ def test_overlapped_pool_launches_give_the_eager_bits_layer_after_layer(seed):
     """``tiered_merge`` "last" as a plan runs it on sm_90: the pools' launches overlapping
     (programmatic dependent launches: each lets the next start as it starts, the last pool's
     merging CTA waits for the one before it), twenty layers enqueued back to back with no
-    synchronisation, each against the plain (eager) launches' bits: a merge that read a
-    slot before its pool wrote it, or the next layer's first pool overwriting slots a merge
-    still reads, would differ."""
+    synchronisation, each against the plain (eager) launches' bits, the workspace poisoned
+    (NaN) between: a merge that read a slot before its pool wrote it, or the next layer's
+    first pool overwriting slots a merge still reads, would differ. (On a GPU older than
+    sm_90 the launches are plain ones.)"""
+    from hexcore.cuda.attention import tiered
+
     config = KVCacheConfig(num_layers=2, num_kv_heads=8, head_dim=128, block_size=32, group_size=64)
     cache, stores, seqs, _ = run_format("int2-aged", seed, lengths=[900, 300, 33], config=config)
     ids = np.array(seqs, np.int32)
@@ -153,6 +156,9 @@ def test_overlapped_pool_launches_give_the_eager_bits_layer_after_layer(seed):
     args = ([t for t, _ in tables], [c for _, c in tables], (lens % 32).astype(np.int32), cache.tail_pools(ids), ids)
     q = np.random.default_rng(seed).standard_normal((20, len(ids), 32, 128)).astype(np.float16)
     want = [tiered_decode(q[i], stores, *args, layer=i % 2, options=MERGES["last"]).copy_to_host() for i in range(20)]
+    for part_o, part_ml, _ in tiered._workspace._arrays.values():  # every slot a merge reads: written in its run
+        part_o.copy_to_device(np.full(part_o.shape, np.nan, np.float32))
+        part_ml.copy_to_device(np.full(part_ml.shape, np.nan, np.float32))
     plan = TieredDecodePlan(stores, *args, options=MERGES["last"])
     q_dev, outs = cuda.to_device(q), cuda.to_device(np.full(q.shape, np.nan, np.float16))
     for i in range(20):
