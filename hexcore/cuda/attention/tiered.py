@@ -225,17 +225,18 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
                               sliced(part_ml, bases[p] * 2), total, merging))
     if merging_last:
         return runs, out
-    return _with_merge_launch(runs, shapes, options, (part_o, part_ml, flat(out), seq_lens, total)), out
+    return _with_merge_launch(runs, shapes, options, seq_lens, (part_o, part_ml, flat(out), seq_lens, total)), out
 
 
-def _with_merge_launch(runs: list, shapes: list, options: DecodeOptions, merge_args: tuple) -> list:
-    # tiered_merge "launch": the pools' launches, then the merge launch (with pool 0's items
-    # where it is an FP16 pool and tiered_fp16 says "merge")
+def _with_merge_launch(runs: list, shapes: list, options: DecodeOptions, seq_lens, merge_args: tuple) -> list:
+    # tiered_merge "launch": the pools' launches, then the merge launch of `merge_args`
+    # (merge_kernel's), or, where pool 0 is an FP16 pool and tiered_fp16 says "merge", the
+    # fused merge launch with pool 0's items (its partials arguments, seq_lens, its splits)
     grid, dependent = runs[0].grid[1:], dependent_launches(options)
     if options.tiered_fp16 == "merge" and shapes[0].bits == 16:
         kernel = fused_merge_kernel(shapes[0], options.max_registers, options.l2_prefetch, options.joint_softmax,
                                     dependent)
-        return runs[1:] + [Launch(kernel, grid, THREADS, (*runs[0].args, merge_args[3], runs[0].grid[0]))]
+        return runs[1:] + [Launch(kernel, grid, THREADS, (*runs[0].args, seq_lens, runs[0].grid[0]))]
     shape = shapes[0]
     return runs + [Launch(merge_kernel(shape.H, shape.G, shape.D, dependent), grid, THREADS, merge_args)]
 

@@ -232,7 +232,7 @@ def test_a_sequence_with_no_token_gives_zeros_and_bad_pools_are_refused(seed):
     lens = np.array([cache.seq_len(int(s)) for s in ids])
     args = ([t for t, _ in tables], [c for _, c in tables], (lens % BS).astype(np.int32), cache.tail_pools(ids), ids)
     q = np.random.default_rng(seed).standard_normal((2, 2, D)).astype(np.float16)
-    for options in (MERGES["merge"], MERGES["last"]):  # (the last pool's launch: split 0 merges an empty row)
+    for options in (MERGES["merge"], MERGES["last"]):  # (an empty sequence's row: zeros, its slots unread)
         out = tiered_decode(q, stores, *args, options=options,
                             out=cuda.to_device(np.full(q.shape, np.nan, np.float16))).copy_to_host()
         assert not out[1].any() and np.isfinite(out[0]).all() and out[0].any()
