@@ -26,7 +26,7 @@ all)
     wait
     for tool in memcheck racecheck initcheck synccheck; do tail -n 3 "/tmp/$tool.log"; done > "$R/sanitizers.log"
     cat "$R/sanitizers.log"
-    bench merges1 "default,fp16 launch,last pool merges,last pool merges, plain" 200
+    bench merges1 "default,fp16 launch,last pool merges,last pool merges plain" 200
     bench merges2 "default,last pool merges" 120
     ;;
 *)

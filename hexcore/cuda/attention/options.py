@@ -90,10 +90,13 @@ def sm_share(ctas: int) -> float:
 # 28-41% (16 x 32/8 16k: 384 and 512 CTAs in clusters of 3 and 4); nothing between was
 # measured, so the rule keeps to the half where no cluster placement can need a second wave
 CLUSTER_MAX_FILL = 0.5
-# a format by age's last pool merges (tiered_merge None) where the step's items times its
-# longest sequence's blocks come to at most this many blocks per SM: short launches (H200,
-# thirtieth session: faster at 31-62, slower at 248-496)
+# a format by age's last pool merges (tiered_merge None) where the step has at most
+# TIERED_LAST_MAX_ITEMS (sequence, KV head, head group) items and they times its longest
+# sequence's blocks come to at most TIERED_LAST_MAX_BLOCKS per SM: short, narrow launches
+# (H200, thirtieth and thirty-first sessions, 32/8 heads: faster at 8-64 items of 31-62
+# blocks per SM; slower at 128-512 items, 32 x 1k too (256 items, 62 per SM), and at 248)
 TIERED_LAST_MAX_BLOCKS = 128
+TIERED_LAST_MAX_ITEMS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,12 +174,15 @@ class DecodeOptions:
       its last CTA of each (sequence, KV head, head group) merges every pool's partials; with
       ``dependent_launch`` the pools' launches overlap, each letting the next start as soon as
       it starts) or None (the default): "last" with dependent launches where the step is
-      short (its (sequence, KV head, head group) items times its longest sequence's blocks
-      at most ``TIERED_LAST_MAX_BLOCKS`` per SM), "launch" otherwise. Measured on the H200
-      with dependent launches, 32/8 heads (``benchmarks/RESULTS.md``, thirtieth session),
-      "last" against "launch": int4-aged / int2-aged B=1 32k 23.8 -> 19.8 / 26.1 -> 22.9 us,
-      B=2 8k -14% / -5%, B=8 4k -11% / -6% (31-62 blocks per SM); B=1 128k +9% / +2%, B=32
-      4k +23% / +12%, B=16 16k +17% / -4%, B=64 4k +1% / +2% (248-496).
+      short and narrow (at most ``TIERED_LAST_MAX_ITEMS`` (sequence, KV head, head group)
+      items, and they times its longest sequence's blocks at most ``TIERED_LAST_MAX_BLOCKS``
+      per SM), "launch" otherwise. Measured on the H200 with dependent launches, 32/8 heads
+      (``benchmarks/RESULTS.md``, thirtieth and thirty-first sessions), "last" against
+      "launch": int4-aged / int2-aged B=1 32k 23.8 -> 19.8 / 26.1 -> 22.9 us, B=2 8k -14% /
+      -5%, B=8 4k -11% / -6% (8-64 items, 31-62 blocks per SM); B=1 128k +9% / +2% (248 per
+      SM), B=32 1k +10% / +5% (256 items), B=32 4k +23% / +12%, B=16 16k +17% / -4%, B=64 1k
+      0% / -5%, B=64 4k +1% / +2%. At B=32 4k int4-aged without dependent launches "last"
+      is 3% slower than a merge launch, with them 22%: the overlap is most of the loss.
     - ``cluster_merge``: whether a prepared grid decode whose items have 2 to 8 splits
       (``kernel.MAX_CLUSTER``) launches each item's splits as one thread block cluster that
       merges through distributed shared memory (``kernel.decode_kernel``, ``cluster``)
@@ -253,12 +259,13 @@ class DecodeOptions:
             return self.dependent_launch
         return self.launch_path == "raw" and sm90
 
-    def merges_last(self, dependent: bool, blocks_per_sm: float) -> bool:
+    def merges_last(self, dependent: bool, items: int, blocks_per_sm: float) -> bool:
         """Whether a format by age's last pool merges (``tiered_merge``, None resolved) for
-        a step of ``blocks_per_sm`` (items times the longest sequence's blocks, per SM)
-        whose launches are dependent ones or not (``dependent``)."""
+        a step of ``items`` (sequence, KV head, head group) items and ``blocks_per_sm``
+        (items times the longest sequence's blocks, per SM) whose launches are dependent
+        ones or not (``dependent``)."""
         if self.tiered_merge is None:
-            return dependent and blocks_per_sm <= TIERED_LAST_MAX_BLOCKS
+            return dependent and items <= TIERED_LAST_MAX_ITEMS and blocks_per_sm <= TIERED_LAST_MAX_BLOCKS
         return self.tiered_merge == "last"
 
     def cluster(self, compute_capability: tuple[int, int], splits: int, max_cluster: int, fill: float) -> int:

@@ -208,7 +208,7 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
                                     options, _workspace)
         launches.append(launch)
     items = launches[0].grid[1] * batch
-    merging_last = options.merges_last(dependent_launches(options), items * longest_blocks / policy_sms())
+    merging_last = options.merges_last(dependent_launches(options), items, items * longest_blocks / policy_sms())
     order = [n - 1, *range(n - 1)] if merging_last else list(range(n))  # whose slots come first in a row
     bases, total = {}, 0
     for p in order:

@@ -332,28 +332,32 @@ def test_a_prompt_grown_at_once_holds_what_token_steps_hold(name, seed):
 
 def test_the_last_pool_merges_by_default_where_the_step_is_short():
     """``tiered_merge`` None: the last pool's launch merges (no merge launch) with dependent
-    launches where items times the longest sequence's blocks come to at most
-    ``TIERED_LAST_MAX_BLOCKS`` per SM; a merge launch otherwise, with plain launches, or
-    where the option says "launch"."""
+    launches where the step has at most ``TIERED_LAST_MAX_ITEMS`` items and they times the
+    longest sequence's blocks come to at most ``TIERED_LAST_MAX_BLOCKS`` per SM; a merge
+    launch otherwise, with plain launches, or where the option says "launch"."""
     from hexcore.cuda.attention.launcher import policy_sms
-    from hexcore.cuda.attention.options import TIERED_LAST_MAX_BLOCKS
+    from hexcore.cuda.attention.options import TIERED_LAST_MAX_BLOCKS, TIERED_LAST_MAX_ITEMS
     from hexcore.cuda.attention.tiered import tiered_decode_launches
-    from hexcore.cuda.attention.tiered_kernels import pool_kernel
 
-    stores = [DeviceKVStore(dataclasses.replace(CONFIG, kv_dtype=kind), num_blocks=1, max_seqs=1)
-              for kind in ("fp16", "int4")]
+    def kinds(batch, blocks, options):  # one KV head and head group: an item per sequence
+        stores = [DeviceKVStore(dataclasses.replace(CONFIG, kv_dtype=kind), num_blocks=1, max_seqs=batch)
+                  for kind in ("fp16", "int4")]
+        tables = [np.zeros((batch, 1), np.int32), np.zeros((batch, blocks), np.int32)]
+        counts = [np.zeros(batch, np.int32), np.full(batch, blocks, np.int32)]
+        zeros = np.zeros(batch, np.int32)
+        launches, _ = tiered_decode_launches(np.zeros((batch, 2, D), np.float16), stores, tables, counts,
+                                             zeros, zeros, np.arange(batch, dtype=np.int32), options=options)
+        return [launch.kernel.py_func.__qualname__.split(".")[0] for launch in launches]
+
     limit = TIERED_LAST_MAX_BLOCKS * policy_sms()  # items (here 1) times blocks
-    for blocks, options, last in ((limit, DecodeOptions(), True), (limit + 1, DecodeOptions(), False),
-                                  (limit, DecodeOptions(dependent_launch=False), False),
-                                  (limit, DecodeOptions(tiered_merge="launch"), False),
-                                  (limit + 1, DecodeOptions(tiered_merge="last"), True)):
-        tables = [np.zeros((1, 1), np.int32), np.zeros((1, blocks), np.int32)]
-        counts = [np.zeros(1, np.int32), np.array([blocks], np.int32)]
-        launches, _ = tiered_decode_launches(np.zeros((1, 2, D), np.float16), stores, tables, counts,
-                                             np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32),
-                                             options=options)
-        kinds = [launch.kernel.py_func.__qualname__.split(".")[0] for launch in launches]
-        assert kinds == (["pool_kernel"] * 2 if last else ["decode_kernel", "fused_merge_kernel"]), (blocks, options)
+    most = TIERED_LAST_MAX_ITEMS
+    for batch, blocks, options, last in ((1, limit, DecodeOptions(), True), (1, limit + 1, DecodeOptions(), False),
+                                         (most, 1, DecodeOptions(), True), (most + 1, 1, DecodeOptions(), False),
+                                         (1, limit, DecodeOptions(dependent_launch=False), False),
+                                         (1, limit, DecodeOptions(tiered_merge="launch"), False),
+                                         (most + 1, limit + 1, DecodeOptions(tiered_merge="last"), True)):
+        want = ["pool_kernel"] * 2 if last else ["decode_kernel", "fused_merge_kernel"]
+        assert kinds(batch, blocks, options) == want, (batch, blocks, options)
 
 
 def test_the_last_pools_merge_reads_only_slots_written_in_this_launch(seed):
