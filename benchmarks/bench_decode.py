@@ -326,6 +326,7 @@ def option_variants():
             " merge launch": DecodeOptions(tiered_merge="launch"),
             " last pool merges": DecodeOptions(tiered_merge="last"),
             " last pool merges plain": DecodeOptions(tiered_merge="last", dependent_launch=False),
+            " last pool merges cap 128": DecodeOptions(tiered_merge="last", max_registers=128),
             " dependent launch": DecodeOptions(dependent_launch=True),
             " plain launch": DecodeOptions(dependent_launch=False),
             " ctas 2": DecodeOptions(ctas_per_sm=2), " ctas 3": DecodeOptions(ctas_per_sm=3),

@@ -21,8 +21,10 @@ item and after the last one.
 follows, and ``pool_kernel`` first, middle and last (merging): registers and spills.
 
 Needs numba-cuda's NVVM (``numba-cuda[cu13]``) and, for registers and SASS, ptxas and
-cuobjdump on PATH (Triton's wheel carries cuobjdump). No GPU is used: the compute
-capability is fixed at 9.0 (H100/H200).
+cuobjdump on PATH (Triton's wheel carries cuobjdump; or pip ``nvidia-cuda-nvcc``,
+``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm``, whose cuobjdump needs nvdisasm beside
+it and prints no SASS without it). No GPU is used: the compute capability is fixed at 9.0
+(H100/H200).
 """
 
 from __future__ import annotations
