@@ -94,7 +94,8 @@ CLUSTER_MAX_FILL = 0.5
 # TIERED_LAST_MAX_ITEMS (sequence, KV head, head group) items and they times its longest
 # sequence's blocks come to at most TIERED_LAST_MAX_BLOCKS per SM: short, narrow launches
 # (H200, thirtieth and thirty-first sessions, 32/8 heads: faster at 8-64 items of 31-62
-# blocks per SM; slower at 128-512 items, 32 x 1k too (256 items, 62 per SM), and at 248)
+# blocks per SM; mostly slower at 128-512 items, 32 x 1k too (256 items, 62 per SM), and
+# at 248; int2-aged 4-5% faster at B=16 16k and B=64 1k)
 TIERED_LAST_MAX_BLOCKS = 128
 TIERED_LAST_MAX_ITEMS = 64
 
@@ -134,7 +135,8 @@ class DecodeOptions:
       H200: ``benchmarks/RESULTS.md``, "third" and "twenty-first session"); for the
       persistent kernel with its item inlined the cap of the grid launch it stands for (128,
       or none where that one runs uncapped: 2-3 points off its B=1 ratio, twenty-second
-      session), the compiler's choice with the item called (at 128 that one spills about 900
+      session; also none where every item fits one wave of the uncapped slice kernel: FP16
+      at B=1, thirty-first session), the compiler's choice with the item called (at 128 that one spills about 900
       bytes per thread). 255 means no cap.
     - ``l2_prefetch``: which sealed blocks a warp asks L2 for one block ahead of its copies
       (INT4/INT2 blocks are copied one chunk ahead into shared memory anyway): "quantized",
@@ -146,8 +148,9 @@ class DecodeOptions:
       for prepared launches.
     - ``persistent_item``: how the persistent kernel runs its items (``persistent.py``):
       "inline" (the default: inlined, its thread index read volatile, capped at 128
-      registers with 60-144 bytes of spill stores) or "call" (out of line, 168 registers, 3
-      CTAs per SM). Measured on the H200 against the grid kernel's time, no yield: inline
+      registers with 60-144 bytes of spill stores, where ``max_registers`` does not say
+      otherwise) or "call" (out of line, 168 registers, 3 CTAs per SM). Measured on the H200
+      against the grid kernel's time, no yield: inline
       1.04-1.13x at B=64 and 1.19-1.28x at B=1 32k, call 1.05-1.37x and 1.33-1.46x
       (``benchmarks/RESULTS.md``, "eleventh session").
     - ``dependent_launch``: whether prepared decode launches (``DecodePlan``, ``DecodeGraph``,

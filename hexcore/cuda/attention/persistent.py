@@ -478,12 +478,16 @@ class PersistentDecode:
         launch fits one wave of it, B=1 INT4/INT2); with none set, the uncapped slice kernel
         wherever every item fits one wave of it (B=1 FP16 too: on the H200, thirty-first
         session, B=1 32/8 32k FP16 1.062x the grid decode's time capped at 128, 1.009x
-        uncapped; at B=64, items past one wave, uncapped was slower, 1.08-1.45x)."""
+        uncapped; at B=64, items past one wave, 1.01-1.45x uncapped against 1.00-1.05x
+        capped). With ``ctas_per_sm`` set, the capped choice as before: the option would
+        stand in for the uncapped kernel's occupancy."""
         cfg = store.config
         shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
                             self.out.shape[1] // cfg.num_kv_heads, cfg.group_size)
         cap = launcher.register_cap(launch, shape, self.options)
-        if cap is None and self.options.max_registers is None:
+        splits, ys, batch = launch.grid  # (the budget's cut only adds items: a cheap bound first)
+        few = splits * ys * batch <= launcher.UNCAPPED_CTAS_PER_SM * launcher._num_sms()
+        if cap is None and few and self.options.ctas_per_sm is None:  # a set ctas_per_sm: its own cap
             uncapped = self._size_with(launcher.UNCAPPED_REGISTERS, launch, shape, cfg)
             if uncapped[4] <= uncapped[1]:  # every item resident at once
                 return self._checked(uncapped)

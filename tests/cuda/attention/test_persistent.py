@@ -261,7 +261,8 @@ def test_slice_kernel_takes_the_grid_launchs_register_cap(monkeypatch):
     uncapped where that launch took the uncapped kernel (INT4/INT2 splits within one wave:
     B=1) or, with no cap set, every item fits one wave of the uncapped slice kernel (FP16 at
     B=1), the default cap where the items fill the GPU (512 items, 396 resident), and an
-    explicit ``max_registers`` as given."""
+    explicit ``max_registers`` as given; with ``ctas_per_sm`` set, no uncapped slice kernel
+    that the grid launch did not take (the option would stand in for its occupancy)."""
     from hexcore.cuda.attention import launcher
     from hexcore.cuda.attention.persistent import persistent_kernel
     from hexcore.cuda.attention.shape import DecodeShape
@@ -271,6 +272,7 @@ def test_slice_kernel_takes_the_grid_launchs_register_cap(monkeypatch):
     for dtype, batch, options, want in (("int4", 1, DecodeOptions(), 255), ("int2", 1, DecodeOptions(), 255),
                                         ("int4", 64, DecodeOptions(), None), ("fp16", 1, DecodeOptions(), 255),
                                         ("fp16", 64, DecodeOptions(), None),
+                                        ("fp16", 1, DecodeOptions(ctas_per_sm=3), None),
                                         ("int4", 1, DecodeOptions(max_registers=128), 128)):
         cfg = KVCacheConfig(num_layers=1, num_kv_heads=8, head_dim=64, block_size=16, kv_dtype=dtype)
         shape = DecodeShape(cfg.kv_dtype.bits, 8, 64, 16, 4, cfg.group_size)
