@@ -1,7 +1,7 @@
 """Persistent checkpoint-and-yield decode on the GPU: cost against paged_decode, cost per
 yield, what a competing stream sees, and %globaltimer's granularity. One JSON line per row.
 
-    python -m benchmarks.bench_persistent [--shapes all|quick|"B,Hq,Hkv,ctx;..."] [--dtypes fp16,int4,int2]
+    python -m benchmarks.bench_persistent [--shapes all|quick|gqa|b1|"B,Hq,Hkv,ctx;..."] [--dtypes fp16,int4,int2]
                                           [--skip-latency]
                                           [--registers default,168,128] [--items call,inline] [--skip-yields]
                                           [--queued]
@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from benchmarks.bench_decode import BS, D, QUICK, SHAPES
+from benchmarks.bench_decode import BS, D, parse_shapes
 
 
 def emit(row: dict) -> None:
@@ -186,9 +186,7 @@ def main(argv) -> None:
     def arg(flag, default):
         return argv[argv.index(flag) + 1] if flag in argv else default
 
-    which = arg("--shapes", "all")  # all, quick, or B,Hq,Hkv,ctx;...
-    shapes = QUICK if which == "quick" else SHAPES if which == "all" else [
-        tuple(int(x) for x in item.split(",")) for item in which.split(";")]
+    shapes = parse_shapes(arg("--shapes", "all"))
     dtypes = arg("--dtypes", "fp16,int4,int2").split(",")
     emit(timer_granularity())
     yields = "--skip-yields" not in argv
