@@ -4,7 +4,7 @@ yield, what a competing stream sees, and %globaltimer's granularity. One JSON li
     python -m benchmarks.bench_persistent [--shapes all|quick|gqa|b1|"B,Hq,Hkv,ctx;..."] [--dtypes fp16,int4,int2]
                                           [--skip-latency]
                                           [--registers default,168,128] [--items call,inline] [--skip-yields]
-                                          [--queued]
+                                          [--queued] [--unclustered]
 
 Rows:
 - ``timer``: the smallest nonzero step of ``%globaltimer`` seen by one thread over many reads.
@@ -14,6 +14,9 @@ Rows:
 - ``--queued``: the ``no_yield`` and ``yield_1ms`` GPU times with the calls enqueued before
   the GPU reaches them (``gpu_common.time_gpu``'s ``queue_ns``, 2 ms: the device's time
   alone, not a host-paced one); rows carry ``queued``.
+- ``--unclustered``: the ``no_yield`` rows also against a plan that never merges in clusters
+  (``DecodeOptions(cluster_merge=False)``, as eager ``paged_decode`` and the persistent
+  decode itself): ``paged_unclustered_ms``, ``ratio_unclustered``.
 - ``--skip-yields``: the ``no_yield`` rows alone (no ``LONG`` decode, no ``yield_1ms`` rows).
 - ``yield_1ms``: the same with a 1 ms budget (first on a ~15 ms decode, ``LONG``, then on
   each decode shape; per persistent-kernel register cap of ``--registers``, "default" being
@@ -90,7 +93,11 @@ def case(dtype, batch, hq, hkv, ctx, num_blocks=None):
 LONG = (128, 32, 8, 131072)
 
 
-def cost_rows(dtype, shape, num_blocks=None, registers=None, item="inline", yields=True, queue_ns=0) -> list[dict]:
+def cost_rows(dtype, shape, num_blocks=None, registers=None, item="inline", yields=True, queue_ns=0,
+              unclustered=False) -> list[dict]:
+    """The ``no_yield`` row (persistent over ``DecodePlan.run`` at its defaults; ``unclustered``:
+    also over a plan that never merges in clusters, as eager ``paged_decode`` launches and the
+    persistent decode itself do) and, with ``yields``, the ``yield_1ms`` row."""
     import functools
 
     from benchmarks.gpu_common import host_seconds_per_call, time_gpu
@@ -116,6 +123,10 @@ def cost_rows(dtype, shape, num_blocks=None, registers=None, item="inline", yiel
 
     rows = [dict(row="no_yield", **base, paged_ms=t_plan * 1e3, persistent_ms=t_whole * 1e3, ratio=t_whole / t_plan,
                  eager_run_ms=eager * 1e3, items=whole.num_items, out_finite=out_finite(whole.out))]
+    if unclustered:
+        plain = DecodePlan(q, store, tables, lens, slots, max_seq_len=ctx, options=DecodeOptions(cluster_merge=False))
+        t_plain = time_gpu(lambda: plain.run(0))
+        rows[0].update(paged_unclustered_ms=t_plain * 1e3, ratio_unclustered=t_whole / t_plain)
     if not yields:
         return rows
     sliced = PersistentDecode(q, store, tables, lens, slots, 1000.0, max_seq_len=ctx, options=options)
@@ -203,7 +214,8 @@ def main(argv) -> None:
             for cap in caps:
                 for item in items:
                     for row in cost_rows(dtype, shape, registers=cap, item=item, yields=yields,
-                                         queue_ns=QUEUE_NS if "--queued" in argv else 0):
+                                         queue_ns=QUEUE_NS if "--queued" in argv else 0,
+                                         unclustered="--unclustered" in argv):
                         emit(row)
 
 
