@@ -319,6 +319,7 @@ def option_variants():
     return {"": DecodeOptions(), " prefetch=quantized": DecodeOptions(l2_prefetch="quantized"),
             " prefetch=all": DecodeOptions(l2_prefetch="all"), " no register cap": DecodeOptions(max_registers=255),
             " cap 128": DecodeOptions(max_registers=128),
+            " unsplit uncapped": DecodeOptions(max_registers=255, split_blocks=1 << 20),
             " per-16 softmax": DecodeOptions(joint_softmax=False),
             " load only": DecodeOptions(split_costs=SplitCosts(0, 0, 0, 0)),
             " fp16 in merge": DecodeOptions(tiered_fp16="merge", tiered_merge="launch"),  # formats by age only

@@ -4,6 +4,8 @@ warmed up, then one ``DecodePlan.run`` and one no-yield slice (``enqueue(0, 1)``
 
     ncu --profile-from-start off --clock-control none --section SpeedOfLight --section Occupancy \\
         --section LaunchStats --section WarpStateStats python3 -m benchmarks.profile_persistent int4 1,32,8,32768
+
+On a GPU only (the simulator has no profiler calls).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ def main(argv: list[str]) -> None:
     from hexcore.cuda.attention.persistent import MAX_BUDGET_US, PersistentDecode
 
     dtype = argv[0] if argv else "int4"
-    (shape,) = parse_shapes(argv[1] if len(argv) > 1 else "1,32,8,32768")
+    shape = parse_shapes(argv[1] if len(argv) > 1 else "1,32,8,32768")[0]  # (a named set: its first)
     store, q, tables, lens, slots = case(dtype, *shape)
     plan = DecodePlan(q, store, tables, lens, slots, max_seq_len=shape[3])
     whole = PersistentDecode(q, store, tables, lens, slots, MAX_BUDGET_US, max_seq_len=shape[3])

@@ -9,7 +9,8 @@ rule, the resident CTAs per SM the rows ran at most often, one wave for an INT4/
 items fit the uncapped kernel's), the median time of that pick where it was timed ("untimed"
 where not), the fastest median timed, and ``regret`` = pick / fastest - 1 (not modelled:
 ``_choose_kernel``'s fall back to the capped kernel where even one split per item overfills
-the uncapped kernel's wave). Where
+the uncapped kernel's wave, and FP16's uncapped kernel, which it takes only where its wave
+keeps the capped kernel's count: read FP16 rows at the capped kernel's CTAs per SM). Where
 ``split_fit`` asks which timed count the fitted *model* ranks first, this asks what the
 *policy* launches, over every count it may choose.
 """

@@ -25,6 +25,9 @@ from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape, unsupported_reaso
 
 UNCAPPED_REGISTERS = 255  # the decode kernel's "no cap" (ptxas's own choice up to 255)
 UNCAPPED_CTAS_PER_SM = 3  # the most CTAs per SM of the uncapped kernel (about 160 registers)
+# FP16 uncapped and unsplit where the capped kernel would split: timed faster on the H200 up to
+# items of this many blocks (4k tokens of 32; thirty-second session), not yet past it
+FP16_UNSPLIT_MAX_BLOCKS = 128
 # the SMs the split policy prices on the simulator (which runs CTAs one at a time on one): an
 # H200's count, so that a decode there splits into as many CTAs as the grid of that GPU
 # would hold (its occupancy stays the simulator's: one CTA per SM unless ctas_per_sm says)
@@ -220,16 +223,22 @@ def _choose_kernel(shape: DecodeShape, options: DecodeOptions, items: int, max_v
     ``options.max_registers`` None: an INT4/INT2 launch whose items fit in one wave of the
     uncapped kernel's resident CTAs (155-180 registers, no spills, two or three CTAs per SM)
     takes that kernel, with the split count the policy prices cheapest among those that fit one
-    wave (``split_blocks_for``, ``one_wave``); every other launch the 128-register one (four
+    wave (``split_blocks_for``, ``one_wave``); an FP16 launch too (168 registers, three CTAs per
+    SM) where that count is the capped kernel's (the same work, no spills) or one for items of
+    at most ``FP16_UNSPLIT_MAX_BLOCKS`` (no merge), and ``ctas_per_sm`` is unset (it would price
+    both kernels alike); every other launch the 128-register one (four
     CTAs per SM, 8-32 spilled bytes). Where the SMs would hold fewer CTAs than they could anyway
     (few items: B=1, B=32 x 8 KV heads), a warp that spills nothing finishes its blocks sooner;
     where the items fill the SMs the fourth CTA is worth more (H200, ``benchmarks/RESULTS.md``,
     twenty-first session: uncapped 2.7-12.5% faster at the shapes this rule takes it, but INT2
     at 16 x 32/8 16k, +1.2%; 1.6-4.9% slower on the same grid, 14-33% with more splits, at the
     shapes it leaves capped; twenty-fourth session: INT4 at 32 x 64/8 4k, one wave of 256
-    unsplit uncapped CTAs, 10% faster than two waves' worth of splits capped; FP16 capped:
-    unsplit there, 6% slower). ``prepared``: the launch will be prepared (``prepare_decode``),
-    so the split policy knows which split counts would merge in clusters."""
+    unsplit uncapped CTAs, 10% faster than two waves' worth of splits capped; thirty-second
+    session, FP16 32/8, two runs each: uncapped at the same splits 6.2% faster at B=1 32k and
+    5.1% at B=4 8k, level at B=1 128k; where its wave cuts the splits 1.4% slower at B=8 8k
+    and 2.0% at B=16 16k, 3.9% faster at B=2 16k; unsplit 2.5% faster at B=32 4k and 3-5% at
+    32 x 64/8 4k, untimed at longer items). ``prepared``: the launch will be prepared
+    (``prepare_decode``), so the split policy knows which split counts would merge in clusters."""
     def sized(cap, one_wave=False):
         kernel = decode_kernel(shape, cap, options.l2_prefetch, options.joint_softmax, verify=verify,
                                dependent=dependent_launches(options) and not verify)
@@ -238,10 +247,16 @@ def _choose_kernel(shape: DecodeShape, options: DecodeOptions, items: int, max_v
         return kernel, ctas_per_sm, split_blocks_for(items, max_virtual, ctas_per_sm, options, shape.bits, one_wave,
                                                      clustered, heads=min(shape.G, HEADS_PER_CTA))
 
-    if options.max_registers is None and shape.quantized and items <= UNCAPPED_CTAS_PER_SM * _num_sms():
-        kernel, ctas_per_sm, split_blocks = sized(UNCAPPED_REGISTERS, one_wave=True)
-        if items * -(-max_virtual // split_blocks) <= ctas_per_sm * _num_sms():  # one wave
-            return kernel, ctas_per_sm, split_blocks
+    if options.max_registers is None and items <= UNCAPPED_CTAS_PER_SM * _num_sms():
+        uncapped = sized(UNCAPPED_REGISTERS, one_wave=True)
+        splits = -(-max_virtual // uncapped[2])
+        if items * splits <= uncapped[1] * _num_sms():  # one wave
+            if shape.quantized:
+                return uncapped
+            if options.ctas_per_sm is None:  # FP16: set, it would stand in for both kernels' occupancy
+                capped = sized(None)
+                unsplit = splits == 1 and max_virtual <= FP16_UNSPLIT_MAX_BLOCKS
+                return uncapped if unsplit or splits >= -(-max_virtual // capped[2]) else capped
     return sized(options.max_registers)
 
 

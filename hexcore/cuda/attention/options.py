@@ -131,12 +131,13 @@ class DecodeOptions:
       decode kernel 128 (four CTAs of 128 threads resident per SM; the 8-32 bytes it spills
       at head_dim 128 cost less than the warps it adds), except an INT4/INT2 launch whose
       splits fit in one wave of the uncapped kernel (few items: B=1, B=32 x 8 KV heads),
-      which runs uncapped, with no spills (``launcher._choose_kernel``; measured on the
-      H200: ``benchmarks/RESULTS.md``, "third" and "twenty-first session"); for the
-      persistent kernel with its item inlined the cap of the grid launch it stands for (128,
-      or none where that one runs uncapped: 2-3 points off its B=1 ratio, twenty-second
-      session; also none where every item fits one wave of the uncapped slice kernel: FP16
-      at B=1, thirty-first session), the compiler's choice with the item called (at 128 that one spills about 900
+      which runs uncapped, with no spills, and an FP16 one whose wave keeps the capped
+      kernel's split count or leaves short items unsplit, with ``ctas_per_sm`` unset
+      (``launcher._choose_kernel``; measured on the H200: ``benchmarks/RESULTS.md``, "third",
+      "twenty-first" and "thirty-second session"); for the persistent kernel with its item inlined the cap of the
+      grid launch it stands for (128, or none where that one runs uncapped: 2-3 points off its
+      B=1 ratio, twenty-second session; FP16 at B=1 32k 1.062x -> 1.009x, thirty-first
+      session), the compiler's choice with the item called (at 128 that one spills about 900
       bytes per thread). 255 means no cap.
     - ``l2_prefetch``: which sealed blocks a warp asks L2 for one block ahead of its copies
       (INT4/INT2 blocks are copied one chunk ahead into shared memory anyway): "quantized",

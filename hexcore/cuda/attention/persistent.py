@@ -472,26 +472,16 @@ class PersistentDecode:
 
     def _size(self, launch, store):
         """(kernel, grid, split_blocks, splits, num_items): the grid kernel's split choice,
-        cut to items of at most ITEM_SHARE of the budget by the READ_BYTES_PER_US model.
-
-        The register cap is the grid kernel's (``launcher.register_cap``: uncapped where the
-        launch fits one wave of it, B=1 INT4/INT2); with none set, the uncapped slice kernel
-        wherever every item fits one wave of it (B=1 FP16 too: on the H200, thirty-first
-        session, B=1 32/8 32k FP16 1.062x the grid decode's time capped at 128, 1.009x
-        uncapped; at B=64, items past one wave, 1.01-1.45x uncapped against 1.00-1.05x
-        capped). With ``ctas_per_sm`` set, the capped choice as before: the option would
-        stand in for the uncapped kernel's occupancy."""
+        cut to items of at most ITEM_SHARE of the budget by the READ_BYTES_PER_US model, at
+        the register cap of the grid launch (``launcher.register_cap``: uncapped where that
+        launch fits one wave of the uncapped kernel: B=1, and FP16 only where that wave keeps
+        its split count; on the H200, thirty-first session, B=1 32/8 32k FP16 was 1.062x the
+        grid decode's time capped at 128 and 1.009x uncapped, and at B=64, items past one
+        wave, 1.01-1.45x uncapped against 1.00-1.05x capped)."""
         cfg = store.config
         shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
                             self.out.shape[1] // cfg.num_kv_heads, cfg.group_size)
-        cap = launcher.register_cap(launch, shape, self.options)
-        splits, ys, batch = launch.grid  # (the budget's cut only adds items: a cheap bound first)
-        few = splits * ys * batch <= launcher.UNCAPPED_CTAS_PER_SM * launcher._num_sms()
-        if cap is None and few and self.options.ctas_per_sm is None:  # a set ctas_per_sm: its own cap
-            uncapped = self._size_with(launcher.UNCAPPED_REGISTERS, launch, shape, cfg)
-            if uncapped[4] <= uncapped[1]:  # every item resident at once
-                return self._checked(uncapped)
-        return self._checked(self._size_with(cap, launch, shape, cfg))
+        return self._checked(self._size_with(launcher.register_cap(launch, shape, self.options), launch, shape, cfg))
 
     def _size_with(self, cap, launch, shape, cfg):
         """(kernel, resident CTAs, split_blocks, splits, num_items, one item's us) of the slice

@@ -151,12 +151,15 @@ GPU_MATRIX = [(dtype, *layout) for dtype in ("fp16", "int4", "int2") for layout 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cap", [None, 128])
 @pytest.mark.parametrize("dtype,head_dim,block_size,group", GPU_MATRIX)
-def test_decode_matches_reference_gpu(dtype, head_dim, block_size, group, rng):
+def test_decode_matches_reference_gpu(dtype, head_dim, block_size, group, cap, rng):
+    """Each layout at the default register cap (these six sequences: mostly the uncapped
+    kernel) and at 128 registers (the kernel the default takes past one wave)."""
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=4, head_dim=head_dim, block_size=block_size, kv_dtype=dtype,
                         group_size=64)
     lens = [int(rng.integers(1, 8192)), 0, int(rng.integers(1, 300)), block_size * 7, 8192, 1]
-    check_decode(cfg, group, lens, rng)
+    check_decode(cfg, group, lens, rng, DecodeOptions(max_registers=cap))
 
 
 @pytest.mark.gpu
@@ -290,10 +293,12 @@ def test_a_prepared_launch_prices_clusters_only_where_it_can_merge_in_them():
         assert launcher.cluster_rule(DecodeOptions(cluster_merge=False), plain)(8, 0.1) is False
 
 
-def test_few_quantized_items_take_the_uncapped_kernel(monkeypatch):
+def test_few_items_take_the_uncapped_kernel(monkeypatch):
     """INT4/INT2 launches whose splits fit in one wave of the uncapped kernel take it (B=1,
-    B=32 x 8 KV heads on the H200's 132 SMs); launches that fill the GPU, FP16 launches and an
-    explicit cap keep the 128-register kernel, each with its own CTAs per SM for the splits."""
+    B=32 x 8 KV heads on the H200's 132 SMs); FP16 ones too where that wave keeps the capped
+    kernel's split count or leaves short items unsplit, unless ``ctas_per_sm`` is set; launches that fill the GPU, FP16
+    launches the wave would cut to fewer splits and an explicit cap keep the 128-register
+    kernel, each with its own CTAs per SM for the splits."""
     monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
     resident = {}
     monkeypatch.setattr(launcher, "_ctas_per_sm", lambda kernel, args: resident.get(kernel, 4))
@@ -304,18 +309,30 @@ def test_few_quantized_items_take_the_uncapped_kernel(monkeypatch):
         ((4, 8, 256, 128, 3), (True, 1)),  # INT4 there: one unsplit wave (3 splits would be two)
         ((4, 4, 128, 512, 3), (True, 3)),  # 16 x 32/8 16k
         ((2, 4, 512, 128, 3), (False, 1)), ((4, 4, 1024, 64, 3), (False, 1)),  # 64 x 32/8 4k, 128 x 32/8 2k
-        ((16, 4, 8, 1024, 3), (False, 32)),  # FP16 keeps the cap
+        # FP16 (168 registers uncapped), the thirty-second session's shapes: B=1 32k the same
+        # splits either way, B=32 4k unsplit (128 blocks: FP16_UNSPLIT_MAX_BLOCKS; at 8k, 2
+        # splits capped); B=8 8k, B=16 16k and B=2 16k would lose splits to the wave (8 -> 6,
+        # 4 -> 3, 32 -> 16), and so would B=4 8k here, unprepared (16 -> 8; a prepared launch
+        # takes 8 either way, capped in clusters, and so the uncapped kernel)
+        ((16, 4, 8, 1024, 3), (True, 32)), ((16, 4, 32, 256, 3), (False, 16)), ((16, 4, 256, 128, 3), (True, 1)),
+        ((16, 4, 256, 256, 3), (False, 2)),
+        ((16, 4, 64, 256, 3), (False, 8)), ((16, 4, 128, 512, 3), (False, 4)), ((16, 4, 16, 512, 3), (False, 32)),
+        # compared with the capped kernel's own choice (3 splits, past one wave), not its
+        # one-wave one (1); and unsplit either way: the uncapped kernel
+        ((16, 4, 300, 256, 3), (False, 3)), ((16, 4, 390, 64, 3), (True, 1)),
     ]
     for (bits, group, items, blocks, ctas), (want_uncapped, want_splits) in cases:
         shape = DecodeShape(bits, 8, 128, 32, group, 64)
         uncapped = launcher.decode_kernel(shape, launcher.UNCAPPED_REGISTERS, "none", True, verify=False,
                                           dependent=True)  # (the default on an sm_90 GPU and the simulator)
         resident[uncapped] = ctas
-        for options, expect in ((DecodeOptions(), want_uncapped), (DecodeOptions(max_registers=128), False)):
+        # with ctas_per_sm set, FP16 keeps the cap (the option would price both kernels alike)
+        pinned = (DecodeOptions(ctas_per_sm=4), want_uncapped and bits < 16)
+        for options, expect in ((DecodeOptions(), want_uncapped), (DecodeOptions(max_registers=128), False), pinned):
             kernel, resident_ctas, split_blocks = launcher._choose_kernel(shape, options, items, blocks, [], False)
             assert (kernel is uncapped) == expect, (bits, group, items, options.max_registers)
-            assert resident_ctas == (ctas if expect else 4)
-            if options.max_registers is None:
+            assert resident_ctas == (ctas if expect and options.ctas_per_sm is None else 4)
+            if options == DecodeOptions():
                 assert -(-blocks // split_blocks) == want_splits, (bits, group, items)
 
 

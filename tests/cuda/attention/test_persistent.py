@@ -258,11 +258,9 @@ def test_simulated_clock_drives_the_timer():
 
 def test_slice_kernel_takes_the_grid_launchs_register_cap(monkeypatch):
     """The slice kernel is compiled at the register cap of the grid launch it stands for:
-    uncapped where that launch took the uncapped kernel (INT4/INT2 splits within one wave:
-    B=1) or, with no cap set, every item fits one wave of the uncapped slice kernel (FP16 at
-    B=1), the default cap where the items fill the GPU (512 items, 396 resident), and an
-    explicit ``max_registers`` as given; with ``ctas_per_sm`` set, no uncapped slice kernel
-    that the grid launch did not take (the option would stand in for its occupancy)."""
+    uncapped where that launch took the uncapped kernel (splits within one wave: B=1), the
+    default cap where it did not: the items fill the GPU (512 items, 396 resident) or, for
+    FP16, ``ctas_per_sm`` is set; an explicit ``max_registers`` as given."""
     from hexcore.cuda.attention import launcher
     from hexcore.cuda.attention.persistent import persistent_kernel
     from hexcore.cuda.attention.shape import DecodeShape
@@ -273,6 +271,7 @@ def test_slice_kernel_takes_the_grid_launchs_register_cap(monkeypatch):
                                         ("int4", 64, DecodeOptions(), None), ("fp16", 1, DecodeOptions(), 255),
                                         ("fp16", 64, DecodeOptions(), None),
                                         ("fp16", 1, DecodeOptions(ctas_per_sm=3), None),
+                                        ("int4", 1, DecodeOptions(ctas_per_sm=3), 255),
                                         ("int4", 1, DecodeOptions(max_registers=128), 128)):
         cfg = KVCacheConfig(num_layers=1, num_kv_heads=8, head_dim=64, block_size=16, kv_dtype=dtype)
         shape = DecodeShape(cfg.kv_dtype.bits, 8, 64, 16, 4, cfg.group_size)
@@ -303,13 +302,15 @@ GPU_MATRIX = [(dtype, group) for dtype in ("fp16", "int4", "int2") for group in 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cap", [None, 128])
 @pytest.mark.parametrize("item", ["call", "inline"])
 @pytest.mark.parametrize("dtype,group", GPU_MATRIX)
-def test_persistent_matches_reference_gpu(dtype, group, item, rng):
-    """Every dtype and GQA ratio (12: two head groups), the item called or inlined, a 200 us
-    budget: counts all one, within tolerance of the reference; bit-identical to paged_decode
-    with a budget that leaves the splits alone."""
-    options = DecodeOptions(persistent_item=item)
+def test_persistent_matches_reference_gpu(dtype, group, item, cap, rng):
+    """Every dtype and GQA ratio (12: two head groups), the item called or inlined, the slice
+    kernel uncapped (these few items: the default) or at the 128-register cap (the default past
+    one wave), a 200 us budget: counts all one, within tolerance of the reference;
+    bit-identical to paged_decode with the same options and a budget that leaves the splits alone."""
+    options = DecodeOptions(persistent_item=item, max_registers=cap)
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=4, head_dim=128, block_size=32, kv_dtype=dtype, group_size=64)
     lens = [int(rng.integers(1, 8192)), 0, 300, 32 * 7, 8192, 1]
     store, tables, tails, keys, values = random_cache(cfg, lens, rng)
@@ -319,7 +320,7 @@ def test_persistent_matches_reference_gpu(dtype, group, item, rng):
                                    count_items=True, options=options)
     assert np.array_equal(stats.item_counts, np.ones(stats.items, np.int32))
     assert ref.relative_l2(out.copy_to_host(), expect) <= TOLERANCE
-    paged = paged_decode(q, store, 0, tables, np.array(lens, np.int32), tails).copy_to_host()
+    paged = paged_decode(q, store, 0, tables, np.array(lens, np.int32), tails, options=options).copy_to_host()
     out, stats = persistent_decode(q, store, 0, tables, np.array(lens, np.int32), tails, budget_us=1e6,
                                    options=options)
     assert np.array_equal(out.copy_to_host(), paged) and stats.launches == 1
