@@ -3,6 +3,7 @@ seal, re-seal: run_tiered_ops), then tiered_decode, against tests/reference.py (
 decode_attention) in float64."""
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -389,29 +390,31 @@ def test_the_last_pools_merge_reads_only_slots_written_in_this_launch(seed):
 
 
 def test_each_pool_runs_the_register_cap_its_splits_were_sized_for():
-    """A pool whose grid launch would take the uncapped kernel (few items) runs the uncapped
-    partials kernel, one that would not (an explicit cap) the capped one: the split count
-    each pool gets (``launcher._choose_kernel``) assumes that kernel's resident CTAs."""
+    """A pool whose grid launch would take the uncapped kernel (few items; FP16 too, its one
+    split being the capped kernel's) runs the uncapped partials kernel, one that would not (an
+    explicit cap) the capped one: the split count each pool gets (``launcher._choose_kernel``)
+    assumes that kernel's resident CTAs. (FP16 with its own partials launch: by default its
+    pool runs inside the merge launch, at the merge kernel's cap.)"""
     from hexcore.cuda.attention import launcher
     from hexcore.cuda.attention.kernel import decode_kernel
     from hexcore.cuda.attention.shape import DecodeShape
     from hexcore.cuda.attention.tiered import tiered_decode_launches
     from hexcore.cuda.attention.tiered_kernels import pool_kernel
 
-    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="int4")
-    store = DeviceKVStore(cfg, num_blocks=2, max_seqs=1)
-    shape = DecodeShape(4, 1, 64, 16, 2, cfg.group_size)
-    q = np.zeros((1, 2, 64), np.float16)
-    tables, counts = [np.array([[0, 1]], np.int32)], [np.array([2], np.int32)]
-    for merge in ("launch", "last"):
-        for options, cap in ((DecodeOptions(tiered_merge=merge), launcher.UNCAPPED_REGISTERS),
-                             (DecodeOptions(max_registers=128, tiered_merge=merge), 128)):
+    for dtype, merge in itertools.product(("int4", "fp16"), ("launch", "last")):
+        cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype=dtype)
+        store = DeviceKVStore(cfg, num_blocks=2, max_seqs=1)
+        shape = DecodeShape(cfg.kv_dtype.bits, 1, 64, 16, 2, cfg.group_size)
+        q = np.zeros((1, 2, 64), np.float16)
+        tables, counts = [np.array([[0, 1]], np.int32)], [np.array([2], np.int32)]
+        for options, cap in ((DecodeOptions(tiered_merge=merge, tiered_fp16="launch"), launcher.UNCAPPED_REGISTERS),
+                             (DecodeOptions(max_registers=128, tiered_merge=merge, tiered_fp16="launch"), 128)):
             launches, _ = tiered_decode_launches(q, [store], tables, counts, np.zeros(1, np.int32),
                                                  np.zeros(1, np.int32), np.zeros(1, np.int32), options=options)
             dependent = launcher.dependent_launches(options)
             want = (decode_kernel(shape, cap, "none", True, partials=True, dependent=dependent) if merge == "launch"
                     else pool_kernel(shape, cap, "none", True, dependent, True, True))
-            assert launches[0].kernel is want, options
+            assert launches[0].kernel is want, (dtype, options)
 
 
 @pytest.mark.parametrize("where", list(MERGES))
