@@ -140,9 +140,12 @@ def run_new_kernels(store, tables, rng) -> None:
     checksum_blocks(store, np.array([5, 6], np.int32))
     assert not check_guards(store).any()
     q = rng.standard_normal((2, 8, 128)).astype(np.float16)
-    for item, cap in (("call", None), ("inline", None), ("inline", 128)):  # the item out of line, and
-        # inlined (DecodeOptions.persistent_item), uncapped at these few items and at 128 registers
-        options = dataclasses.replace(SPLIT, persistent_item=item, max_registers=cap)
+    # the item out of line and inlined (DecodeOptions.persistent_item) over many one-block
+    # splits, at 128 registers too (SPLIT's ctas_per_sm keeps FP16's grid launch, and so its
+    # slice kernel, at the cap anyway), and at the default options (these few items: every
+    # dtype's slice kernel uncapped, as its grid launch's)
+    for options in (dataclasses.replace(SPLIT, persistent_item="call"), SPLIT,
+                    dataclasses.replace(SPLIT, max_registers=128), DecodeOptions()):
         out, stats = persistent_decode(q, store, 0, tables, np.array([35, 32], np.int32),
                                        np.array([0, 1], np.int32), budget_us=1000.0, options=options)
         cuda.synchronize()

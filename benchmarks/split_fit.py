@@ -33,7 +33,7 @@ BS = 32  # bench_decode's block size
 # bench_decode variants (``option_variants``) that change the kernel or its launch, not only
 # the split count: their times are not the split policy's to fit or judge
 KERNEL_VARIANTS = ("prefetch", "register cap", "cap 128", "softmax", "fp16 in merge", "dependent launch",
-                   "plain launch", "verify")
+                   "plain launch", "verify", "unsplit uncapped")
 DTYPES = {"fp16": 16, "int4": 4, "int2": 2}
 
 

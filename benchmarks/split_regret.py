@@ -10,7 +10,8 @@ items fit the uncapped kernel's), the median time of that pick where it was time
 where not), the fastest median timed, and ``regret`` = pick / fastest - 1 (not modelled:
 ``_choose_kernel``'s fall back to the capped kernel where even one split per item overfills
 the uncapped kernel's wave, and FP16's uncapped kernel, which it takes only where its wave
-keeps the capped kernel's count: read FP16 rows at the capped kernel's CTAs per SM). Where
+keeps the capped kernel's count or leaves items of at most 128 blocks unsplit: this reads FP16
+rows as the capped kernel's pick, which at B=32 4k is 2 splits where 1 runs). Where
 ``split_fit`` asks which timed count the fitted *model* ranks first, this asks what the
 *policy* launches, over every count it may choose.
 """

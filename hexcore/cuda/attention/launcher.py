@@ -234,8 +234,9 @@ def _choose_kernel(shape: DecodeShape, options: DecodeOptions, items: int, max_v
     at 16 x 32/8 16k, +1.2%; 1.6-4.9% slower on the same grid, 14-33% with more splits, at the
     shapes it leaves capped; twenty-fourth session: INT4 at 32 x 64/8 4k, one wave of 256
     unsplit uncapped CTAs, 10% faster than two waves' worth of splits capped; thirty-second
-    session, FP16 32/8, two runs each: uncapped at the same splits 6.2% faster at B=1 32k and
-    5.1% at B=4 8k, level at B=1 128k; where its wave cuts the splits 1.4% slower at B=8 8k
+    session, FP16 32/8, two runs each: uncapped at the same split count 6.2% faster at B=1 32k
+    and 5.1% at B=4 8k (there capped in clusters of 8, uncapped through the workspace), level
+    at B=1 128k; where its wave cuts the splits 1.4% slower at B=8 8k
     and 2.0% at B=16 16k, 3.9% faster at B=2 16k; unsplit 2.5% faster at B=32 4k and 3-5% at
     32 x 64/8 4k, untimed at longer items). ``prepared``: the launch will be prepared
     (``prepare_decode``), so the split policy knows which split counts would merge in clusters."""

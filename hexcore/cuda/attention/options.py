@@ -136,8 +136,7 @@ class DecodeOptions:
       (``launcher._choose_kernel``; measured on the H200: ``benchmarks/RESULTS.md``, "third",
       "twenty-first" and "thirty-second session"); for the persistent kernel with its item inlined the cap of the
       grid launch it stands for (128, or none where that one runs uncapped: 2-3 points off its
-      B=1 ratio, twenty-second session; FP16 at B=1 32k 1.062x -> 1.009x, thirty-first
-      session), the compiler's choice with the item called (at 128 that one spills about 900
+      B=1 ratio, twenty-second session), the compiler's choice with the item called (at 128 that one spills about 900
       bytes per thread). 255 means no cap.
     - ``l2_prefetch``: which sealed blocks a warp asks L2 for one block ahead of its copies
       (INT4/INT2 blocks are copied one chunk ahead into shared memory anyway): "quantized",

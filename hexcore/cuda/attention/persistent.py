@@ -471,13 +471,14 @@ class PersistentDecode:
             self._counts = cuda.to_device(np.zeros(self.num_items, np.int32))
 
     def _size(self, launch, store):
-        """(kernel, grid, split_blocks, splits, num_items): the grid kernel's split choice,
-        cut to items of at most ITEM_SHARE of the budget by the READ_BYTES_PER_US model, at
-        the register cap of the grid launch (``launcher.register_cap``: uncapped where that
-        launch fits one wave of the uncapped kernel: B=1, and FP16 only where that wave keeps
-        its split count; on the H200, thirty-first session, B=1 32/8 32k FP16 was 1.062x the
-        grid decode's time capped at 128 and 1.009x uncapped, and at B=64, items past one
-        wave, 1.01-1.45x uncapped against 1.00-1.05x capped)."""
+        """(kernel, grid, split_blocks, splits, num_items): the grid kernel's split choice, cut
+        to items of at most ITEM_SHARE of the budget by the READ_BYTES_PER_US model, at the
+        register cap of the grid launch (``launcher.register_cap``: uncapped where that launch
+        fits one wave of the uncapped kernel: B=1, and FP16 only where that wave keeps its split
+        count or leaves short items unsplit, ``ctas_per_sm`` unset; on the H200, thirty-first
+        session, B=1 32/8 32k FP16 was 1.062x the grid decode's time capped at 128 and 1.009x
+        uncapped, and at B=64, items past one wave, 1.01-1.45x uncapped against 1.00-1.05x
+        capped)."""
         cfg = store.config
         shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
                             self.out.shape[1] // cfg.num_kv_heads, cfg.group_size)

@@ -315,7 +315,7 @@ def test_few_items_take_the_uncapped_kernel(monkeypatch):
         # 4 -> 3, 32 -> 16), and so would B=4 8k here, unprepared (16 -> 8; a prepared launch
         # takes 8 either way, capped in clusters, and so the uncapped kernel)
         ((16, 4, 8, 1024, 3), (True, 32)), ((16, 4, 32, 256, 3), (False, 16)), ((16, 4, 256, 128, 3), (True, 1)),
-        ((16, 4, 256, 256, 3), (False, 2)),
+        ((16, 4, 256, 256, 3), (False, 2)), ((16, 4, 256, 129, 3), (False, 2)),
         ((16, 4, 64, 256, 3), (False, 8)), ((16, 4, 128, 512, 3), (False, 4)), ((16, 4, 16, 512, 3), (False, 32)),
         # compared with the capped kernel's own choice (3 splits, past one wave), not its
         # one-wave one (1); and unsplit either way: the uncapped kernel

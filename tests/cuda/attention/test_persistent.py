@@ -307,8 +307,8 @@ GPU_MATRIX = [(dtype, group) for dtype in ("fp16", "int4", "int2") for group in 
 @pytest.mark.parametrize("dtype,group", GPU_MATRIX)
 def test_persistent_matches_reference_gpu(dtype, group, item, cap, rng):
     """Every dtype and GQA ratio (12: two head groups), the item called or inlined, the slice
-    kernel uncapped (these few items: the default) or at the 128-register cap (the default past
-    one wave), a 200 us budget: counts all one, within tolerance of the reference;
+    kernel at the default cap (its grid launch's: mostly uncapped at these few items) or at 128
+    registers (the default past one wave), a 200 us budget: counts all one, within tolerance of the reference;
     bit-identical to paged_decode with the same options and a budget that leaves the splits alone."""
     options = DecodeOptions(persistent_item=item, max_registers=cap)
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=4, head_dim=128, block_size=32, kv_dtype=dtype, group_size=64)
