@@ -278,6 +278,27 @@ def test_only_a_prepared_launch_prices_its_splits_as_clustered(monkeypatch):
     assert launcher.cluster_rule(DecodeOptions(), launcher.decode_kernel(shape, verify=True)) is None
 
 
+def test_a_prepared_fp16_launch_compares_its_kernels_as_prepared(monkeypatch):
+    """FP16 B=4 x 8 KV heads at 8k (32 items of 256 blocks) on a faked sm_90 GPU (132 SMs,
+    four capped CTAs per SM, three uncapped): prepared, the capped kernel's count is the 8
+    splits it would merge in clusters, which the uncapped kernel's one wave keeps (8 through
+    the workspace), so it runs uncapped; eager, the capped kernel's 16 against the wave's 8:
+    capped (the H200, thirty-second session: prepared, 41.9 -> 39.8 us)."""
+    class Sm90:
+        compute_capability = (9, 0)
+        MULTIPROCESSOR_COUNT = 132
+
+    monkeypatch.setattr(launcher, "SIMULATOR", False)
+    monkeypatch.setattr(launcher.cuda, "get_current_device", lambda: Sm90())
+    monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
+    shape = DecodeShape(16, 8, 128, 32, 4, 64)
+    uncapped = launcher.decode_kernel(shape, launcher.UNCAPPED_REGISTERS, "none", True, verify=False, dependent=True)
+    monkeypatch.setattr(launcher, "_ctas_per_sm", lambda kernel, args: 3 if kernel is uncapped else 4)
+    for prepared, want in ((True, (True, 8)), (False, (False, 16))):
+        kernel, _, blocks = launcher._choose_kernel(shape, DecodeOptions(), 32, 256, [], False, prepared)
+        assert (kernel is uncapped, -(-256 // blocks)) == want, prepared
+
+
 def test_a_prepared_launch_prices_clusters_only_where_it_can_merge_in_them():
     """``cluster_rule``: none on the simulator (no clusters) or for a kernel without a
     cluster twin (the verify and partials kernels); on a GPU, ``options.cluster``'s answer."""
