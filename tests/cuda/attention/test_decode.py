@@ -250,11 +250,8 @@ def test_the_split_policy_prices_the_cluster_merge(monkeypatch):
     assert picks == [2, 8, 16], picks
 
 
-def test_only_a_prepared_launch_prices_its_splits_as_clustered(monkeypatch):
-    """``_choose_kernel(prepared=True)`` on an sm_90 GPU (faked: 132 SMs, the uncapped INT2
-    kernel three CTAs per SM) takes the count the cluster merge makes cheapest, the one
-    ``prepare_decode`` then launches in a cluster; unprepared (eager) or with the cluster
-    merge off, the workspace's: INT2 B=1 32/8 4k, 8 splits against 16."""
+def fake_sm90(monkeypatch) -> None:
+    """The launcher on a faked sm_90 GPU of 132 SMs (cluster rules and all), not the simulator."""
     class Sm90:
         compute_capability = (9, 0)
         MULTIPROCESSOR_COUNT = 132
@@ -262,6 +259,14 @@ def test_only_a_prepared_launch_prices_its_splits_as_clustered(monkeypatch):
     monkeypatch.setattr(launcher, "SIMULATOR", False)
     monkeypatch.setattr(launcher.cuda, "get_current_device", lambda: Sm90())
     monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
+
+
+def test_only_a_prepared_launch_prices_its_splits_as_clustered(monkeypatch):
+    """``_choose_kernel(prepared=True)`` on an sm_90 GPU (faked: 132 SMs, the uncapped INT2
+    kernel three CTAs per SM) takes the count the cluster merge makes cheapest, the one
+    ``prepare_decode`` then launches in a cluster; unprepared (eager) or with the cluster
+    merge off, the workspace's: INT2 B=1 32/8 4k, 8 splits against 16."""
+    fake_sm90(monkeypatch)
     monkeypatch.setattr(launcher, "_ctas_per_sm", lambda kernel, args: 3)
     shape = DecodeShape(2, 8, 128, 32, 4, 64)
 
@@ -284,13 +289,7 @@ def test_a_prepared_fp16_launch_compares_its_kernels_as_prepared(monkeypatch):
     splits it would merge in clusters, which the uncapped kernel's one wave keeps (8 through
     the workspace), so it runs uncapped; eager, the capped kernel's 16 against the wave's 8:
     capped (the H200, thirty-second session: prepared, 41.9 -> 39.8 us)."""
-    class Sm90:
-        compute_capability = (9, 0)
-        MULTIPROCESSOR_COUNT = 132
-
-    monkeypatch.setattr(launcher, "SIMULATOR", False)
-    monkeypatch.setattr(launcher.cuda, "get_current_device", lambda: Sm90())
-    monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
+    fake_sm90(monkeypatch)
     shape = DecodeShape(16, 8, 128, 32, 4, 64)
     uncapped = launcher.decode_kernel(shape, launcher.UNCAPPED_REGISTERS, "none", True, verify=False, dependent=True)
     monkeypatch.setattr(launcher, "_ctas_per_sm", lambda kernel, args: 3 if kernel is uncapped else 4)
