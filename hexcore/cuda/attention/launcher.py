@@ -250,8 +250,9 @@ def _choose_kernel(shape: DecodeShape, options: DecodeOptions, items: int, max_v
 
     if options.max_registers is None and items <= UNCAPPED_CTAS_PER_SM * _num_sms():
         uncapped = sized(UNCAPPED_REGISTERS, one_wave=True)
-        splits = -(-max_virtual // uncapped[2])
-        if items * splits <= uncapped[1] * _num_sms():  # one wave
+        _, ctas_per_sm, split_blocks = uncapped
+        splits = -(-max_virtual // split_blocks)
+        if items * splits <= ctas_per_sm * _num_sms():  # one wave
             if shape.quantized:
                 return uncapped
             if options.ctas_per_sm is None:  # FP16: set, it would stand in for both kernels' occupancy

@@ -479,15 +479,11 @@ class PersistentDecode:
         session, B=1 32/8 32k FP16 was 1.062x the grid decode's time capped at 128 and 1.009x
         uncapped, and at B=64, items past one wave, 1.01-1.45x uncapped against 1.00-1.05x
         capped)."""
-        cfg = store.config
+        cfg, (splits, ys, batch) = store.config, launch.grid
         shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
                             self.out.shape[1] // cfg.num_kv_heads, cfg.group_size)
-        return self._checked(self._size_with(launcher.register_cap(launch, shape, self.options), launch, shape, cfg))
-
-    def _size_with(self, cap, launch, shape, cfg):
-        """(kernel, resident CTAs, split_blocks, splits, num_items, one item's us) of the slice
-        kernel compiled with register cap ``cap``."""
-        o, (splits, ys, batch) = self.options, launch.grid
+        o = self.options
+        cap = launcher.register_cap(launch, shape, o)
         kernel = persistent_kernel(shape, cap, o.l2_prefetch, o.joint_softmax, self._count, o.persistent_item,
                                    launcher.dependent_launches(o))
         split_blocks = launch.args[18]
@@ -496,19 +492,15 @@ class PersistentDecode:
         probe = (*launch.args, self._log, self._log, self._counts, np.int64(1), np.int64(1), np.int64(0))
         resident = max(1, (o.ctas_per_sm or launcher._ctas_per_sm(kernel, probe)) * launcher._num_sms())
         block_us = cfg.block_bytes_per_layer / cfg.num_kv_heads * resident / READ_BYTES_PER_US
+        one_item_us = (1 + o.split_overhead) * block_us
+        if self.budget_us < one_item_us:
+            raise BudgetError(f"budget_us: {self.budget_us} is below one work item (about {one_item_us:.3g} us for "
+                              f"one block of {resident} CTAs sharing {READ_BYTES_PER_US / 1e6:g} TB/s)")
         fits = max(1, int(self.budget_us * ITEM_SHARE / block_us - o.split_overhead))
         if split_blocks > fits:
             split_blocks = fits
             splits = -(-max_virtual // split_blocks)
-        return kernel, resident, split_blocks, splits, splits * ys * batch, (1 + o.split_overhead) * block_us
-
-    def _checked(self, sized):
-        """``_size``'s answer from ``_size_with``'s, or BudgetError where the budget is below one item."""
-        kernel, resident, split_blocks, splits, items, one_item_us = sized
-        if self.budget_us < one_item_us:
-            raise BudgetError(f"budget_us: {self.budget_us} is below one work item (about {one_item_us:.3g} us for "
-                              f"one block of {resident} CTAs sharing {READ_BYTES_PER_US / 1e6:g} TB/s)")
-        return kernel, min(resident, items), split_blocks, splits, items
+        return kernel, min(resident, splits * ys * batch), split_blocks, splits, splits * ys * batch
 
     @property
     def num_items(self) -> int:
