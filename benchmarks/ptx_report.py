@@ -18,7 +18,9 @@ item and after the last one.
 
 ``--tiered``: a format by age's pool kernels (``tiered_kernels.py``) at D=128, block 32, group
 4 by default, capped at 128 registers and uncapped: the partials kernel a merge launch
-follows, and ``pool_kernel`` first, middle and last (merging): registers and spills.
+follows, and ``pool_kernel`` first, middle and last (merging): registers and spills; then
+``one_launch_kernel`` of int4-aged's pools (INT4, FP16) and int2-aged's (INT2, FP16, INT4)
+at that D, block and group: registers, spills, shared memory and SASS.
 
 Needs numba-cuda's NVVM (``numba-cuda[cu13]``) and, for registers and SASS, ptxas and
 cuobjdump on PATH (Triton's wheel carries cuobjdump; or pip ``nvidia-cuda-nvcc``,
@@ -137,7 +139,7 @@ def tiered_report(only: str | None = None) -> None:
     """One line per (shape, register cap, kernel): a format by age's pool kernels' registers
     and spills (``--tiered``)."""
     from hexcore.cuda.attention.launcher import UNCAPPED_REGISTERS
-    from hexcore.cuda.attention.tiered_kernels import pool_kernel
+    from hexcore.cuda.attention.tiered_kernels import one_launch_kernel, pool_kernel
 
     shapes = [tuple(int(x) for x in only.split(","))] if only else PERSISTENT_SHAPES
     for bits, head_dim, block_size, group in shapes:
@@ -151,6 +153,20 @@ def tiered_report(only: str | None = None) -> None:
                 ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
                 print(f"tiered bits={bits:2} D={head_dim} BS={block_size} G={group} cap {cap} {name:12}: "
                       f"{ptxas(ptx, cap=cap)}", flush=True)
+    head_dim, block_size, group = shapes[0][1:]
+    for name, bits in (("int4-aged", (4, 16)), ("int2-aged", (2, 16, 4))):
+        pools = tuple(DecodeShape(b, 8, head_dim, block_size, group, 64) for b in bits)
+        for cap in (GRID_REGISTERS, UNCAPPED_REGISTERS):
+            ptx, _ = cuda.compile_ptx(one_launch_kernel(pools, cap, "none", True, True).py_func, ONE_LAUNCH_SIG,
+                                      cc=(9, 0))
+            print(f"tiered {name} D={head_dim} BS={block_size} G={group} cap {cap} one launch: "
+                  f"{ptxas(ptx, sass=True, cap=cap)}", flush=True)
+
+
+# one_launch_kernel's: pool a's partials arguments, seq_lens, n_a, n_b, then two pools' own
+# (pool, k_codes..v_tails, block_tables, pool_lens, part_o, part_ml, num_blocks, max_seqs, split_blocks)
+ONE_POOL_SIG = (U32, I64, I64, I64, I64, I64, I64, types.int32[:, ::1], I32, F32, F32, I64, I64, I64)
+ONE_LAUNCH_SIG = DECODE_SIG + (I32, I64, I64) + ONE_POOL_SIG * 2
 
 
 SEAL_SIG = (U32, U32, U32, U32, types.float16[::1], types.float16[::1], I32, I32, I64, I64, I64,

@@ -187,7 +187,8 @@ def run_tiered(rng) -> None:
     q = rng.standard_normal((2, 8, 128)).astype(np.float16)
     index = (tables, counts, np.array([5, 0], np.int32), np.array([1, 0], np.int32), np.array([0, 1], np.int32))
     for options in (DecodeOptions(tiered_fp16="launch", tiered_merge="launch"),
-                    DecodeOptions(tiered_fp16="merge", tiered_merge="launch"), DecodeOptions(tiered_merge="last")):
+                    DecodeOptions(tiered_fp16="merge", tiered_merge="launch"), DecodeOptions(tiered_merge="last"),
+                    DecodeOptions(tiered_merge="one")):
         out = tiered_decode(q, stores, *index, layer=1, options=options)
         cuda.synchronize()
         assert not np.isnan(out.copy_to_host()).any()

@@ -125,7 +125,7 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
 @functools.cache
 def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_softmax: bool = True,
                          partials: bool = False, volatile_tid: bool = False, verify: bool = False,
-                         cluster: bool = False):
+                         cluster: bool = False, ring_arg: bool = False):
     """``decode_item(<the decode kernel's arguments>, split, h, hg, b)``: one work item, done by
     the whole CTA (every thread calls it, and every thread returns from it together): the
     split ``split`` of sequence ``b`` for KV head ``h`` and its query heads of head group
@@ -161,7 +161,14 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     its own shared memory (an item past the sequence's splits an empty one, ``m`` -inf),
     then ``cluster_merge_function``'s merge: no workspace, no count, no last CTA. A sequence
     of one split (or none) writes as the plain kernel does; the choice is the same in every
-    CTA of the cluster."""
+    CTA of the cluster.
+
+    ``ring_arg`` (with ``partials``): the item's shared ring, uint32 ``[>= ring_words(shape)]``
+    16-byte aligned, is its last argument instead of its own shared array, for a kernel
+    that runs items of several shapes (``tiered_kernels.one_launch_kernel``): each item's
+    own array would take its own shared memory, their sum more than a CTA may have."""
+    if ring_arg and (verify or cluster or not partials):
+        raise ValueError("decode_item_function: ring_arg is for the partials item (not verify or cluster)")
     VERIFY, CLUSTER = verify, cluster
     STAT_WORDS = 2 * HEADS_PER_CTA if cluster else 1  # the cluster's (m, l) per head
     (load_q_words, scale_q, unscale_q, issue_chunk, fold_keys, chunk_codes, kstep_rows, finish, pair_codes,
@@ -175,8 +182,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     # INT2 with one chunk per block: two blocks per softmax update (pair_codes), a ring of two
     # stages of two blocks per warp (INT4's stages would take 80 KB per CTA)
     PAIR = QUANTIZED and CPB == 1 and shape.bits == 2
-    STAGES = 4 if PAIR else 2
-    RING_WORDS = max(WARPS * STAGES * STAGE if QUANTIZED else 0, WARPS * HEADS_PER_CTA * D)
+    RING_WORDS, RING_ARG = ring_words(shape), ring_arg
     KWORDS, VWORDS = 2 * shape.key_regs, shape.row_value_words  # FP16 rows (tails, FP16 blocks)
     HPC, CW = HEADS_PER_CTA, shape.chunk
     SCORES, O_REGS = (8 if PAIR else 4) * CK, 4 * shape.m_tiles  # local array sizes
@@ -327,7 +333,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     def decode_item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots,
                     out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale,
                     split, h, hg, b, *check):
-        # check: (head_sums, vctl, flags, found) with VERIFY, empty otherwise.
+        # check: (head_sums, vctl, flags, found) with VERIFY, (ring,) with RING_ARG, empty otherwise.
         # pool: every store array as uint32 words; k_codes..v_tails: their word offsets.
         # q: [B, Hq, D] f16 as words; out: [B, Hq, D] f16 flat; part_o: [B*Hq, max_splits, D]
         # f32 flat; part_ml: [B*Hq, max_splits, 2] f32 flat; counters: [B * H * HG] int32
@@ -392,7 +398,10 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
             load_q_words(q, b * H * G + head0 + (gid if q_valid else 0), lane, qh)
             scale_q(qh, q_valid, factor)
 
-        ring = cuda.shared.array(RING_WORDS, uint32, alignment=SHARED_ALIGN16)  # per warp: two stages of sealed chunks
+        if RING_ARG:
+            ring = check[0]
+        else:
+            ring = cuda.shared.array(RING_WORDS, uint32, alignment=SHARED_ALIGN16)  # per warp: two stages of sealed chunks
         if QUANTIZED:
             # sealed blocks: a two-stage cp.async pipeline per warp (the next chunk's copies
             # fly while this one is computed)
@@ -600,6 +609,15 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
             counters[item] = 0  # ready for the next launch
 
     return decode_item
+
+
+def ring_words(shape: DecodeShape) -> int:
+    """uint32 words of the decode item's shared ring for ``shape``: per warp two stages of
+    sealed chunks (INT2 with one chunk per block: two pairs of blocks), at least the
+    ``[WARPS, HEADS_PER_CTA, D]`` float32 partials the CTA's warps combine through it."""
+    pair = shape.quantized and shape.ksteps_per_block // shape.chunk_ksteps == 1 and shape.bits == 2
+    stages = 4 if pair else 2
+    return max(WARPS * stages * shape.stage_words if shape.quantized else 0, WARPS * HEADS_PER_CTA * shape.D)
 
 
 def merge_function(D: int):

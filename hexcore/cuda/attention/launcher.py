@@ -54,7 +54,7 @@ def prepare_decode(launch: Launch, options: DecodeOptions) -> PreparedLaunch:
     cluster, clustered = 1, cluster_rule(options, launch.kernel)
     if clustered is not None:
         splits, heads, batch = launch.grid
-        slots = (options.ctas_per_sm or _ctas_per_sm(launch.kernel, list(launch.args))) * _num_sms()
+        slots = resident_slots(launch, options)
         cluster = splits if clustered(splits, splits * heads * batch / slots) else 1
     if cluster > 1:
         launch = launch._replace(kernel=launch.kernel.cluster_twin())
@@ -426,6 +426,12 @@ def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scal
 
 
 _occupancy: dict = {}  # decode kernel -> resident CTAs per SM (one specialization each)
+
+
+def resident_slots(launch: Launch, options: DecodeOptions) -> int:
+    """CTAs of ``launch``'s kernel the GPU holds at once (one wave): ``options.ctas_per_sm``
+    or the compiled kernel's occupancy, times the SMs (on the simulator 1 x 1)."""
+    return (options.ctas_per_sm or _ctas_per_sm(launch.kernel, list(launch.args))) * _num_sms()
 
 
 def _ctas_per_sm(kernel, args) -> int:

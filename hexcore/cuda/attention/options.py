@@ -15,7 +15,7 @@ from ..launch import PATHS
 PREFETCH = ("quantized", "all", "none")
 ITEM_CALLS = ("call", "inline")
 TIERED_FP16 = ("launch", "merge")
-TIERED_MERGE = ("launch", "last")
+TIERED_MERGE = ("launch", "last", "one")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +186,13 @@ class DecodeOptions:
       SM), B=32 1k +10% / +5% (256 items), B=32 4k +23% / +12%, B=16 16k +17% / -4%, B=64 1k
       0% / -5%, B=64 4k +1% / +2%. At B=32 4k int4-aged without dependent launches "last"
       is 3% slower than a merge launch, with them 22%: the overlap is most of the loss.
+      "one": every pool's items in one launch (``tiered_kernels.one_launch_kernel``, the
+      last CTA of each (sequence, KV head, head group) merging): no launch per pool and no
+      pool waiting for another; its kernel holds every pool's item, at ``max_registers``
+      (None: 128), every pool's splits sized for that cap and the younger pools' no shorter
+      than the last pool's (``tiered._one_launch_pools``); ``tiered_fp16`` does not apply.
+      Two or three pools; a format of one pool, or of more than three, runs "last". Not
+      yet timed on a GPU, so not part of the default.
     - ``cluster_merge``: whether a prepared grid decode whose items have 2 to 8 splits
       (``kernel.MAX_CLUSTER``) launches each item's splits as one thread block cluster that
       merges through distributed shared memory (``kernel.decode_kernel``, ``cluster``)
@@ -266,10 +273,10 @@ class DecodeOptions:
         """Whether a format by age's last pool merges (``tiered_merge``, None resolved) for
         a step of ``items`` (sequence, KV head, head group) items and ``blocks_per_sm``
         (items times the longest sequence's blocks, per SM) whose launches are dependent
-        ones or not (``dependent``)."""
+        ones or not (``dependent``); "one" too (a format of one pool: its launch merges)."""
         if self.tiered_merge is None:
             return dependent and items <= TIERED_LAST_MAX_ITEMS and blocks_per_sm <= TIERED_LAST_MAX_BLOCKS
-        return self.tiered_merge == "last"
+        return self.tiered_merge in ("last", "one")
 
     def cluster(self, compute_capability: tuple[int, int], splits: int, max_cluster: int, fill: float) -> int:
         """The thread block cluster size of a prepared grid decode of ``splits`` splits per

@@ -6,9 +6,10 @@ partials only (``kernel.decode_item_function(partials=True)``): pool ``p``'s spl
 the workspace's split slots ``[base_p, base_p + splits_p)`` of every query head's row, an
 item past its sequence's splits an empty partial. Every slot of a row is then merged into
 ``out`` (``kernel.merge_function``): the same arithmetic as one decode over all the blocks
-(attention does not depend on the order of its keys), by the last pool's launch itself or
-by a merge launch after the pools' (``DecodeOptions.tiered_merge``; the kernels and how the
-launches overlap: ``tiered_kernels.py``). The open tail is read from the store of the pool
+(attention does not depend on the order of its keys), by the last pool's launch itself, by
+a merge launch after the pools', or by the one launch that runs every pool's items
+(``DecodeOptions.tiered_merge``; the kernels and how the launches overlap:
+``tiered_kernels.py``). The open tail is read from the store of the pool
 it will be sealed into (``tail_pool``). With a merge launch and
 ``DecodeOptions(tiered_fp16="merge")`` an FP16 first pool (the sink, young blocks, tails:
 little work per sequence) has no launch of its own: each merge CTA first computes its
@@ -23,6 +24,8 @@ index arrays only (this first version reads them to size each pool's launch).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ...errors import HexcoreInvalidArgumentError
@@ -32,12 +35,12 @@ from ..store import flat_words
 from ..streams import resolve_stream
 from ..uploads import upload_once
 from ..views import flat, layer_of, sliced
-from .kernel import decode_kernel
+from .kernel import GRID_REGISTERS, decode_kernel
 from .launcher import (Workspace, check_host_index, decode_launch, dependent_launches, policy_sms, prepare_decode,
-                       register_cap)
+                       register_cap, resident_slots)
 from .options import DEFAULT_OPTIONS, DecodeOptions
 from .shape import THREADS, DecodeShape
-from .tiered_kernels import fused_merge_kernel, merge_kernel, pool_kernel
+from .tiered_kernels import fused_merge_kernel, merge_kernel, one_launch_kernel, pool_kernel
 
 _workspace = Workspace()
 
@@ -162,8 +165,8 @@ def _checked_buffers(stores: list, buffers) -> tuple:
 
 def _for_layer(launch, is_merge: bool, q_words, out_flat, layer: int) -> None:
     """Put another layer's ``q``, ``out`` and layer number into a prepared ``launch`` (a
-    pool's partials launch, the fused merge, or the merge: the positions of the decode
-    kernel's arguments, or the merge kernel's ``out``)."""
+    pool's partials or merging launch, the fused merge or the one launch, all of which start
+    with a decode kernel's arguments; or the merge, whose ``out`` is its argument 2)."""
     if is_merge:
         launch.set_array(2, out_flat)
     else:
@@ -179,7 +182,16 @@ def _plain_merge(config, q_shape: tuple, dependent: bool):
     return merge_kernel(config.num_kv_heads, num_q_heads // config.num_kv_heads, head_dim, dependent)
 
 
-Q_ARG, OUT_ARG, LAYER_ARG = 7, 11, 15  # in the decode and partials kernels' arguments
+# the decode and partials kernels' arguments (kernel.decode_kernel), by position
+DECODE_ARGS = ("pool", "k_codes", "v_codes", "k_meta", "v_meta", "k_tails", "v_tails", "q", "block_tables", "seq_lens",
+               "tail_slots", "out", "part_o", "part_ml", "counters", "layer", "num_blocks", "max_seqs", "split_blocks",
+               "max_splits", "scale")
+Q_ARG, OUT_ARG, COUNTERS_ARG, LAYER_ARG, SPLIT_BLOCKS_ARG = (DECODE_ARGS.index(name) for name in (
+    "q", "out", "counters", "layer", "split_blocks"))
+# a pool's own arguments of tiered_kernels.one_launch_kernel (the first pool's are all 21)
+OWN_ARGS = tuple(DECODE_ARGS.index(name) for name in (
+    "pool", "k_codes", "v_codes", "k_meta", "v_meta", "k_tails", "v_tails", "block_tables", "seq_lens", "part_o",
+    "part_ml", "num_blocks", "max_seqs", "split_blocks"))
 
 
 def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_lens, tail_pool, tail_slots,
@@ -194,6 +206,9 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
     tail_lens, tail_pool = np.asarray(tail_lens), np.asarray(tail_pool)
     _check(stores, tables, counts, tail_lens, tail_pool)
     bs, batch, n = stores[0].config.block_size, tail_lens.shape[0], len(stores)
+    one = options.tiered_merge == "one" and 1 < n <= ONE_LAUNCH_POOLS  # (more: "last")
+    if one:  # every pool's splits sized for the one kernel's cap (its own only below it)
+        options = dataclasses.replace(options, max_registers=options.max_registers or GRID_REGISTERS)
     lens = [(counts[p].astype(np.int64) * bs + np.where(tail_pool == p, tail_lens, 0)).astype(np.int32)
             for p in range(n)]
     longest = [check_host_index(store, tables[p], lens[p], tail_slots, batch) for p, store in enumerate(stores)]
@@ -202,27 +217,35 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
     host_tail = isinstance(tail_slots, np.ndarray)
     staged = (upload or upload_once)([*tables, *lens, seq_lens] + ([tail_slots] if host_tail else []))
     seq_lens, tail_slots = staged[2 * n], staged[2 * n + 1] if host_tail else tail_slots
-    launches = []
-    for p, store in enumerate(stores):  # each pool's own launch first: its split count
-        launch, out = decode_launch(q, store, layer, staged[p], staged[n + p], tail_slots, out, scale, longest[p],
-                                    options, _workspace)
-        launches.append(launch)
+    batch, num_q_heads, head_dim = q.shape
+    cfg = stores[0].config
+    shapes = [DecodeShape(store.config.kv_dtype.bits, cfg.num_kv_heads, head_dim, bs, num_q_heads // cfg.num_kv_heads,
+                          cfg.group_size) for store in stores]
+
+    def make(p: int, pool_options: DecodeOptions) -> Launch:  # pool p's own launch: its split count
+        nonlocal out
+        launch, out = decode_launch(q, stores[p], layer, staged[p], staged[n + p], tail_slots, out, scale,
+                                    longest[p], pool_options, _workspace)
+        return launch
+
+    if one:
+        launches = _one_launch_pools(make, shapes, options, seq_lens, -(-longest[-1] // bs))
+    else:
+        launches = [make(p, options) for p in range(n)]
     items = launches[0].grid[1] * batch
-    merging_last = options.merges_last(dependent_launches(options), items, items * longest_blocks / policy_sms())
+    merging_last = one or options.merges_last(dependent_launches(options), items, items * longest_blocks / policy_sms())
     order = [n - 1, *range(n - 1)] if merging_last else list(range(n))  # whose slots come first in a row
     bases, total = {}, 0
     for p in order:
         bases[p], total = total, total + launches[p].grid[0]
-    batch, num_q_heads, head_dim = q.shape
     part_o, part_ml, counters = _workspace.get(batch * num_q_heads, total, head_dim, items)
-    cfg = stores[0].config
-    shapes = [DecodeShape(store.config.kv_dtype.bits, cfg.num_kv_heads, head_dim, bs, num_q_heads // cfg.num_kv_heads,
-                          cfg.group_size) for store in stores]
     runs = []
     for p, (launch, shape) in enumerate(zip(launches, shapes)):
-        merging = (p == 0, p == n - 1, seq_lens, counters) if merging_last else None
+        merging = (p == 0, p == n - 1, seq_lens, counters) if merging_last and not one else None
         runs.append(_partials(launch, shape, options, sliced(part_o, bases[p] * head_dim),
                               sliced(part_ml, bases[p] * 2), total, merging))
+    if one:
+        return [_one_launch(runs, shapes, options, seq_lens, counters)], out
     if merging_last:
         return runs, out
     return _with_merge_launch(runs, shapes, options, seq_lens, (part_o, part_ml, flat(out), seq_lens, total)), out
@@ -239,6 +262,51 @@ def _with_merge_launch(runs: list, shapes: list, options: DecodeOptions, seq_len
         return runs[1:] + [Launch(kernel, grid, THREADS, (*runs[0].args, seq_lens, runs[0].grid[0]))]
     shape = shapes[0]
     return runs + [Launch(merge_kernel(shape.H, shape.G, shape.D, dependent), grid, THREADS, merge_args)]
+
+
+ONE_LAUNCH_POOLS = 3  # the most pools tiered_merge "one" runs in one launch (its kernel's arguments)
+
+
+def _one_launch_pools(make, shapes: list, options: DecodeOptions, seq_lens, last_blocks: int) -> list:
+    """tiered_merge "one": the pools' own launches (``make(p, options)``), split for one grid.
+    The last pool is split by the policy; a younger one (the sink, young blocks: a few
+    blocks per sequence, bounded by the format's ages) into runs no shorter than the last
+    pool's splits, unless ``split_blocks`` is set (sized alone, each pool would fill the SMs,
+    together more than a wave: int2-aged at 8 x 32/8 4k, 64 items of 6 + 2 + 1 splits, 576
+    CTAs for 528 slots). Where the grid is then more than one wave of the one kernel's
+    resident CTAs and fewer splits of the last pool (of ``last_blocks``, its longest
+    sequence's blocks) make it one, the last pool gets those (int4-aged at 32 x 32/8 4k:
+    256 items of 2 + 1 CTAs, 768; one INT4 split, 512)."""
+    n = len(shapes)
+    last = make(n - 1, options)
+    young_options = options
+    if options.split_blocks is None and last_blocks > 0:
+        young_options = dataclasses.replace(options, split_blocks=max(last.args[SPLIT_BLOCKS_ARG],
+                                                                      options.min_split_blocks))
+    young = [make(p, young_options) for p in range(n - 1)]
+    if options.split_blocks is None:
+        splits, items, extra = last.grid[0], last.grid[1] * last.grid[2], sum(y.grid[0] for y in young)
+        probe = _one_launch([*young, last], shapes, options, seq_lens, last.args[COUNTERS_ARG])  # its kernel, types
+        slots = resident_slots(probe, options)
+        fit = slots // items - extra
+        if items * (splits + extra) > slots and 1 <= fit < splits:
+            last = make(n - 1, dataclasses.replace(options, split_blocks=-(-last_blocks // fit)))
+    return [*young, last]
+
+
+def _one_launch(runs: list, shapes: list, options: DecodeOptions, seq_lens, counters) -> Launch:
+    # tiered_merge "one": the pools' partials launches `runs` (slots in the order last pool,
+    # then pool 0, 1, ...) as one launch of tiered_kernels.one_launch_kernel, at the cap their
+    # splits were sized for
+    last, rest = runs[-1], runs[:-1]
+    order = (shapes[-1], *shapes[:-1])
+    kernel = one_launch_kernel(order, options.max_registers, options.l2_prefetch, options.joint_softmax,
+                               dependent_launches(options))
+    args = list(last.args)
+    args[COUNTERS_ARG] = counters
+    own = [tuple(run.args[i] for i in OWN_ARGS) for run in (rest * 2)[:2]]  # two pools: pool 0's twice (unused)
+    grid = (sum(run.grid[0] for run in runs), *last.grid[1:])
+    return Launch(kernel, grid, last.block, (*args, seq_lens, last.grid[0], rest[0].grid[0], *own[0], *own[1]))
 
 
 def _partials(launch: Launch, shape: DecodeShape, options: DecodeOptions, part_o, part_ml, total: int,

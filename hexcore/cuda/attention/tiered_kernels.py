@@ -18,16 +18,21 @@ slots of a row into ``out`` is one of:
   last pool's merging CTA waits for the one before it, then reads every slot. The later
   pools read ``q`` and the stores without waiting: every CTA of the first pool passed its
   wait (the grids before it had ended) before the second could start.
+- ``one_launch_kernel`` (``tiered_merge`` "one"): no launch per pool: one grid whose CTAs
+  of a row are every pool's splits (the item of the pool its slot falls in), the last of
+  the row merging as above. Its items share one shared-memory ring (``decode_item_function
+  (ring_arg=True)``): each item's own would add up to more than a CTA may have (ptxas,
+  sm_90, int2-aged D128: 103 KB against 48 KB).
 """
 
 from __future__ import annotations
 
 import functools
 
-from numba import cuda, int32
+from numba import cuda, int32, uint32
 
-from ..device import SIMULATOR, add_acq_rel_i32, allow_dependent_grids, wait_prior_grids
-from .kernel import GRID_REGISTERS, decode_item_function, merge_function
+from ..device import SHARED_ALIGN16, SIMULATOR, add_acq_rel_i32, allow_dependent_grids, wait_prior_grids
+from .kernel import GRID_REGISTERS, decode_item_function, merge_function, ring_words
 from .shape import HEADS_PER_CTA, THREADS, DecodeShape
 
 
@@ -128,31 +133,10 @@ def pool_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetc
     ``dependent``: where it waits and lets the next launch start (the module's docstring).
     ``first`` and ``last`` both: a format of one pool, the grid decode's order of waits."""
     item = decode_item_function(shape, l2_prefetch, joint_softmax, partials=True)
-    merge_row = merge_row_function(shape.H, shape.G, shape.D)
-    H, HG = shape.H, shape.head_groups
+    merge_if_last = last_merge_function(shape.H, shape.G, shape.D, dependent and not first)
+    HG = shape.head_groups
     cap = GRID_REGISTERS if max_registers is None else max_registers
     options = {} if SIMULATOR else {"max_registers": cap}
-
-    @cuda.jit(device=True)
-    def merge_if_last(part_o, part_ml, out, counters, seq_lens, max_splits):
-        # every CTA of the grid counts, its partial (an empty one past its sequence's splits:
-        # the merge reads every slot) released by thread 0's count after the barrier; the
-        # last acquires them, and the earlier pools' by waiting for the grid before it. The
-        # CTA's indices read again here: none held in registers across the item's loop
-        h, hg, b = cuda.blockIdx.y // HG, cuda.blockIdx.y % HG, cuda.blockIdx.z
-        s_flag = cuda.shared.array(1, int32)
-        cuda.syncthreads()  # every thread's partial written
-        slot = (b * H + h) * HG + hg
-        if cuda.threadIdx.x == 0:
-            s_flag[0] = add_acq_rel_i32(counters, slot, 1) == cuda.gridDim.x - 1
-        cuda.syncthreads()
-        if s_flag[0] == 0:
-            return
-        if dependent and not first:
-            wait_prior_grids()
-        merge_row(part_o, part_ml, out, seq_lens, max_splits, h, hg, b)
-        if cuda.threadIdx.x == 0:
-            counters[slot] = 0  # ready for the next launch
 
     @cuda.jit(**options)
     def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, pool_lens, tail_slots, out,
@@ -170,6 +154,102 @@ def pool_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetc
                 allow_dependent_grids()
         elif dependent and not first:
             wait_prior_grids()  # this grid ends after the one before it (the last pool's merge relies on it)
+
+    kernel.waits_for_prior_grids = dependent
+    return kernel
+
+
+def last_merge_function(H: int, G: int, D: int, wait: bool):
+    """``merge_if_last(part_o, part_ml, out, counters, seq_lens, max_splits)``, the whole CTA
+    after its item, in a grid ``(x, H * head_groups, B)``: each CTA counts itself done in
+    ``counters[(b * H + h) * head_groups + hg]`` (an item past its sequence's splits too: its
+    empty partial is one of the slots merged), its partial released by thread 0's count after
+    the barrier; the last of the row's ``x`` CTAs acquires the others' and merges the row's
+    ``max_splits`` slots into ``out`` (``merge_row_function``), then zeroes the counter for
+    the next launch. The slots not written by this grid's CTAs were written by the grids
+    before it: ``wait``, the merging CTA first waits for them (``wait_prior_grids``:
+    ``pool_kernel``'s last pool after the earlier pools' launches)."""
+    merge_row = merge_row_function(H, G, D)
+    HG = -(-G // HEADS_PER_CTA)
+
+    @cuda.jit(device=True)
+    def merge_if_last(part_o, part_ml, out, counters, seq_lens, max_splits):
+        # the CTA's indices read again here: none held in registers across the item's loop
+        h, hg, b = cuda.blockIdx.y // HG, cuda.blockIdx.y % HG, cuda.blockIdx.z
+        s_flag = cuda.shared.array(1, int32)
+        cuda.syncthreads()  # every thread's partial written
+        slot = (b * H + h) * HG + hg
+        if cuda.threadIdx.x == 0:
+            s_flag[0] = add_acq_rel_i32(counters, slot, 1) == cuda.gridDim.x - 1
+        cuda.syncthreads()
+        if s_flag[0] == 0:
+            return
+        if wait:
+            wait_prior_grids()
+        merge_row(part_o, part_ml, out, seq_lens, max_splits, h, hg, b)
+        if cuda.threadIdx.x == 0:
+            counters[slot] = 0  # ready for the next launch
+
+    return merge_if_last
+
+
+@functools.cache
+def one_launch_kernel(shapes: tuple, max_registers: int | None = None, l2_prefetch: str = "none",
+                      joint_softmax: bool = True, dependent: bool = False):
+    """``kernel[(total, H * head_groups, B), THREADS](<pool a's partials arguments>, seq_lens,
+    n_a, n_b, <pool b's own arguments>, <pool c's own arguments>)``: ``tiered_merge`` "one",
+    every pool's items in one grid, merged by the last CTA of each (sequence, KV head, head
+    group) (``last_merge_function``): no merge launch and no pool waiting for another; with
+    ``dependent``, every CTA first waits for the grid before it (the last layer's launch).
+
+    ``shapes``: the pools' ``DecodeShape`` in slot order, ``(a, b)`` or ``(a, b, c)``: CTA
+    ``x`` of a row takes slot ``x``, pool a's split ``x`` below ``n_a``, pool b's split ``x -
+    n_a`` below ``n_a + n_b``, pool c's ``x - n_a - n_b`` after (``total`` = every pool's
+    splits). Pool a's arguments are its partials launch's 21, ``part_o``/``part_ml`` the whole
+    workspace (its slots first in every row) and ``max_splits`` = ``total``; each further
+    pool's own are its ``pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails,
+    block_tables, pool_lens, part_o, part_ml, num_blocks, max_seqs, split_blocks`` (its
+    partial arrays starting at its first slot; ``tiered.OWN_ARGS``); ``q``, ``tail_slots``,
+    ``out``, ``counters``, ``layer`` and ``scale`` are shared. Two pools: pass pool b's
+    arguments as pool c's too (that branch is compiled out). ``seq_lens`` int32 ``[B]``: each sequence's whole length
+    (zeros in ``out`` where it is 0)."""
+    if len(shapes) not in (2, 3):
+        raise ValueError(f"one_launch_kernel: expected two or three pools' shapes, got {len(shapes)}")
+    three = len(shapes) == 3
+    item_a, item_b, item_c = (decode_item_function(s, l2_prefetch, joint_softmax, partials=True, ring_arg=True)
+                              for s in (*shapes, shapes[-1])[:3])
+    RING_WORDS = max(ring_words(s) for s in shapes)
+    merge_if_last = last_merge_function(shapes[0].H, shapes[0].G, shapes[0].D, False)
+    HG = shapes[0].head_groups
+    cap = GRID_REGISTERS if max_registers is None else max_registers
+    options = {} if SIMULATOR else {"max_registers": cap}
+
+    @cuda.jit(**options)
+    def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, pool_lens, tail_slots, out,
+               part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, total, scale, seq_lens, n_a, n_b,
+               b_pool, b_k_codes, b_v_codes, b_k_meta, b_v_meta, b_k_tails, b_v_tails, b_tables, b_lens, b_part_o,
+               b_part_ml, b_num_blocks, b_max_seqs, b_split_blocks,
+               c_pool, c_k_codes, c_v_codes, c_k_meta, c_v_meta, c_k_tails, c_v_tails, c_tables, c_lens, c_part_o,
+               c_part_ml, c_num_blocks, c_max_seqs, c_split_blocks):
+        if dependent:
+            wait_prior_grids()
+        x, h, hg, b = cuda.blockIdx.x, cuda.blockIdx.y // HG, cuda.blockIdx.y % HG, cuda.blockIdx.z
+        ring = cuda.shared.array(RING_WORDS, uint32, alignment=SHARED_ALIGN16)  # every item's, one array
+        if x < n_a:
+            item_a(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, pool_lens, tail_slots,
+                   out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, total, scale, x, h, hg,
+                   b, ring)
+        elif not three or x < n_a + n_b:
+            item_b(b_pool, b_k_codes, b_v_codes, b_k_meta, b_v_meta, b_k_tails, b_v_tails, q, b_tables, b_lens,
+                   tail_slots, out, b_part_o, b_part_ml, counters, layer, b_num_blocks, b_max_seqs, b_split_blocks,
+                   total, scale, x - n_a, h, hg, b, ring)
+        else:
+            item_c(c_pool, c_k_codes, c_v_codes, c_k_meta, c_v_meta, c_k_tails, c_v_tails, q, c_tables, c_lens,
+                   tail_slots, out, c_part_o, c_part_ml, counters, layer, c_num_blocks, c_max_seqs, c_split_blocks,
+                   total, scale, x - n_a - n_b, h, hg, b, ring)
+        merge_if_last(part_o, part_ml, out, counters, seq_lens, total)
+        if dependent:
+            allow_dependent_grids()
 
     kernel.waits_for_prior_grids = dependent
     return kernel

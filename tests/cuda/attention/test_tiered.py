@@ -22,10 +22,12 @@ CONFIG = KVCacheConfig(num_layers=1, num_kv_heads=H, head_dim=D, block_size=BS, 
 SMALL2 = KVFormat("small2", (AgeTier(0, 4, 4), AgeTier(64, 2, 2)), sink_blocks=1, fitted_keys=True)
 FORMATS = {"int4-aged": "int4-aged", "small2": SMALL2}
 # what merges the pools: a merge launch with the FP16 pool its own launch or inside the merge
-# launch, or the last pool's launch (DecodeOptions.tiered_fp16, tiered_merge)
+# launch, the last pool's launch, or every pool in one launch (DecodeOptions.tiered_fp16,
+# tiered_merge)
 MERGES = {"launch": DecodeOptions(tiered_fp16="launch", tiered_merge="launch"),
           "merge": DecodeOptions(tiered_fp16="merge", tiered_merge="launch"),
-          "last": DecodeOptions(tiered_merge="last")}
+          "last": DecodeOptions(tiered_merge="last"),
+          "one": DecodeOptions(tiered_merge="one")}
 
 
 def run_format(fmt, seed, lengths, fork_at=None, config=CONFIG):
@@ -93,8 +95,8 @@ def check_format(fmt, seed, lengths, fork_at, config=CONFIG):
     """run_format, then every block of every sequence byte for byte against the reference
     chain, and tiered_decode against float64 attention over tiered_kv, merged each way
     (``MERGES``): the FP16 pool decoded by its own launch and inside the merge launch
-    bit-identical (the same items); the last pool's launch merging sums the same partials
-    in another order."""
+    bit-identical (the same items); the last pool's launch merging, and every pool in one
+    launch, sum the same partials in another order."""
     print(f"seed {seed}")
     cache, stores, seqs, rows = run_format(fmt, seed, lengths, fork_at, config)
     fmt, BS, D, GROUP = cache.format, config.block_size, config.head_dim, config.group_size
@@ -122,7 +124,7 @@ def check_format(fmt, seed, lengths, fork_at, config=CONFIG):
             for options in MERGES.values()]
     keys, values = zip(*(ref.tiered_kv(*rows[int(s)], fmt, BS, GROUP) for s in ids))
     want = ref.decode_attention(q, list(keys), list(values), D ** -0.5)
-    assert ref.relative_l2(outs[0], want) < 2e-3 and ref.relative_l2(outs[2], want) < 2e-3
+    assert all(ref.relative_l2(outs[i], want) < 2e-3 for i in (0, 2, 3))
     assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
 
 
@@ -139,10 +141,12 @@ def test_every_block_holds_the_reference_chain_and_decode_matches_gpu(name, seed
 
 
 @pytest.mark.gpu
-def test_overlapped_pool_launches_give_the_eager_bits_layer_after_layer(seed):
+@pytest.mark.parametrize("where", ["last", "one"])
+def test_overlapped_pool_launches_give_the_eager_bits_layer_after_layer(where, seed):
     """``tiered_merge`` "last" as a plan runs it on sm_90: the pools' launches overlapping
     (programmatic dependent launches: each lets the next start as it starts, the last pool's
-    merging CTA waits for the one before it), twenty layers enqueued back to back with no
+    merging CTA waits for the one before it); "one": each layer's one launch overlapping the
+    last layer's (it waits for it first); twenty layers enqueued back to back with no
     synchronisation, each against the plain (eager) launches' bits, the workspace poisoned
     (NaN) between: a merge that read a slot before its pool wrote it, or the next layer's
     first pool overwriting slots a merge still reads, would differ. (On a GPU older than
@@ -156,11 +160,11 @@ def test_overlapped_pool_launches_give_the_eager_bits_layer_after_layer(seed):
     lens = np.array([cache.seq_len(int(s)) for s in ids])
     args = ([t for t, _ in tables], [c for _, c in tables], (lens % 32).astype(np.int32), cache.tail_pools(ids), ids)
     q = np.random.default_rng(seed).standard_normal((20, len(ids), 32, 128)).astype(np.float16)
-    want = [tiered_decode(q[i], stores, *args, layer=i % 2, options=MERGES["last"]).copy_to_host() for i in range(20)]
+    want = [tiered_decode(q[i], stores, *args, layer=i % 2, options=MERGES[where]).copy_to_host() for i in range(20)]
     for part_o, part_ml, _ in tiered._workspace._arrays.values():  # every slot a merge reads: written in its run
         part_o.copy_to_device(np.full(part_o.shape, np.nan, np.float32))
         part_ml.copy_to_device(np.full(part_ml.shape, np.nan, np.float32))
-    plan = TieredDecodePlan(stores, *args, options=MERGES["last"])
+    plan = TieredDecodePlan(stores, *args, options=MERGES[where])
     q_dev, outs = cuda.to_device(q), cuda.to_device(np.full(q.shape, np.nan, np.float16))
     for i in range(20):
         plan.run(i % 2, q_dev[i], outs[i])
@@ -233,7 +237,7 @@ def test_a_sequence_with_no_token_gives_zeros_and_bad_pools_are_refused(seed):
     lens = np.array([cache.seq_len(int(s)) for s in ids])
     args = ([t for t, _ in tables], [c for _, c in tables], (lens % BS).astype(np.int32), cache.tail_pools(ids), ids)
     q = np.random.default_rng(seed).standard_normal((2, 2, D)).astype(np.float16)
-    for options in (MERGES["merge"], MERGES["last"]):  # (an empty sequence's row: zeros, its slots unread)
+    for options in (MERGES["merge"], MERGES["last"], MERGES["one"]):  # (an empty sequence's row: zeros)
         out = tiered_decode(q, stores, *args, options=options,
                             out=cuda.to_device(np.full(q.shape, np.nan, np.float16))).copy_to_host()
         assert not out[1].any() and np.isfinite(out[0]).all() and out[0].any()
@@ -361,32 +365,123 @@ def test_the_last_pool_merges_by_default_where_the_step_is_short():
         assert kinds(batch, blocks, options) == want, (batch, blocks, options)
 
 
-def test_the_last_pools_merge_reads_only_slots_written_in_this_launch(seed):
-    """``tiered_merge`` "last" with one-block splits: sequence 0 has six blocks in the last
+@pytest.mark.parametrize("where", ["last", "one"])
+def test_the_last_pools_merge_reads_only_slots_written_in_this_launch(where, seed):
+    """``tiered_merge`` "last" (and "one") with one-block splits: sequence 0 has six blocks in the last
     pool, sequence 1 none (its five extra splits there are empty partials, which the merge
     reads too); the workspace poisoned (NaN) before: every slot the merge reads must be
     written by this decode, and the output equals a merge launch's to rounding."""
     from hexcore.cuda.attention import tiered
-    from hexcore.cuda.store import flat_words
 
-    config = dataclasses.replace(CONFIG, num_layers=1)
     rng = np.random.default_rng(seed)
-    stores = [DeviceKVStore(config, num_blocks=8, max_seqs=2) for _ in range(2)]
-    for store in stores:  # FP16 pools: every block and tail random rows
-        for array in store.arrays.values():
-            words = flat_words(array)
-            words.copy_to_device(rng.standard_normal(2 * words.shape[0]).astype(np.float16).view(np.uint32))
-    tables = [np.array([[0], [1]], np.int32), np.array([[0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 0, 0]], np.int32)]
-    counts = [np.array([1, 1], np.int32), np.array([6, 0], np.int32)]
-    args = (tables, counts, np.array([3, 5], np.int32), np.zeros(2, np.int32), np.array([0, 1], np.int32))
+    stores, args = random_fp16_pools(rng, layers=1, max_seqs=(2, 2))
     q = rng.standard_normal((2, 2, D)).astype(np.float16)
     want = tiered_decode(q, stores, *args, options=DecodeOptions(tiered_merge="launch", split_blocks=1))
     for part_o, part_ml, _ in tiered._workspace._arrays.values():
         part_o.copy_to_device(np.full(part_o.shape, np.nan, np.float32))
         part_ml.copy_to_device(np.full(part_ml.shape, np.nan, np.float32))
-    got = tiered_decode(q, stores, *args, options=DecodeOptions(tiered_merge="last", split_blocks=1)).copy_to_host()
+    got = tiered_decode(q, stores, *args, options=DecodeOptions(tiered_merge=where, split_blocks=1)).copy_to_host()
     assert np.isfinite(got).all()
     assert np.abs(got.astype(np.float32) - want.copy_to_host()).max() < 2e-3
+
+
+def test_each_pool_reads_its_tails_with_its_own_store_size(seed):
+    """Two FP16 pools of two layers whose stores hold tails for 2 and 5 sequences (the tails
+    in the first): every way of merging reads layer 1's tails at that store's own offsets,
+    as a merge launch does (a pool reading them with the other store's ``max_seqs`` reads
+    other rows, or past the array)."""
+    rng = np.random.default_rng(seed)
+    stores, args = random_fp16_pools(rng, layers=2, max_seqs=(2, 5))
+    q = rng.standard_normal((2, 2, D)).astype(np.float16)
+    want = tiered_decode(q, stores, *args, layer=1, options=MERGES["launch"]).copy_to_host()
+    for where in ("last", "one"):
+        got = tiered_decode(q, stores, *args, layer=1, options=MERGES[where]).copy_to_host()
+        assert np.abs(got.astype(np.float32) - want).max() < 2e-3, where
+
+
+def random_fp16_pools(rng, layers: int, max_seqs: tuple) -> tuple:
+    """(stores, the index arrays of ``tiered_decode`` after ``q, stores``) of two FP16 pools
+    of ``layers`` layers whose every block and tail holds random rows, the stores' tails for
+    ``max_seqs`` sequences: sequence 0 has one block in the first pool and six in the
+    second, sequence 1 one block in the first and none in the second; tails of 3 and 5 tokens
+    in the first pool's slots 0 and 1."""
+    from hexcore.cuda.store import flat_words
+
+    config = dataclasses.replace(CONFIG, num_layers=layers)
+    stores = [DeviceKVStore(config, num_blocks=8, max_seqs=m) for m in max_seqs]
+    for store in stores:
+        for array in store.arrays.values():
+            words = flat_words(array)
+            words.copy_to_device(rng.standard_normal(2 * words.shape[0]).astype(np.float16).view(np.uint32))
+    tables = [np.array([[0], [1]], np.int32), np.array([[0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 0, 0]], np.int32)]
+    counts = [np.array([1, 1], np.int32), np.array([6, 0], np.int32)]
+    return stores, (tables, counts, np.array([3, 5], np.int32), np.zeros(2, np.int32), np.array([0, 1], np.int32))
+
+
+def test_one_launch_runs_every_pools_splits_at_one_cap():
+    """``tiered_merge`` "one": a single launch of ``one_launch_kernel`` over the pools in slot
+    order (the last pool first) at one cap (128 unless ``max_registers`` says otherwise), its
+    grid's x the last pool's splits as a launch of that cap sizes them, plus a younger pool's
+    in runs no shorter than the last pool's (here one, where alone it splits in four); a
+    format of one pool, or of four, runs the pools' merging launches (``pool_kernel``)."""
+    from hexcore.cuda.attention import launcher
+    from hexcore.cuda.attention.kernel import GRID_REGISTERS
+    from hexcore.cuda.attention.shape import DecodeShape
+    from hexcore.cuda.attention.tiered import tiered_decode_launches
+    from hexcore.cuda.attention.tiered_kernels import one_launch_kernel
+
+    stores, tables, counts, index = long_index(batch=32, fp16_blocks=16, int4_blocks=64)
+    q = np.zeros((32, 2, D), np.float16)
+    shapes = [DecodeShape(store.config.kv_dtype.bits, H, D, BS, 2, GROUP) for store in stores]
+    dependent = launcher.dependent_launches(DecodeOptions())
+    for cap in (None, launcher.UNCAPPED_REGISTERS):
+        (launch,), _ = tiered_decode_launches(q, stores, tables, counts, *index,
+                                              options=DecodeOptions(tiered_merge="one", max_registers=cap))
+        want = one_launch_kernel((shapes[1], shapes[0]), cap or GRID_REGISTERS, "none", True, dependent)
+        assert launch.kernel is want, cap
+        (young, last, _), _ = tiered_decode_launches(q, stores, tables, counts, *index, options=DecodeOptions(
+            tiered_merge="launch", tiered_fp16="launch", max_registers=cap or GRID_REGISTERS))
+        assert young.grid[0] == 4 and last.grid[0] == 4 and last.args[18] == 16, (young.grid, last.grid)  # alone
+        assert launch.grid == (last.grid[0] + 1, *last.grid[1:]), cap
+        assert launch.args[22:24] == (last.grid[0], 1)  # n_a (the last pool), n_b
+    for kinds in (("int4",), ("fp16", "int4", "int2", "int4")):
+        pools = [DeviceKVStore(dataclasses.replace(CONFIG, kv_dtype=kind), num_blocks=1, max_seqs=32) for kind in kinds]
+        launches, _ = tiered_decode_launches(q, pools, tables[-1:] * len(kinds), counts[-1:] * len(kinds), *index,
+                                             options=DecodeOptions(tiered_merge="one"))
+        assert [la.kernel.py_func.__qualname__.split(".")[0] for la in launches] == ["pool_kernel"] * len(kinds)
+
+
+def test_one_launch_fits_one_wave_where_fewer_last_pool_splits_can(monkeypatch):
+    """Where the one grid is more than a wave of resident CTAs and fewer splits of the last
+    pool (at least one) make it one, "one" gives the last pool that many; otherwise, or with
+    ``split_blocks`` set, the policy's count stands. Here 32 items of 4 INT4 splits (64
+    blocks) and one FP16 CTA: 160 CTAs."""
+    from hexcore.cuda.attention import tiered
+    from hexcore.cuda.attention.tiered import tiered_decode_launches
+
+    stores, tables, counts, index = long_index(batch=32, fp16_blocks=16, int4_blocks=64)
+    q = np.zeros((32, 2, D), np.float16)
+    options, fixed = DecodeOptions(tiered_merge="one"), DecodeOptions(tiered_merge="one", split_blocks=16)
+    # slots -> the one grid's x: 4 + 1 fits 160; 159 fits 3 INT4 splits of 22 blocks (+ 1);
+    # 64 one split; 63 not even that (one INT4 split and one FP16 CTA are 64)
+    for slots, want in ((160, 5), (159, 4), (64, 2), (63, 5), (1, 5)):
+        monkeypatch.setattr(tiered, "resident_slots", lambda launch, options: slots)
+        (launch,), _ = tiered_decode_launches(q, stores, tables, counts, *index, options=options)
+        assert launch.grid[0] == want, (slots, launch.grid)
+        (launch,), _ = tiered_decode_launches(q, stores, tables, counts, *index, options=fixed)
+        assert launch.grid[0] == 4 + 1, (slots, launch.grid)  # (16-block runs: 4 INT4, 1 FP16)
+
+
+def long_index(batch: int, fp16_blocks: int, int4_blocks: int) -> tuple:
+    """(stores, tables, counts, (tail_lens, tail_pool, tail_slots)) of an FP16 and an INT4
+    pool (one block each, every table entry naming it: for launches made, not run), every
+    sequence with ``fp16_blocks`` and ``int4_blocks`` blocks and no tail."""
+    stores = [DeviceKVStore(dataclasses.replace(CONFIG, kv_dtype=kind), num_blocks=1, max_seqs=batch)
+              for kind in ("fp16", "int4")]
+    tables = [np.zeros((batch, n), np.int32) for n in (fp16_blocks, int4_blocks)]
+    counts = [np.full(batch, n, np.int32) for n in (fp16_blocks, int4_blocks)]
+    zeros = np.zeros(batch, np.int32)
+    return stores, tables, counts, (zeros, zeros, np.arange(batch, dtype=np.int32))
 
 
 def test_each_pool_runs_the_register_cap_its_splits_were_sized_for():
@@ -432,5 +527,6 @@ def test_a_plans_launches_are_dependent_launches_where_the_grid_decodes_are(wher
         outs.append(plan.run(1, cuda.to_device(q), cuda.to_device(np.full(q.shape, np.nan, np.float16))).copy_to_host())
         kinds = [(prepared.dependent, prepared.as_launch().kernel.waits_for_prior_grids)
                  for prepared, _ in plan._launches]
-        assert len(kinds) >= 2 and all(k == (dependent is None,) * 2 for k in kinds), kinds
+        assert (len(kinds) == 1 if where == "one" else len(kinds) >= 2), kinds
+        assert all(k == (dependent is None,) * 2 for k in kinds), kinds
     assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
