@@ -137,7 +137,8 @@ def persistent_report(dump: str | None = None, only: str | None = None, count_it
 
 def tiered_report(only: str | None = None) -> None:
     """One line per (shape, register cap, kernel): a format by age's pool kernels' registers
-    and spills (``--tiered``)."""
+    and spills, then the one-launch kernels of int4-aged and int2-aged at the first shape's
+    D, block and group: registers, spills, shared memory and SASS (``--tiered``)."""
     from hexcore.cuda.attention.launcher import UNCAPPED_REGISTERS
     from hexcore.cuda.attention.tiered_kernels import one_launch_kernel, pool_kernel
 

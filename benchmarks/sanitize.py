@@ -165,8 +165,8 @@ def run_tiered(rng) -> None:
     """A pool per kind (FP16, INT4, INT2): rows sealed into each (INT2 with fitted keys),
     re-seals FP16 -> INT4 and INT4 -> INT2 (fitted), then tiered_decode over the three (the
     FP16 pool decoded by its own launch and inside the merge launch; the last pool's launch
-    merging), eagerly and as a TieredDecodePlan (programmatic dependent launches on sm_90)
-    run three times."""
+    merging; every pool in one launch), eagerly and as a TieredDecodePlan (programmatic
+    dependent launches on sm_90) run three times."""
     base = KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=128, block_size=16)
     stores = []
     for kind in ("fp16", "int4", "int2"):

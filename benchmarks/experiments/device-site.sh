@@ -15,8 +15,10 @@ git log --oneline -1 > "$R/head.txt"; git status --short >> "$R/head.txt"
 # own limit leaves none: give each step a timeout)
 trap 'tar -czf /tmp/0-all.tgz -C "$R" --exclude 0-all.tgz . && mv /tmp/0-all.tgz "$R/"' EXIT
 
-patched_copy() {  # patched_copy DIR DIFF: this tree copied to DIR with DIFF applied (once per machine)
-    [ -d "$1" ] || { cp -r . "$1" && (cd "$1" && git apply "$2"); }
+patched_copy() {  # patched_copy DIR DIFF: this tree copied to DIR with DIFF applied (once per machine);
+    # a diff that does not apply leaves no DIR (so nothing runs on the unpatched tree) and says so
+    [ -d "$1" ] || { cp -r . "$1" && (cd "$1" && git apply "$2") || { echo "patched_copy: $2 does not apply" >&2
+        rm -rf "$1"; return 1; }; }
 }
 
 tests_beside_sanitizers() {  # tests_beside_sanitizers DIR LIMIT PYTEST_ARGS...: in the copy DIR, the

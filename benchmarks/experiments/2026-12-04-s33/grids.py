@@ -54,7 +54,8 @@ def grids(name: str, batch: int, ctx: int) -> str:
     for kind, n in zip(pool_kinds(fmt, BS), per_seq):
         cfg = dataclasses.replace(base, kv_dtype=kind)
         stores.append(DeviceKVStore(cfg, num_blocks=max(1, batch * n), max_seqs=batch))
-        tables.append(np.arange(batch * n, dtype=np.int32).reshape(batch, n) if n else np.full((batch, 1), -1, np.int32))
+        table = np.arange(batch * n, dtype=np.int32).reshape(batch, n)
+        tables.append(table if n else np.full((batch, 1), -1, np.int32))
         counts.append(np.full(batch, n, np.int32))
     q = np.zeros((batch, 32, D), np.float16)
     index = (np.full(batch, ctx % BS, np.int32), np.zeros(batch, np.int32), np.arange(batch, dtype=np.int32))

@@ -400,8 +400,8 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
 
         if RING_ARG:
             ring = check[0]
-        else:
-            ring = cuda.shared.array(RING_WORDS, uint32, alignment=SHARED_ALIGN16)  # per warp: two stages of sealed chunks
+        else:  # per warp: two stages of sealed chunks
+            ring = cuda.shared.array(RING_WORDS, uint32, alignment=SHARED_ALIGN16)
         if QUANTIZED:
             # sealed blocks: a two-stage cp.async pipeline per warp (the next chunk's copies
             # fly while this one is computed)

@@ -273,7 +273,8 @@ class DecodeOptions:
         """Whether a format by age's last pool merges (``tiered_merge``, None resolved) for
         a step of ``items`` (sequence, KV head, head group) items and ``blocks_per_sm``
         (items times the longest sequence's blocks, per SM) whose launches are dependent
-        ones or not (``dependent``); "one" too (a format of one pool: its launch merges)."""
+        ones or not (``dependent``); "one" too (a format of one pool, or of more pools than
+        the one launch takes, ``tiered.ONE_LAUNCH_POOLS``: the last pool's launch merges)."""
         if self.tiered_merge is None:
             return dependent and items <= TIERED_LAST_MAX_ITEMS and blocks_per_sm <= TIERED_LAST_MAX_BLOCKS
         return self.tiered_merge in ("last", "one")

@@ -276,7 +276,8 @@ def _one_launch_pools(make, shapes: list, options: DecodeOptions, seq_lens, last
     CTAs for 528 slots). Where the grid is then more than one wave of the one kernel's
     resident CTAs and fewer splits of the last pool (of ``last_blocks``, its longest
     sequence's blocks) make it one, the last pool gets those (int4-aged at 32 x 32/8 4k:
-    256 items of 2 + 1 CTAs, 768; one INT4 split, 512)."""
+    256 items of 2 + 1 CTAs, 768; one INT4 split, 512), the younger pools keeping theirs
+    (then possibly longer than the last pool's)."""
     n = len(shapes)
     last = make(n - 1, options)
     young_options = options

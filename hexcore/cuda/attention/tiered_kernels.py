@@ -211,8 +211,8 @@ def one_launch_kernel(shapes: tuple, max_registers: int | None = None, l2_prefet
     block_tables, pool_lens, part_o, part_ml, num_blocks, max_seqs, split_blocks`` (its
     partial arrays starting at its first slot; ``tiered.OWN_ARGS``); ``q``, ``tail_slots``,
     ``out``, ``counters``, ``layer`` and ``scale`` are shared. Two pools: pass pool b's
-    arguments as pool c's too (that branch is compiled out). ``seq_lens`` int32 ``[B]``: each sequence's whole length
-    (zeros in ``out`` where it is 0)."""
+    arguments as pool c's too (that branch is compiled out). ``seq_lens`` int32 ``[B]``: each
+    sequence's whole length (zeros in ``out`` where it is 0)."""
     if len(shapes) not in (2, 3):
         raise ValueError(f"one_launch_kernel: expected two or three pools' shapes, got {len(shapes)}")
     three = len(shapes) == 3

@@ -3,6 +3,7 @@ seal, re-seal: run_tiered_ops), then tiered_decode, against tests/reference.py (
 decode_attention) in float64."""
 
 import dataclasses
+import functools
 import itertools
 
 import numpy as np
@@ -372,9 +373,18 @@ def test_the_last_pools_merge_reads_only_slots_written_in_this_launch(where, see
     reads too); the workspace poisoned (NaN) before: every slot the merge reads must be
     written by this decode, and the output equals a merge launch's to rounding."""
     from hexcore.cuda.attention import tiered
+    from hexcore.cuda.store import flat_words
 
+    config = dataclasses.replace(CONFIG, num_layers=1)
     rng = np.random.default_rng(seed)
-    stores, args = random_fp16_pools(rng, layers=1, max_seqs=(2, 2))
+    stores = [DeviceKVStore(config, num_blocks=8, max_seqs=2) for _ in range(2)]
+    for store in stores:  # FP16 pools: every block and tail random rows
+        for array in store.arrays.values():
+            words = flat_words(array)
+            words.copy_to_device(rng.standard_normal(2 * words.shape[0]).astype(np.float16).view(np.uint32))
+    tables = [np.array([[0], [1]], np.int32), np.array([[0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 0, 0]], np.int32)]
+    counts = [np.array([1, 1], np.int32), np.array([6, 0], np.int32)]
+    args = (tables, counts, np.array([3, 5], np.int32), np.zeros(2, np.int32), np.array([0, 1], np.int32))
     q = rng.standard_normal((2, 2, D)).astype(np.float16)
     want = tiered_decode(q, stores, *args, options=DecodeOptions(tiered_merge="launch", split_blocks=1))
     for part_o, part_ml, _ in tiered._workspace._arrays.values():
@@ -385,37 +395,40 @@ def test_the_last_pools_merge_reads_only_slots_written_in_this_launch(where, see
     assert np.abs(got.astype(np.float32) - want.copy_to_host()).max() < 2e-3
 
 
-def test_each_pool_reads_its_tails_with_its_own_store_size(seed):
-    """Two FP16 pools of two layers whose stores hold tails for 2 and 5 sequences (the tails
-    in the first): every way of merging reads layer 1's tails at that store's own offsets,
-    as a merge launch does (a pool reading them with the other store's ``max_seqs`` reads
-    other rows, or past the array)."""
+def test_each_pool_reads_with_its_own_store_sizes(seed):
+    """Three FP16 pools of two layers whose stores hold 12, 8 and 5 blocks and tails for 3, 2
+    and 6 sequences, the tails in the first and second: every way of merging reads layer 1's
+    blocks and tails at each store's own offsets, as a merge launch does (a pool reading
+    them with another store's ``num_blocks`` or ``max_seqs`` reads other rows, or past the
+    array), with the policy's splits and with one-block ones."""
     rng = np.random.default_rng(seed)
-    stores, args = random_fp16_pools(rng, layers=2, max_seqs=(2, 5))
+    stores = random_fp16_stores(rng, 2, ((12, 3), (8, 2), (5, 6)))
+    tables = [np.array([[0, 1, 2, 3, 4, 5], [11, 0, 0, 0, 0, 0]], np.int32), np.array([[7], [1]], np.int32),
+              np.array([[4, 2], [3, 0]], np.int32)]
+    counts = [np.array([6, 1], np.int32), np.array([1, 1], np.int32), np.array([2, 1], np.int32)]
+    args = (tables, counts, np.array([3, 5], np.int32), np.array([0, 1], np.int32), np.array([1, 0], np.int32))
     q = rng.standard_normal((2, 2, D)).astype(np.float16)
-    want = tiered_decode(q, stores, *args, layer=1, options=MERGES["launch"]).copy_to_host()
-    for where in ("last", "one"):
-        got = tiered_decode(q, stores, *args, layer=1, options=MERGES[where]).copy_to_host()
-        assert np.abs(got.astype(np.float32) - want).max() < 2e-3, where
+    for split_blocks in (None, 1):
+        want = tiered_decode(q, stores, *args, layer=1, options=dataclasses.replace(
+            MERGES["launch"], split_blocks=split_blocks)).copy_to_host()
+        for where in ("last", "one"):
+            got = tiered_decode(q, stores, *args, layer=1, options=dataclasses.replace(
+                MERGES[where], split_blocks=split_blocks)).copy_to_host()
+            assert np.abs(got.astype(np.float32) - want).max() < 2e-3, (where, split_blocks)
 
 
-def random_fp16_pools(rng, layers: int, max_seqs: tuple) -> tuple:
-    """(stores, the index arrays of ``tiered_decode`` after ``q, stores``) of two FP16 pools
-    of ``layers`` layers whose every block and tail holds random rows, the stores' tails for
-    ``max_seqs`` sequences: sequence 0 has one block in the first pool and six in the
-    second, sequence 1 one block in the first and none in the second; tails of 3 and 5 tokens
-    in the first pool's slots 0 and 1."""
+def random_fp16_stores(rng, layers: int, sizes) -> list:
+    """FP16 stores of ``layers`` layers, one per ``(num_blocks, max_seqs)`` of ``sizes``,
+    every block and tail random rows."""
     from hexcore.cuda.store import flat_words
 
     config = dataclasses.replace(CONFIG, num_layers=layers)
-    stores = [DeviceKVStore(config, num_blocks=8, max_seqs=m) for m in max_seqs]
+    stores = [DeviceKVStore(config, num_blocks=nb, max_seqs=ms) for nb, ms in sizes]
     for store in stores:
         for array in store.arrays.values():
             words = flat_words(array)
             words.copy_to_device(rng.standard_normal(2 * words.shape[0]).astype(np.float16).view(np.uint32))
-    tables = [np.array([[0], [1]], np.int32), np.array([[0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 0, 0]], np.int32)]
-    counts = [np.array([1, 1], np.int32), np.array([6, 0], np.int32)]
-    return stores, (tables, counts, np.array([3, 5], np.int32), np.zeros(2, np.int32), np.array([0, 1], np.int32))
+    return stores
 
 
 def test_one_launch_runs_every_pools_splits_at_one_cap():
@@ -465,11 +478,31 @@ def test_one_launch_fits_one_wave_where_fewer_last_pool_splits_can(monkeypatch):
     # slots -> the one grid's x: 4 + 1 fits 160; 159 fits 3 INT4 splits of 22 blocks (+ 1);
     # 64 one split; 63 not even that (one INT4 split and one FP16 CTA are 64)
     for slots, want in ((160, 5), (159, 4), (64, 2), (63, 5), (1, 5)):
-        monkeypatch.setattr(tiered, "resident_slots", lambda launch, options: slots)
+        monkeypatch.setattr(tiered, "resident_slots", functools.partial(one_kernel_slots, slots))
         (launch,), _ = tiered_decode_launches(q, stores, tables, counts, *index, options=options)
         assert launch.grid[0] == want, (slots, launch.grid)
         (launch,), _ = tiered_decode_launches(q, stores, tables, counts, *index, options=fixed)
         assert launch.grid[0] == 4 + 1, (slots, launch.grid)  # (16-block runs: 4 INT4, 1 FP16)
+    # the refitted launch computes what a merge launch does: two FP16 pools, 24 and 10 blocks
+    # in the last, 6 splits of 4 and one young CTA per item (14 CTAs); 9 slots fit 3 of 8 (8)
+    rng = np.random.default_rng(0)
+    stores = random_fp16_stores(rng, 1, ((2, 2), (34, 2)))
+    tables = [np.array([[0], [1]], np.int32), np.array([np.arange(24), np.arange(24, 48) % 34], np.int32)]
+    counts = [np.array([1, 1], np.int32), np.array([24, 10], np.int32)]
+    args = (tables, counts, np.array([3, 5], np.int32), np.zeros(2, np.int32), np.array([0, 1], np.int32))
+    q = rng.standard_normal((2, 2, D)).astype(np.float16)
+    want = tiered_decode(q, stores, *args, options=MERGES["launch"]).copy_to_host()
+    for slots, x in ((14, 7), (9, 4)):
+        monkeypatch.setattr(tiered, "resident_slots", functools.partial(one_kernel_slots, slots))
+        (launch,), _ = tiered_decode_launches(q, stores, *args, options=options)
+        got = tiered_decode(q, stores, *args, options=options).copy_to_host()
+        assert launch.grid[0] == x and np.abs(got.astype(np.float32) - want).max() < 2e-3, (slots, launch.grid)
+
+
+def one_kernel_slots(slots: int, launch, options) -> int:
+    """``resident_slots`` standing in for a GPU's: ``slots``, asked only of the one kernel."""
+    assert launch.kernel.py_func.__qualname__.startswith("one_launch_kernel"), launch.kernel
+    return slots
 
 
 def long_index(batch: int, fp16_blocks: int, int4_blocks: int) -> tuple:
