@@ -3,8 +3,8 @@
 # 1-3): the split merge with 32 partial loads in flight per thread instead of 16
 # (merge32.diff: at B=1 32k the last CTA of a row reads 32 splits' partials in four rounds of
 # 16 loads; 32 make it two). On the CPU (ptxas 13, sm_90, D128 BS32 G4) it costs registers:
-# uncapped 197-199 against 156-166 (two CTAs per SM, not three), capped 8-24 bytes of spill
-# stores more; the split policy reads the compiled occupancy, so B=1 rows may split differently.
+# uncapped 197-199 against 156-166 (two CTAs per SM, not three), capped INT4 8 bytes of
+# spills (none before); the split policy reads the compiled occupancy, so B=1 rows may split differently.
 # Alternating, two rounds, this tree against the patched copy, at B=1 32k and 128k.
 set -u
 source benchmarks/experiments/device-site.sh  # site, R
