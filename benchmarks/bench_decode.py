@@ -329,7 +329,7 @@ def option_variants():
             " last pool merges plain": DecodeOptions(tiered_merge="last", dependent_launch=False),
             " last pool merges cap 128": DecodeOptions(tiered_merge="last", max_registers=128),
             " one launch": DecodeOptions(tiered_merge="one"),
-            " one launch uncapped": DecodeOptions(tiered_merge="one", max_registers=255),
+            " one launch cap 128": DecodeOptions(tiered_merge="one", max_registers=128),
             " dependent launch": DecodeOptions(dependent_launch=True),
             " plain launch": DecodeOptions(dependent_launch=False),
             " ctas 2": DecodeOptions(ctas_per_sm=2), " ctas 3": DecodeOptions(ctas_per_sm=3),

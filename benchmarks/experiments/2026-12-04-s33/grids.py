@@ -7,7 +7,7 @@ mode ("one"), which has no GPU timing yet:
     NUMBA_ENABLE_CUDASIM=1 PYTHONPATH=. python benchmarks/experiments/2026-12-04-s33/grids.py
 
 Prints per format and (B, context): blocks per sequence per pool, then each mode's launches'
-split counts ("last": the pools' launches; "one", "one uncapped": the one launch's x;
+split counts ("last": the pools' launches; "one", "one cap 128": the one launch's x;
 "launch": the pools' launches and the merge launch's x).
 """
 import dataclasses
@@ -24,7 +24,7 @@ from hexcore.quant import kv_format
 BS, D = 32, 128  # 32/8 heads, head_dim 128, block 32
 ROWS = ((1, 32768), (2, 8192), (8, 4096), (1, 131072), (32, 4096), (16, 16384), (64, 4096))
 MODES = {"last": DecodeOptions(tiered_merge="last"), "one": DecodeOptions(tiered_merge="one"),
-         "one uncapped": DecodeOptions(tiered_merge="one", max_registers=launcher.UNCAPPED_REGISTERS),
+         "one cap 128": DecodeOptions(tiered_merge="one", max_registers=128),
          "launch": DecodeOptions(tiered_merge="launch")}
 
 
@@ -36,11 +36,10 @@ def _marked(factory, resident):  # the factory's kernels say how many CTAs of th
     return marked
 
 
-# ptxas, sm_90, D128: the decode kernel 128 registers capped (4 per SM), 157-168 uncapped (3);
-# the one-launch kernel 128 capped (4), 172-184 uncapped (2)
-uncapped = launcher.UNCAPPED_REGISTERS
-launcher.decode_kernel = _marked(launcher.decode_kernel, lambda cap: 3 if cap == uncapped else 4)
-tiered.one_launch_kernel = _marked(tiered.one_launch_kernel, lambda cap: 2 if cap == uncapped else 4)
+# ptxas, sm_90, D128: the decode kernel 128 registers capped (4 per SM), 156-166 uncapped (3);
+# the one-launch kernel 128 capped (4), 160-168 at 168 (3), 172-184 uncapped (2)
+launcher.decode_kernel = _marked(launcher.decode_kernel, lambda cap: 4 if cap in (None, 128) else 3)
+tiered.one_launch_kernel = _marked(tiered.one_launch_kernel, lambda cap: {128: 4, 168: 3}.get(cap, 2))
 launcher._num_sms = lambda: 132
 launcher._ctas_per_sm = lambda kernel, args: kernel.resident
 

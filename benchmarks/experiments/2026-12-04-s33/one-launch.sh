@@ -10,7 +10,7 @@ source benchmarks/experiments/device-site.sh  # site, R
 export PYTHONPATH="$site:$PWD"
 shapes="1,32,8,32768;2,32,8,8192;8,32,8,4096;1,32,8,131072;32,32,8,4096;16,32,8,16384;64,32,8,4096;32,32,8,1024"
 OUT=$R timeout 300 python3 -m benchmarks.bench_decode --shapes "$shapes" --dtypes int4-aged,int2-aged \
-    --variants --variant-names "default,one launch,one launch uncapped,last pool merges,merge launch" \
+    --variants --variant-names "default,one launch,one launch cap 128,last pool merges,merge launch" \
     --flex none --no-peers --queued --name aged > /tmp/aged.log 2>&1
 echo "aged rc $?"; grep timed /tmp/aged.log
 OUT=$R timeout 90 python3 -m benchmarks.bench_decode --shapes "1,32,8,32768;8,32,8,4096;32,32,8,4096" \

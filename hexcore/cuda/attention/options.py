@@ -189,8 +189,10 @@ class DecodeOptions:
       "one": every pool's items in one launch (``tiered_kernels.one_launch_kernel``, the
       last CTA of each (sequence, KV head, head group) merging): no launch per pool and no
       pool waiting for another; its kernel holds every pool's item, at ``max_registers``
-      (None: 128), every pool's splits sized for that cap and the younger pools' no shorter
-      than the last pool's (``tiered._one_launch_pools``); ``tiered_fp16`` does not apply.
+      (None: 168 where the last pool's launch would run uncapped, three CTAs per SM and no
+      spills, else 128), every pool's splits sized for that cap and the younger pools' no
+      shorter than the last pool's (``tiered._one_launch_pools``); ``tiered_fp16`` does not
+      apply.
       Two or three pools; a format of one pool, or of more than three, runs "last". Not
       yet timed on a GPU, so not part of the default.
     - ``cluster_merge``: whether a prepared grid decode whose items have 2 to 8 splits

@@ -36,8 +36,8 @@ from ..streams import resolve_stream
 from ..uploads import upload_once
 from ..views import flat, layer_of, sliced
 from .kernel import GRID_REGISTERS, decode_kernel
-from .launcher import (Workspace, check_host_index, decode_launch, dependent_launches, policy_sms, prepare_decode,
-                       register_cap, resident_slots)
+from .launcher import (UNCAPPED_REGISTERS, Workspace, check_host_index, decode_launch, dependent_launches, policy_sms,
+                       prepare_decode, register_cap, resident_slots)
 from .options import DEFAULT_OPTIONS, DecodeOptions
 from .shape import THREADS, DecodeShape
 from .tiered_kernels import fused_merge_kernel, merge_kernel, one_launch_kernel, pool_kernel
@@ -207,8 +207,6 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
     _check(stores, tables, counts, tail_lens, tail_pool)
     bs, batch, n = stores[0].config.block_size, tail_lens.shape[0], len(stores)
     one = options.tiered_merge == "one" and 1 < n <= ONE_LAUNCH_POOLS  # (more: "last")
-    if one:  # every pool's splits sized for the one kernel's cap (its own only below it)
-        options = dataclasses.replace(options, max_registers=options.max_registers or GRID_REGISTERS)
     lens = [(counts[p].astype(np.int64) * bs + np.where(tail_pool == p, tail_lens, 0)).astype(np.int32)
             for p in range(n)]
     longest = [check_host_index(store, tables[p], lens[p], tail_slots, batch) for p, store in enumerate(stores)]
@@ -228,8 +226,8 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
                                     longest[p], pool_options, _workspace)
         return launch
 
-    if one:
-        launches = _one_launch_pools(make, shapes, options, seq_lens, -(-longest[-1] // bs))
+    if one:  # (options from here with the one kernel's register cap)
+        launches, options = _one_launch_pools(make, shapes, options, seq_lens, -(-longest[-1] // bs))
     else:
         launches = [make(p, options) for p in range(n)]
     items = launches[0].grid[1] * batch
@@ -265,11 +263,21 @@ def _with_merge_launch(runs: list, shapes: list, options: DecodeOptions, seq_len
 
 
 ONE_LAUNCH_POOLS = 3  # the most pools tiered_merge "one" runs in one launch (its kernel's arguments)
+# the one kernel's register cap where its last pool's launch would run uncapped: the most at
+# which an SM holds three CTAs of 128 threads (65,536 / 384, to a multiple of 8). Uncapped,
+# ptxas gives the one kernel 170-208 registers (two CTAs per SM) where its items alone take
+# 133-166; at 168 none spills (sm_90, ptxas 13; int2-aged and int4-aged at D128 with blocks
+# of 16/32/64 and groups of 1/4/8, D64; thirty-third session)
+ONE_LAUNCH_UNCAPPED = 168
 
 
-def _one_launch_pools(make, shapes: list, options: DecodeOptions, seq_lens, last_blocks: int) -> list:
-    """tiered_merge "one": the pools' own launches (``make(p, options)``), split for one grid.
-    The last pool is split by the policy; a younger one (the sink, young blocks: a few
+def _one_launch_pools(make, shapes: list, options: DecodeOptions, seq_lens, last_blocks: int) -> tuple:
+    """tiered_merge "one": ``(launches, options)``, the pools' own launches (``make(p,
+    options)``) split for one grid and ``options`` with the one kernel's register cap: the
+    given ``max_registers``, else ``ONE_LAUNCH_UNCAPPED`` where the last pool's launch takes
+    the uncapped kernel (``launcher.register_cap``: one wave of few items, three CTAs per SM),
+    128 otherwise (four), so that the last pool's split count is sized for the one kernel's
+    residency. The last pool is split by the policy; a younger one (the sink, young blocks: a few
     blocks per sequence, bounded by the format's ages) into runs no shorter than the last
     pool's splits, unless ``split_blocks`` is set (sized alone, each pool would fill the SMs,
     together more than a wave: int2-aged at 8 x 32/8 4k, 64 items of 6 + 2 + 1 splits, 576
@@ -280,10 +288,12 @@ def _one_launch_pools(make, shapes: list, options: DecodeOptions, seq_lens, last
     (then possibly longer than the last pool's)."""
     n = len(shapes)
     last = make(n - 1, options)
+    if options.max_registers is None:
+        uncapped = register_cap(last, shapes[-1], options) == UNCAPPED_REGISTERS
+        options = dataclasses.replace(options, max_registers=ONE_LAUNCH_UNCAPPED if uncapped else GRID_REGISTERS)
     young_options = options
     if options.split_blocks is None and last_blocks > 0:
-        young_options = dataclasses.replace(options, split_blocks=max(last.args[SPLIT_BLOCKS_ARG],
-                                                                      options.min_split_blocks))
+        young_options = _fixed_splits(options, max(last.args[SPLIT_BLOCKS_ARG], options.min_split_blocks))
     young = [make(p, young_options) for p in range(n - 1)]
     if options.split_blocks is None:
         splits, items, extra = last.grid[0], last.grid[1] * last.grid[2], sum(y.grid[0] for y in young)
@@ -291,8 +301,15 @@ def _one_launch_pools(make, shapes: list, options: DecodeOptions, seq_lens, last
         slots = resident_slots(probe, options)
         fit = slots // items - extra
         if items * (splits + extra) > slots and 1 <= fit < splits:
-            last = make(n - 1, dataclasses.replace(options, split_blocks=-(-last_blocks // fit)))
-    return [*young, last]
+            last = make(n - 1, _fixed_splits(options, -(-last_blocks // fit)))
+    return [*young, last], options
+
+
+def _fixed_splits(options: DecodeOptions, split_blocks: int) -> DecodeOptions:
+    # options that split every item in runs of split_blocks; with ctas_per_sm set (to any
+    # value: a fixed split count prices nothing), so that no pool kernel is compiled only to
+    # ask its occupancy (the one kernel runs in its place)
+    return dataclasses.replace(options, split_blocks=split_blocks, ctas_per_sm=options.ctas_per_sm or 1)
 
 
 def _one_launch(runs: list, shapes: list, options: DecodeOptions, seq_lens, counters) -> Launch:

@@ -433,12 +433,14 @@ def random_fp16_stores(rng, layers: int, sizes) -> list:
 
 def test_one_launch_runs_every_pools_splits_at_one_cap():
     """``tiered_merge`` "one": a single launch of ``one_launch_kernel`` over the pools in slot
-    order (the last pool first) at one cap (128 unless ``max_registers`` says otherwise), its
-    grid's x the last pool's splits as a launch of that cap sizes them, plus a younger pool's
-    in runs no shorter than the last pool's (here one, where alone it splits in four); a
-    format of one pool, or of four, runs the pools' merging launches (``pool_kernel``)."""
+    order (the last pool first) at one cap (``max_registers``, else 168 where the last pool
+    alone would take the uncapped kernel, else 128), its grid's x the last pool's splits as
+    a launch of that cap sizes them, plus a younger pool's in runs no shorter than the last
+    pool's (here one, where alone it splits in four); a format of one pool, or of four, runs
+    the pools' merging launches (``pool_kernel``)."""
     from hexcore.cuda.attention import launcher
     from hexcore.cuda.attention.kernel import GRID_REGISTERS
+    from hexcore.cuda.attention import tiered
     from hexcore.cuda.attention.shape import DecodeShape
     from hexcore.cuda.attention.tiered import tiered_decode_launches
     from hexcore.cuda.attention.tiered_kernels import one_launch_kernel
@@ -457,6 +459,11 @@ def test_one_launch_runs_every_pools_splits_at_one_cap():
         assert young.grid[0] == 4 and last.grid[0] == 4 and last.args[18] == 16, (young.grid, last.grid)  # alone
         assert launch.grid == (last.grid[0] + 1, *last.grid[1:]), cap
         assert launch.args[22:24] == (last.grid[0], 1)  # n_a (the last pool), n_b
+    # one item of one split: the simulator's one-CTA wave takes the uncapped kernel for it
+    few = long_index(batch=1, fp16_blocks=1, int4_blocks=2)
+    (launch,), _ = tiered_decode_launches(q[:1], *few[:3], *few[3], options=DecodeOptions(tiered_merge="one"))
+    assert launch.kernel is one_launch_kernel((shapes[1], shapes[0]), tiered.ONE_LAUNCH_UNCAPPED, "none", True,
+                                              dependent)
     for kinds in (("int4",), ("fp16", "int4", "int2", "int4")):
         pools = [DeviceKVStore(dataclasses.replace(CONFIG, kv_dtype=kind), num_blocks=1, max_seqs=32) for kind in kinds]
         launches, _ = tiered_decode_launches(q, pools, tables[-1:] * len(kinds), counts[-1:] * len(kinds), *index,
