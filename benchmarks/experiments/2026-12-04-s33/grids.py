@@ -7,7 +7,8 @@ mode ("one"), which has no GPU timing yet:
     NUMBA_ENABLE_CUDASIM=1 PYTHONPATH=. python benchmarks/experiments/2026-12-04-s33/grids.py
 
 Prints per format and (B, context): blocks per sequence per pool, then each mode's launches'
-split counts ("last": the pools' launches; "one", "one cap 128": the one launch's x;
+split counts ("last": the pools' launches; "one", "one cap 128": the one launch's x and,
+after "@", its kernel's register cap;
 "launch": the pools' launches and the merge launch's x).
 """
 import dataclasses
@@ -31,13 +32,13 @@ MODES = {"last": DecodeOptions(tiered_merge="last"), "one": DecodeOptions(tiered
 def _marked(factory, resident):  # the factory's kernels say how many CTAs of them an SM holds
     def marked(shapes, cap=None, *args, **kwargs):
         kernel = factory(shapes, cap, *args, **kwargs)
-        kernel.resident = resident(cap)
+        kernel.resident, kernel.cap = resident(cap), cap
         return kernel
     return marked
 
 
-# ptxas, sm_90, D128: the decode kernel 128 registers capped (4 per SM), 156-166 uncapped (3);
-# the one-launch kernel 128 capped (4), 160-168 at 168 (3), 172-184 uncapped (2)
+# ptxas, sm_90, D128 BS32 G4: the decode kernel 128 registers capped (4 per SM), 156-166
+# uncapped (3); the one-launch kernel 128 capped (4), 164-168 at 168 (3), 170-184 uncapped (2)
 launcher.decode_kernel = _marked(launcher.decode_kernel, lambda cap: 4 if cap in (None, 128) else 3)
 tiered.one_launch_kernel = _marked(tiered.one_launch_kernel, lambda cap: {128: 4, 168: 3}.get(cap, 2))
 launcher._num_sms = lambda: 132
@@ -61,7 +62,8 @@ def grids(name: str, batch: int, ctx: int) -> str:
     modes = []
     for mode, options in MODES.items():
         launches, _ = tiered_decode_launches(q, stores, tables, counts, *index, options=options)
-        modes.append(f"{mode}: " + " ".join(str(launch.grid[0]) for launch in launches))
+        cap = f" @{launches[0].kernel.cap}" if len(launches) == 1 else ""
+        modes.append(f"{mode}: " + " ".join(str(launch.grid[0]) for launch in launches) + cap)
     return f"{name} {batch} {ctx} {per_seq} " + " | ".join(modes)
 
 

@@ -137,7 +137,8 @@ class DecodeOptions:
       "twenty-first" and "thirty-second session"); for the persistent kernel with its item inlined the cap of the
       grid launch it stands for (128, or none where that one runs uncapped: 2-3 points off its
       B=1 ratio, twenty-second session), the compiler's choice with the item called (at 128 that one spills about 900
-      bytes per thread). 255 means no cap.
+      bytes per thread); for a format by age's one launch (``tiered_merge`` "one") 168 or
+      128 (below). 255 means no cap.
     - ``l2_prefetch``: which sealed blocks a warp asks L2 for one block ahead of its copies
       (INT4/INT2 blocks are copied one chunk ahead into shared memory anyway): "quantized",
       "all" (FP16 blocks too) or "none".
@@ -190,9 +191,9 @@ class DecodeOptions:
       last CTA of each (sequence, KV head, head group) merging): no launch per pool and no
       pool waiting for another; its kernel holds every pool's item, at ``max_registers``
       (None: 168 where the last pool's launch would run uncapped, three CTAs per SM and no
-      spills, else 128), every pool's splits sized for that cap and the younger pools' no
-      shorter than the last pool's (``tiered._one_launch_pools``); ``tiered_fp16`` does not
-      apply.
+      spills, unless 128 makes a grid of fewer waves; else 128), every pool's splits sized
+      for that cap and the younger pools' no shorter than the last pool's
+      (``tiered._one_launch_pools``); ``tiered_fp16`` does not apply.
       Two or three pools; a format of one pool, or of more than three, runs "last". Not
       yet timed on a GPU, so not part of the default.
     - ``cluster_merge``: whether a prepared grid decode whose items have 2 to 8 splits

@@ -265,44 +265,57 @@ def _with_merge_launch(runs: list, shapes: list, options: DecodeOptions, seq_len
 ONE_LAUNCH_POOLS = 3  # the most pools tiered_merge "one" runs in one launch (its kernel's arguments)
 # the one kernel's register cap where its last pool's launch would run uncapped: the most at
 # which an SM holds three CTAs of 128 threads (65,536 / 384, to a multiple of 8). Uncapped,
-# ptxas gives the one kernel 170-208 registers (two CTAs per SM) where its items alone take
-# 133-166; at 168 none spills (sm_90, ptxas 13; int2-aged and int4-aged at D128 with blocks
-# of 16/32/64 and groups of 1/4/8, D64; thirty-third session)
+# ptxas gives the one kernel at D128 170-208 registers (two CTAs per SM) where its items alone
+# take 156-166; at 168 none spills (sm_90, ptxas 13; int2-aged and int4-aged at D128 with
+# blocks of 16/32/64 and groups of 1/4/8, and at D64, where it takes 133-149 either way;
+# thirty-third session)
 ONE_LAUNCH_UNCAPPED = 168
 
 
 def _one_launch_pools(make, shapes: list, options: DecodeOptions, seq_lens, last_blocks: int) -> tuple:
     """tiered_merge "one": ``(launches, options)``, the pools' own launches (``make(p,
     options)``) split for one grid and ``options`` with the one kernel's register cap: the
-    given ``max_registers``, else ``ONE_LAUNCH_UNCAPPED`` where the last pool's launch takes
-    the uncapped kernel (``launcher.register_cap``: one wave of few items, three CTAs per SM),
-    128 otherwise (four), so that the last pool's split count is sized for the one kernel's
-    residency. The last pool is split by the policy; a younger one (the sink, young blocks: a few
-    blocks per sequence, bounded by the format's ages) into runs no shorter than the last
-    pool's splits, unless ``split_blocks`` is set (sized alone, each pool would fill the SMs,
-    together more than a wave: int2-aged at 8 x 32/8 4k, 64 items of 6 + 2 + 1 splits, 576
-    CTAs for 528 slots). Where the grid is then more than one wave of the one kernel's
-    resident CTAs and fewer splits of the last pool (of ``last_blocks``, its longest
-    sequence's blocks) make it one, the last pool gets those (int4-aged at 32 x 32/8 4k:
-    256 items of 2 + 1 CTAs, 768; one INT4 split, 512), the younger pools keeping theirs
-    (then possibly longer than the last pool's)."""
+    given ``max_registers``; else, where the last pool's own launch takes the uncapped
+    kernel (``launcher.register_cap``: its items fit one wave of three CTAs per SM),
+    ``ONE_LAUNCH_UNCAPPED`` (three CTAs per SM, no spills) unless 128 (four) makes a grid of
+    fewer waves (``_one_grid``: with the younger pools' CTAs, B=32 x 32/8 4k int4-aged is two
+    waves at 168 and one at 128); else 128."""
     n = len(shapes)
     last = make(n - 1, options)
-    if options.max_registers is None:
-        uncapped = register_cap(last, shapes[-1], options) == UNCAPPED_REGISTERS
-        options = dataclasses.replace(options, max_registers=ONE_LAUNCH_UNCAPPED if uncapped else GRID_REGISTERS)
-    young_options = options
-    if options.split_blocks is None and last_blocks > 0:
-        young_options = _fixed_splits(options, max(last.args[SPLIT_BLOCKS_ARG], options.min_split_blocks))
-    young = [make(p, young_options) for p in range(n - 1)]
-    if options.split_blocks is None:
-        splits, items, extra = last.grid[0], last.grid[1] * last.grid[2], sum(y.grid[0] for y in young)
-        probe = _one_launch([*young, last], shapes, options, seq_lens, last.args[COUNTERS_ARG])  # its kernel, types
-        slots = resident_slots(probe, options)
-        fit = slots // items - extra
-        if items * (splits + extra) > slots and 1 <= fit < splits:
-            last = make(n - 1, _fixed_splits(options, -(-last_blocks // fit)))
-    return [*young, last], options
+    if options.max_registers is not None:
+        return _one_grid(make, shapes, options, seq_lens, last_blocks, last)[:2]
+    capped = dataclasses.replace(options, max_registers=GRID_REGISTERS)
+    if register_cap(last, shapes[-1], options) != UNCAPPED_REGISTERS:
+        return _one_grid(make, shapes, capped, seq_lens, last_blocks, last)[:2]
+    wide = dataclasses.replace(options, max_registers=ONE_LAUNCH_UNCAPPED)  # (last was sized for 3 per SM)
+    grids = (_one_grid(make, shapes, wide, seq_lens, last_blocks, last),
+             _one_grid(make, shapes, capped, seq_lens, last_blocks, make(n - 1, capped)))
+    return min(grids, key=lambda grid: grid[2])[:2]  # (among equals the first: 168)
+
+
+def _one_grid(make, shapes: list, options: DecodeOptions, seq_lens, last_blocks: int, last: Launch) -> tuple:
+    """``(launches, options, waves)`` of ``_one_launch_pools`` at the cap
+    ``options.max_registers``, ``last`` the last pool's launch sized for it. The last pool is
+    split by the policy; a younger one (the sink, young blocks: a few blocks per sequence,
+    bounded by the format's ages) into runs no shorter than the last pool's splits, unless
+    ``split_blocks`` is set (sized alone, each pool would fill the SMs, together more than a
+    wave: int2-aged at 8 x 32/8 4k, 64 items of 6 + 2 + 1 splits, 576 CTAs for 528 slots).
+    Where the grid is then more than one wave of the one kernel's resident CTAs and fewer
+    splits of the last pool (of ``last_blocks``, its longest sequence's blocks) make it one,
+    the last pool gets those (int4-aged at 32 x 32/8 4k: 256 items of 2 + 1 CTAs, 768; one
+    INT4 split, 512), the younger pools keeping theirs (then possibly longer)."""
+    n = len(shapes)
+    fixed = options.split_blocks
+    if fixed is None and last_blocks > 0:
+        fixed = max(last.args[SPLIT_BLOCKS_ARG], options.min_split_blocks)
+    young = [make(p, options if fixed is None else _fixed_splits(options, fixed)) for p in range(n - 1)]
+    splits, items, extra = last.grid[0], last.grid[1] * last.grid[2], sum(y.grid[0] for y in young)
+    probe = _one_launch([*young, last], shapes, options, seq_lens, last.args[COUNTERS_ARG])  # its kernel, types
+    slots = resident_slots(probe, options)
+    fit = slots // items - extra
+    if options.split_blocks is None and items * (splits + extra) > slots and 1 <= fit < splits:
+        last = make(n - 1, _fixed_splits(options, -(-last_blocks // fit)))
+    return [*young, last], options, -(-items * (last.grid[0] + extra) // max(1, slots))
 
 
 def _fixed_splits(options: DecodeOptions, split_blocks: int) -> DecodeOptions:

@@ -431,16 +431,15 @@ def random_fp16_stores(rng, layers: int, sizes) -> list:
     return stores
 
 
-def test_one_launch_runs_every_pools_splits_at_one_cap():
+def test_one_launch_runs_every_pools_splits_at_one_cap(monkeypatch):
     """``tiered_merge`` "one": a single launch of ``one_launch_kernel`` over the pools in slot
     order (the last pool first) at one cap (``max_registers``, else 168 where the last pool
-    alone would take the uncapped kernel, else 128), its grid's x the last pool's splits as
-    a launch of that cap sizes them, plus a younger pool's in runs no shorter than the last
-    pool's (here one, where alone it splits in four); a format of one pool, or of four, runs
-    the pools' merging launches (``pool_kernel``)."""
-    from hexcore.cuda.attention import launcher
+    alone would take the uncapped kernel unless 128 makes fewer waves, else 128), its grid's
+    x the last pool's splits as a launch of that cap sizes them, plus a younger pool's in
+    runs no shorter than the last pool's (here one, where alone it splits in four); a format
+    of one pool, or of four, runs the pools' merging launches (``pool_kernel``)."""
+    from hexcore.cuda.attention import launcher, tiered
     from hexcore.cuda.attention.kernel import GRID_REGISTERS
-    from hexcore.cuda.attention import tiered
     from hexcore.cuda.attention.shape import DecodeShape
     from hexcore.cuda.attention.tiered import tiered_decode_launches
     from hexcore.cuda.attention.tiered_kernels import one_launch_kernel
@@ -459,11 +458,17 @@ def test_one_launch_runs_every_pools_splits_at_one_cap():
         assert young.grid[0] == 4 and last.grid[0] == 4 and last.args[18] == 16, (young.grid, last.grid)  # alone
         assert launch.grid == (last.grid[0] + 1, *last.grid[1:]), cap
         assert launch.args[22:24] == (last.grid[0], 1)  # n_a (the last pool), n_b
-    # one item of one split: the simulator's one-CTA wave takes the uncapped kernel for it
+    # one item of one split: the simulator's one-CTA wave takes the uncapped kernel for it, so
+    # the one kernel runs at 168 unless 128 makes fewer waves of its two CTAs
     few = long_index(batch=1, fp16_blocks=1, int4_blocks=2)
-    (launch,), _ = tiered_decode_launches(q[:1], *few[:3], *few[3], options=DecodeOptions(tiered_merge="one"))
-    assert launch.kernel is one_launch_kernel((shapes[1], shapes[0]), tiered.ONE_LAUNCH_UNCAPPED, "none", True,
-                                              dependent)
+    for slots_168, slots_128, cap in ((None, None, tiered.ONE_LAUNCH_UNCAPPED), (2, 2, tiered.ONE_LAUNCH_UNCAPPED),
+                                      (1, 1, tiered.ONE_LAUNCH_UNCAPPED), (1, 2, GRID_REGISTERS)):
+        if slots_168 is not None:
+            slots = {tiered.ONE_LAUNCH_UNCAPPED: slots_168, GRID_REGISTERS: slots_128}
+            monkeypatch.setattr(tiered, "resident_slots", lambda launch, options: slots[options.max_registers])
+        (launch,), _ = tiered_decode_launches(q[:1], *few[:3], *few[3], options=DecodeOptions(tiered_merge="one"))
+        assert launch.kernel is one_launch_kernel((shapes[1], shapes[0]), cap, "none", True, dependent), slots_168
+    monkeypatch.undo()
     for kinds in (("int4",), ("fp16", "int4", "int2", "int4")):
         pools = [DeviceKVStore(dataclasses.replace(CONFIG, kv_dtype=kind), num_blocks=1, max_seqs=32) for kind in kinds]
         launches, _ = tiered_decode_launches(q, pools, tables[-1:] * len(kinds), counts[-1:] * len(kinds), *index,
