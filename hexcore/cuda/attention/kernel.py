@@ -181,7 +181,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     STAGE, KMETA = shape.stage_words, sum(shape.ring_regions[:2])  # ring stage; its key metadata
     # INT2 with one chunk per block: two blocks per softmax update (pair_codes), a ring of two
     # stages of two blocks per warp (INT4's stages would take 80 KB per CTA)
-    PAIR = QUANTIZED and CPB == 1 and shape.bits == 2
+    PAIR = pairs_blocks(shape)
     RING_WORDS, RING_ARG = ring_words(shape), ring_arg
     KWORDS, VWORDS = 2 * shape.key_regs, shape.row_value_words  # FP16 rows (tails, FP16 blocks)
     HPC, CW = HEADS_PER_CTA, shape.chunk
@@ -611,12 +611,17 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     return decode_item
 
 
+def pairs_blocks(shape: DecodeShape) -> bool:
+    """Whether the decode item of ``shape`` takes two sealed blocks per softmax update (INT2
+    with one chunk per block)."""
+    return shape.quantized and shape.ksteps_per_block // shape.chunk_ksteps == 1 and shape.bits == 2
+
+
 def ring_words(shape: DecodeShape) -> int:
     """uint32 words of the decode item's shared ring for ``shape``: per warp two stages of
-    sealed chunks (INT2 with one chunk per block: two pairs of blocks), at least the
+    sealed chunks (two pairs of blocks where it pairs them, ``pairs_blocks``), at least the
     ``[WARPS, HEADS_PER_CTA, D]`` float32 partials the CTA's warps combine through it."""
-    pair = shape.quantized and shape.ksteps_per_block // shape.chunk_ksteps == 1 and shape.bits == 2
-    stages = 4 if pair else 2
+    stages = 4 if pairs_blocks(shape) else 2
     return max(WARPS * stages * shape.stage_words if shape.quantized else 0, WARPS * HEADS_PER_CTA * shape.D)
 
 

@@ -490,7 +490,7 @@ class PersistentDecode:
         max_virtual = split_blocks * splits
         # (the state's size depends on the grid this sizes: the log, also int64 [n], stands in)
         probe = (*launch.args, self._log, self._log, self._counts, np.int64(1), np.int64(1), np.int64(0))
-        resident = max(1, (o.ctas_per_sm or launcher._ctas_per_sm(kernel, probe)) * launcher._num_sms())
+        resident = max(1, launcher.resident_slots(launcher.Launch(kernel, 1, THREADS, probe), o))
         block_us = cfg.block_bytes_per_layer / cfg.num_kv_heads * resident / READ_BYTES_PER_US
         one_item_us = (1 + o.split_overhead) * block_us
         if self.budget_us < one_item_us:
