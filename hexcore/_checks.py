@@ -13,6 +13,8 @@ inline, as long as anything else ends in :func:`as_int`.
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 
 import numpy as np
@@ -50,6 +52,27 @@ def int_value(name: str, value) -> int:
     except TypeError:
         shown = str(value) if isinstance(value, np.generic) else repr(value)  # float64 2.0, not np.float64(2.0)
         raise HexcoreInvalidArgumentError(f"{name}: expected an int, got {type(value).__name__} {shown}") from None
+
+
+def real_value(value) -> float:
+    """``value`` as a float when it is a real number (Python's or numpy's, never a bool); NaN
+    for anything else, infinity for an int too large for a float. For range checks that
+    then need only ``math.isfinite`` and comparisons."""
+    if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
+        return math.nan
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
+def positive_real(name: str, value) -> float:
+    """``value`` as a positive finite float, or HexcoreInvalidArgumentError
+    ``"<name>: expected a positive finite number, got <value>"``."""
+    number = real_value(value)
+    if not (math.isfinite(number) and number > 0):
+        raise HexcoreInvalidArgumentError(f"{name}: expected a positive finite number, got {value!r:.60}")
+    return number
 
 
 def range_message(name: str, value: int, low: int | None, high: int | None) -> str:

@@ -157,9 +157,11 @@ def format_rows(preset: str, budget_bytes: int, block_size: int, context: int) -
     """The formats by age (``hexcore.quant.FORMATS`` past the plain dtypes) as table lines:
     bytes per token of a ``context``-token sequence (its blocks at the precision their age
     gives them, its FP16 tail), the ratio to FP16, and how many such sequences fit; a format
-    whose tier ages are not multiples of ``block_size`` is listed without figures."""
+    whose tier ages are not multiples of ``block_size`` is listed without figures.
+    ``budget_bytes`` and ``context``: ints >= 1 (HexcoreInvalidArgumentError otherwise)."""
     from . import quant
 
+    budget_bytes, context = _budget_bytes(budget_bytes), as_int("context", context, 1, MAX_CONTEXT)
     cfg = KVCacheConfig.from_preset(preset, block_size=block_size)
     shape = dict(head_dim=cfg.head_dim, block_size=block_size, group_size=cfg.group_size, context=context,
                  num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads)
@@ -181,8 +183,17 @@ def format_rows(preset: str, budget_bytes: int, block_size: int, context: int) -
 
 
 def sequences_at_context(cfg: KVCacheConfig, budget_bytes: int, context: int) -> int:
-    """Sequences of ``context`` tokens whose sealed blocks and tails fit ``budget_bytes`` together."""
+    """Sequences of ``context`` tokens whose sealed blocks and tails fit ``budget_bytes`` together
+    (``cfg`` a KVCacheConfig, ``budget_bytes`` and ``context`` ints >= 1)."""
+    if not isinstance(cfg, KVCacheConfig):
+        raise HexcoreInvalidArgumentError(f"cfg: expected KVCacheConfig, got {type(cfg).__name__}")
+    budget_bytes, context = _budget_bytes(budget_bytes), as_int("context", context, 1, MAX_CONTEXT)
     return budget_bytes // (cfg.tail_bytes + (context // cfg.block_size) * cfg.block_bytes)
+
+
+def _budget_bytes(value) -> int:
+    """A budget in bytes: an int in [1, MAX_BUDGET_GIB GiB)."""
+    return as_int("budget_bytes", value, 1, MAX_BUDGET_GIB * GIB - 1)
 
 
 def _simulator_unless_gpu() -> bool:

@@ -20,7 +20,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ._checks import as_int
 from .config import PRESETS, KVCacheConfig
+from .errors import HexcoreInvalidArgumentError
+from .quant import kv_format
 from .serve import Server, ServeReport
 from .serve_workload import Workload, synthetic_workload
 
@@ -52,7 +55,10 @@ class DemoShape:
 def demo_shape(simulated: bool, preset: str = "llama-3-8b", kv_dtype: str = "int4", block_size: int = 32,
                layers: int = DEMO_LAYERS, format: str | None = None) -> DemoShape:
     """The run's sizes: the preset's attention shapes on a GPU; tiny ones on the simulator.
-    ``format``: a format by age to hold the blocks in (``kv_dtype`` is then unused)."""
+    ``format``: a format by age to hold the blocks in (``kv_dtype`` is then unused). A bad
+    preset, dtype, size or format raises HexcoreConfigError naming it."""
+    if format is not None:
+        kv_format(format)  # (a format by age, or a name in hexcore.quant.FORMATS)
     if simulated:
         cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype=kv_dtype,
                             group_size=32)
@@ -60,9 +66,8 @@ def demo_shape(simulated: bool, preset: str = "llama-3-8b", kv_dtype: str = "int
                          2, num_blocks=4, max_seqs=4, prompt_mean=20, prompt_max=30, output_mean=5, output_max=8,
                          arrivals_per_step=1.0, check_every=2, check_seqs=1, batch_buckets=(1, 2, 4),
                          sample_every=2, format=format)
+    cfg = dataclasses.replace(KVCacheConfig.from_preset(preset, kv_dtype, block_size), num_layers=layers)
     model = PRESETS[preset]
-    cfg = KVCacheConfig(num_layers=layers, num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
-                        block_size=block_size, kv_dtype=kv_dtype)
     # a pool that holds ~48 average sequences: with 64 slots it runs dry, and preempts
     prompt_mean, output_mean = 600, 128
     num_blocks = int(48 * (prompt_mean + output_mean) / block_size)
@@ -116,8 +121,10 @@ def run_demo(shape: DemoShape, num_requests: int, seed: int = 0, max_steps: int 
     from .cuda import compiles
     from .cuda.device import SIMULATOR
 
+    if not isinstance(shape, DemoShape):
+        raise HexcoreInvalidArgumentError(f"shape: expected a DemoShape, got {type(shape).__name__}")
     warmup = not SIMULATOR if warmup is None else warmup
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(as_int("seed", seed, low=0))
     workload = synthetic_workload(num_requests, rng, shape.prompt_mean, shape.prompt_max, shape.output_mean,
                                   shape.output_max, shape.arrivals_per_step)
     fault = shape.format is None and _fault_tolerance_available()
@@ -226,8 +233,6 @@ def _format_horizon(shape: DemoShape) -> int:
     (0 without a format)."""
     if shape.format is None:
         return 0
-    from .quant import kv_format
-
     fmt = kv_format(shape.format)
     return (fmt.sink_blocks + 2) * shape.config.block_size + max([t.min_age for t in fmt.tiers], default=0)
 

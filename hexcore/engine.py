@@ -71,7 +71,8 @@ class Engine:
         ``TieredKVCache`` (``engine.cache``) and a store per pool (``engine.stores``), and
         runs steps with eager launches (``engine_tiered.py``; ``engine.graph`` and
         ``engine.store`` are None). Not with ``prefix_cache``, ``speculative``,
-        ``fault_tolerance``, truncation or the prefill attention helpers.
+        ``fault_tolerance``, ``batch_buckets``, ``backend``, ``metrics`` (HexcoreConfigError),
+        truncation or the prefill attention helpers; ``pool_blocks`` only with a format.
     fault_tolerance : ``True`` or a dict of :class:`~hexcore.FaultTolerantKVCache` options
         (``policy``, ``sample_every``, ``scrub_blocks``, ``metrics``) and the graph's
         ``max_verify_blocks`` (default 1024): ``engine.faults`` records every seal's digest
@@ -92,9 +93,14 @@ class Engine:
         self._forks: list = []  # (parent, child) tail copies not yet made
         self._tiered = None
         if format is not None:
-            self._init_tiered(format, pool_blocks, max_seqs, max_seq_len, prefix_cache, speculative, fault_tolerance,
-                              options)
+            as_int("num_blocks", num_blocks, low=0)  # (unused: pool_blocks sizes the pools)
+            unused = dict(batch_buckets=batch_buckets is not None, backend=backend != "auto",
+                          metrics=metrics is not None)
+            self._init_tiered(format, pool_blocks, max_seqs, max_seq_len, options, prefix_cache=prefix_cache,
+                              speculative=speculative, fault_tolerance=fault_tolerance, **unused)
             return
+        if pool_blocks is not None:
+            raise HexcoreConfigError("pool_blocks: only with a format by age (format=None)")
         speculative = _options("speculative", speculative, SPECULATIVE_OPTIONS, "SpeculativeAllocator")
         faults = _options("fault_tolerance", fault_tolerance, FAULT_OPTIONS, "FaultTolerantKVCache")
         self.cache = PagedKVCache(config, num_blocks, max_seqs, metrics, max_seq_len=max_seq_len,
@@ -115,12 +121,12 @@ class Engine:
             self.faults = FaultTolerantKVCache(self.cache, self.store, **faults)
             self.graph = self.faults.decode_graph(num_q_heads, max_verify, **graph_options)
 
-    def _init_tiered(self, fmt, pool_blocks, max_seqs, max_seq_len, prefix_cache, speculative, fault_tolerance,
-                     options) -> None:
+    def _init_tiered(self, fmt, pool_blocks, max_seqs, max_seq_len, options, **not_with_a_format) -> None:
+        """The parts of a format by age; ``not_with_a_format``: the options it does not take,
+        each False unless the caller gave it (HexcoreConfigError naming it)."""
         from .engine_tiered import TieredParts
 
-        for name, value in (("prefix_cache", prefix_cache), ("speculative", speculative),
-                            ("fault_tolerance", fault_tolerance)):
+        for name, value in not_with_a_format.items():
             if value is not False:
                 raise HexcoreConfigError(f"{name}: not with a format by age (format={fmt!r:.40})")
         self._tiered = TieredParts(self.config, fmt, pool_blocks, max_seqs, self.num_q_heads, max_seq_len,
@@ -207,6 +213,7 @@ class Engine:
         """
         from .cuda import append, seal, seal_rows
         from .cuda.arrays import check_distinct, check_id_range, checked
+        from .cuda.streams import resolve_stream
         from .cuda.uploads import upload_once
 
         n = _rows(k, v, self.config)
@@ -215,12 +222,13 @@ class Engine:
                 raise HexcoreConfigError("tokens: a format by age has no prefix cache")
             return self._tiered.prefill(seq_id, k, v, stream)
         cfg = self.config
+        stream = resolve_stream(stream, k, v)  # (every launch below on it; a bad one raises before anything changes)
         shape = (cfg.num_layers, n, cfg.num_kv_heads, cfg.head_dim)
         k, v = checked(k, "k", np.float16, shape), checked(v, "v", np.float16, shape)  # one copy of host arrays
         seq_id = as_int("seq_id", seq_id)
         start = self.cache.seq_len(seq_id)
-        self._copy_forks(stream)
         blocks = np.asarray(self._owner.grow_sequence(seq_id, start + n, tokens), np.int32)  # raises first
+        self._copy_forks(stream)  # (before the appends: a pending fork copies a tail they overwrite)
         plan = _prefill_plan(seq_id, start, n, cfg.block_size, blocks)
         check_id_range(blocks, "block_ids", None, self.store.num_blocks)  # as the seals checked their host ids
         check_distinct(blocks, "block_ids")
@@ -301,6 +309,8 @@ class Engine:
         A malformed list, an empty one (unless ``allow_empty``) or an id listed twice raises
         HexcoreInvalidArgumentError, an id that is not live HexcoreInvalidSequenceError, each
         naming the entry. Reads nothing on a device."""
+        if not isinstance(allow_empty, (bool, np.bool_)):
+            raise HexcoreInvalidArgumentError(f"allow_empty: expected a bool, got {type(allow_empty).__name__}")
         ids = _as_seq_ids(seq_ids).tolist()
         if not ids and not allow_empty:
             raise HexcoreInvalidArgumentError("seq_ids: expected at least one sequence, got none")
@@ -445,21 +455,29 @@ class EngineStep:
         return np.stack([out[layer].copy_to_host() for layer in range(out.shape[0])])
 
     def run(self, stream=None):
-        """Fork copies, append, seal and attention for every layer; returns ``buffers.out``."""
+        """Fork copies, append, seal and attention for every layer; returns ``buffers.out``.
+        A bad ``stream`` raises before anything runs (the step can run after)."""
         if self._loaded is not None:
-            raise HexcoreInvalidArgumentError("run: this step was already loaded by attend()")
-        self._loaded = True
+            done = "ran" if self._loaded is True else "was loaded by attend()"
+            raise HexcoreInvalidArgumentError(f"run: this step already {done}")
         faults = self.engine.faults
         if faults is not None:  # the same step, with its sample verified and its seals recorded
             i = self._indices()
-            return faults.graph_step(self.engine.graph, self.result, i["fork_src"], i["fork_dst"], stream)
-        return self.engine.graph.step(**self._indices(), stream=stream)
+            out = faults.graph_step(self.engine.graph, self.result, i["fork_src"], i["fork_dst"], stream)
+        else:
+            out = self.engine.graph.step(**self._indices(), stream=stream)
+        self._loaded = True  # (after the step: a refused one can run again)
+        return out
 
     def attend(self, layer: int, stream=None):
         """Append, seal and attention for one layer (``buffers.q/k/v[layer]`` filled);
         returns ``buffers.out[layer]``. The first call copies the step's indices."""
+        from .cuda.arrays import checked_layer
+
         if self._loaded is True:
             raise HexcoreInvalidArgumentError("attend: this step already ran whole")
+        layer = checked_layer(layer, self.engine.config.num_layers)[0]  # (before the step's indices are loaded)
+        stream = self.engine.graph._resolve(stream)
         if self._loaded is None:
             faults = self.engine.faults
             if faults is not None:  # layer 0 carries the verification, the last layer the seals' record
@@ -467,7 +485,7 @@ class EngineStep:
                 self._loaded = faults.graph_load(self.engine.graph, self.result, i["fork_src"], i["fork_dst"], stream)
             else:
                 self._loaded = self.engine.graph.load(**self._indices(), stream=stream)
-        self._loaded.enqueue(layer, self.engine.graph._resolve(stream).numba)
+        self._loaded.enqueue(layer, stream.numba)
         return self.buffers.out[layer]
 
 

@@ -45,6 +45,7 @@ class TieredParts:
         from .cuda.launch import Relaunch
 
         self.cache = TieredKVCache(config, fmt, pool_blocks, max_seqs, max_seq_len=max_seq_len)
+        num_q_heads = check_decode_args(config, self.cache.kinds, num_q_heads, scale, options)  # (before any step)
         self.stores = [DeviceKVStore(dataclasses.replace(config, kv_dtype=kind), pool.num_blocks, max_seqs)
                        for kind, pool in zip(self.cache.kinds, self.cache.pools)]
         self.config, self.num_q_heads, self.scale, self.options = config, num_q_heads, scale, options
@@ -127,18 +128,20 @@ class TieredParts:
                    stream=stream, rows=(n - rest, rest))
 
     def buffers(self, batch: int) -> tuple:
-        """``StepViews`` (q, k, v, out) of a step of ``batch`` sequences: ``[L, B, heads, D]``
+        """``StepViews`` (q, k, v, out) of a step of ``batch`` sequences (an int in [1, max_seqs]): ``[L, B, heads, D]``
         float16, torch tensors whenever torch with CUDA is installed (as ``DecodeGraph``'s),
         numba device arrays otherwise."""
         return self.arrays(batch)[1]
 
     def arrays(self, batch: int) -> tuple:
-        """(numba device arrays, the views :meth:`buffers` gives) of a step of ``batch``."""
+        """(numba device arrays, the views :meth:`buffers` gives) of a step of ``batch``: an
+        int in [1, max_seqs] (a step's distinct sequences; HexcoreInvalidArgumentError otherwise)."""
         from numba import cuda
 
         from .cuda import StepViews
         from .cuda.streams import torch_with_cuda
 
+        batch = as_int("batch", batch, low=1, high=self.cache.max_seqs)
         if batch not in self._buffers:
             cfg = self.config
             L, H, D = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
@@ -202,7 +205,8 @@ class TieredEngineStep:
         """Append, seal and attention for every layer; returns ``out``. The appends and seals
         take every layer in one launch per pool; attention is a launch per pool per layer."""
         if self._loaded is not None:
-            raise HexcoreInvalidArgumentError("run: this step was already loaded by attend()")
+            by = "run()" if self._loaded else "attend()"
+            raise HexcoreInvalidArgumentError(f"run: this step already ran its layers by {by}")
         stream = self._start(stream)
         self._write(None, stream)
         for layer in range(self.parts.config.num_layers):
@@ -267,6 +271,29 @@ class TieredEngineStep:
                 run(append_launch(store, k, v, slots, self._positions, layer), stream)
         for kind, slots, blocks, fitted in self._seals:
             run(seal_launch(stores[kind], slots, blocks, layer, fitted_keys=fitted), stream)
+
+
+def check_decode_args(config: KVCacheConfig, kinds: list, num_q_heads, scale, options) -> int:
+    """What every step's ``tiered_decode`` would check at its first layer, checked once when
+    the Engine is made (a step's block manager changes come before its decode): ``num_q_heads``
+    a positive multiple of ``num_kv_heads`` (returned as an int), ``scale`` a positive finite
+    number or None, ``options`` DecodeOptions or None, a head_dim, block and group size the
+    decode of every pool's kind (``kinds``) supports. HexcoreInvalidArgumentError naming the
+    argument otherwise."""
+    from .cuda.attention.launcher import checked_scale, resolved_options
+    from .cuda.attention.shape import unsupported_reason
+
+    num_q_heads = as_int("num_q_heads", num_q_heads, low=1)
+    if num_q_heads % config.num_kv_heads:
+        raise HexcoreInvalidArgumentError(
+            f"num_q_heads: {num_q_heads} is not a multiple of num_kv_heads {config.num_kv_heads}")
+    checked_scale(scale, config.head_dim)
+    resolved_options(options)
+    for kind in kinds:
+        reason = unsupported_reason(kind.bits, config.head_dim, config.block_size, config.group_size)
+        if reason:
+            raise HexcoreInvalidArgumentError(f"{kind.value} pool: paged_decode does not support {reason}")
+    return num_q_heads
 
 
 def seal_lists(parts: TieredParts, seals: np.ndarray) -> list:

@@ -51,6 +51,7 @@ from .host.checksum import block_checksum
 from .host.quarantine import BlockState
 
 POLICIES = ("always", "sampled", "off")
+GRAPH_OPTIONS = ("batch_buckets", "scale", "backend", "options")  # DecodeGraph's keywords decode_graph passes on
 # Prometheus names of FaultTolerantKVCache.stats(), in the style of host/_prometheus.py;
 # blocks_quarantined is the block manager's gauge (its MetricsCollector exports it)
 PROMETHEUS_NAMES = {
@@ -158,7 +159,7 @@ class FaultTolerantKVCache:
     def record_seals(self, result, stream=None) -> None:
         """Record the digests of a step's sealed blocks (``result``: a ``StepResult``), one
         launch, after the step's seal on ``stream``."""
-        if result.num_sealed:
+        if _step_result(result).num_sealed:
             self.record(np.ascontiguousarray(result.seal_blocks), stream)
 
     def record(self, block_ids, stream=None) -> None:
@@ -179,14 +180,14 @@ class FaultTolerantKVCache:
         """Check the sealed blocks of ``seq_ids`` (int32 ``[B]``, live sequences) by the policy,
         and the canaries; the number of blocks checked. Raises HexcoreCorruptionError (its
         ``report``: a :class:`CorruptionReport`) on a mismatch, a lost block or a canary."""
-        report, checked = self._verify(seq_ids, stream)
+        report, checked = self._verify(seq_ids, _resolved(stream))
         _raise_if_bad(report)
         return checked
 
     def try_verify(self, seq_ids, stream=None) -> Status:
         """:meth:`verify` returning a Status: OK, CORRUPTED (``last_report`` says what),
         INVALID_SEQUENCE or INVALID_ARGUMENT."""
-        return _try(lambda: _raise_if_bad(self._verify(seq_ids, stream)[0]))
+        return _try(lambda: _raise_if_bad(self._verify(seq_ids, _resolved(stream))[0]))
 
     def scrub(self, max_blocks: int | None = None, stream=None) -> int:
         """Check the next ``max_blocks`` (default ``scrub_blocks``) recorded blocks in use (in a
@@ -194,6 +195,7 @@ class FaultTolerantKVCache:
         calls, and the canaries; the number checked.
         Raises HexcoreCorruptionError like :meth:`verify`."""
         budget = self.scrub_blocks if max_blocks is None else as_int("max_blocks", max_blocks, 1)
+        stream = _resolved(stream)  # (bad input raises before the scrub position moves)
         live = self._candidates()
         order = np.concatenate([live[live >= self._scrub_at], live[live < self._scrub_at]])
         ids = order[:budget].astype(np.int32)
@@ -218,9 +220,22 @@ class FaultTolerantKVCache:
     def check_results(self, block_ids, out) -> None:
         """Raise HexcoreCorruptionError for the rows of a prepared verify's ``out`` (host
         uint32 ``[n, L]``) that are not zero; ``block_ids``: its host int32 ``[n]``."""
-        ids = np.asarray(block_ids)
-        report = self._report(ids, np.asarray(out), np.zeros(0, np.uint32))
+        ids, out = self._prepared_results(block_ids, out)
+        report = self._report(ids, out, np.zeros(0, np.uint32))
         _raise_if_bad(report)
+
+    def _prepared_results(self, block_ids, out) -> tuple:
+        """``(block_ids, out)`` of :meth:`check_results` checked: host int32 ``[n]`` ids in
+        ``[-1, num_blocks)`` and host uint32 ``[n, L]`` results, or HexcoreInvalidArgumentError
+        (so a malformed pair is never taken for corruption)."""
+        from .cuda.arrays import check_dtype_shape, check_id_range
+
+        for name, x in (("block_ids", block_ids), ("out", out)):
+            if not isinstance(x, np.ndarray):
+                raise HexcoreInvalidArgumentError(f"{name}: expected a host numpy array, got {type(x).__name__}")
+        check_id_range(block_ids, "block_ids", None, self.cache.num_blocks, lower=-1)
+        check_dtype_shape("out", out.dtype, out.shape, np.uint32, (block_ids.shape[0], self.config.num_layers))
+        return block_ids, out
 
     # -- inside a step graph ----------------------------------------------------------
     def decode_graph(self, num_q_heads: int, max_verify_blocks: int = 1024, **kwargs):
@@ -231,6 +246,10 @@ class FaultTolerantKVCache:
         ``"always"``); ``kwargs``: DecodeGraph's others (``batch_buckets``, ``backend``...)."""
         from .cuda.steps import DecodeGraph
 
+        unknown = sorted(str(key) for key in kwargs if key not in GRAPH_OPTIONS)
+        if unknown:
+            raise HexcoreInvalidArgumentError(f"decode_graph: unknown option(s) {unknown}; expected some of "
+                                              f"{list(GRAPH_OPTIONS)}")
         return DecodeGraph(self.store, num_q_heads, self.cache.max_blocks_per_seq, verify_sums=self.sums,
                            max_verify_blocks=max_verify_blocks, **kwargs)
 
@@ -320,6 +339,7 @@ class FaultTolerantKVCache:
         t0 = time.perf_counter_ns()
         cache = self.cache
         old = cache.block_table(seq_id)  # (raises for a sequence that is not live)
+        stream = _resolved(stream)
         seq_id = int(seq_id)
         if cache.event_ring_attached:
             raise HexcoreConfigError("migrate_sequence: detach the cache's event ring first (tables change in place)")
@@ -459,10 +479,7 @@ class FaultTolerantKVCache:
 
     def _sample(self, result, call: int) -> tuple:
         """(ids to check on the device, known-bad ids) of a step's tables at ``call``."""
-        from .host._step import StepResult
-
-        if not isinstance(result, StepResult):
-            raise HexcoreInvalidArgumentError(f"result: expected a StepResult, got {type(result).__name__}")
+        _step_result(result)
         every = {"always": 1, "sampled": self.sample_every, "off": 0}[self.policy]
         if not every:
             return np.zeros(0, np.int32), []
@@ -604,9 +621,25 @@ def _step_check(ids, max_len, name: str = "seq_ids") -> None:
 
 
 def _checked_policy(policy) -> str:
-    if policy not in POLICIES:
+    if not isinstance(policy, str) or policy not in POLICIES:
         raise HexcoreInvalidArgumentError(f"policy: expected one of {POLICIES}, got {policy!r}")
     return policy
+
+
+def _step_result(result):
+    """``result`` if it is a block manager's ``StepResult``, else HexcoreInvalidArgumentError."""
+    from .host._step import StepResult
+
+    if not isinstance(result, StepResult):
+        raise HexcoreInvalidArgumentError(f"result: expected a StepResult, got {type(result).__name__}")
+    return result
+
+
+def _resolved(stream):
+    """``stream`` resolved (``hexcore.cuda.streams``), so a bad one raises before any state changes."""
+    from .cuda.streams import resolve_stream
+
+    return resolve_stream(stream)
 
 
 def _raise_if_bad(report: CorruptionReport) -> None:

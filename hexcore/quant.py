@@ -134,6 +134,8 @@ class KVFormat:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise HexcoreInvalidArgumentError(f"name: expected a non-empty str, got {self.name!r}")
+        if not isinstance(self.tiers, (tuple, list)):
+            raise HexcoreInvalidArgumentError(f"tiers: expected a tuple of AgeTier, got {type(self.tiers).__name__}")
         tiers = tuple(self.tiers)
         if not all(isinstance(t, AgeTier) for t in tiers):
             raise HexcoreInvalidArgumentError(f"tiers: expected AgeTier items, got {tiers!r:.120}")

@@ -43,7 +43,9 @@ import warnings
 
 import numpy as np
 
+from ._checks import as_int
 from .config import KVCacheConfig
+from .errors import HexcoreInvalidArgumentError
 from .serve_workload import TokenTable, Workload, exact_attention, synthetic_workload
 
 __all__ = ["Request", "ServeReport", "Server", "TokenTable", "Workload", "exact_attention", "synthetic_workload"]
@@ -120,6 +122,18 @@ def _engine(cfg: KVCacheConfig, num_blocks: int, max_seqs: int, num_q_heads: int
                   pool_blocks=pool_blocks_for(format, cfg.block_size, num_blocks, max_seqs))
 
 
+def _check_kinds(cfg, workload, on_step, fault_tolerance) -> None:
+    """Server's arguments that are not ints: of the kind it takes, or HexcoreInvalidArgumentError."""
+    if not isinstance(cfg, KVCacheConfig):
+        raise HexcoreInvalidArgumentError(f"cfg: expected KVCacheConfig, got {type(cfg).__name__}")
+    if not isinstance(workload, Workload):
+        raise HexcoreInvalidArgumentError(f"workload: expected a Workload, got {type(workload).__name__}")
+    if on_step is not None and not callable(on_step):
+        raise HexcoreInvalidArgumentError(f"on_step: expected a callable or None, got {type(on_step).__name__}")
+    if not isinstance(fault_tolerance, (bool, np.bool_)):
+        raise HexcoreInvalidArgumentError(f"fault_tolerance: expected a bool, got {fault_tolerance!r:.60}")
+
+
 def _synchronize() -> None:
     from numba import cuda
 
@@ -128,16 +142,28 @@ def _synchronize() -> None:
 
 class Server:
     """A continuous-batching serving run over an :class:`~hexcore.engine.Engine` (see the
-    module docstring). ``run()`` serves the workload and returns a :class:`ServeReport`."""
+    module docstring). ``run()`` serves the workload and returns a :class:`ServeReport`.
+
+    ``cfg`` a KVCacheConfig, ``workload`` a Workload; ints: ``num_blocks``,
+    ``max_prefill_tokens``, ``check_every`` and ``sample_every`` >= 1, ``seed`` and
+    ``check_seqs`` >= 0, ``inject_at`` >= 0 or None; ``on_step`` a callable or None,
+    ``fault_tolerance`` a bool; the Engine checks the rest. A bad one raises
+    HexcoreInvalidArgumentError (HexcoreConfigError from the Engine) naming it, before
+    anything is made.
+    """
 
     def __init__(self, cfg: KVCacheConfig, num_q_heads: int, num_blocks: int, max_seqs: int,
                  workload: Workload, seed: int = 0, max_prefill_tokens: int = 4096, check_every: int = 8,
                  check_seqs: int = 2, batch_buckets=(1, 2, 4, 8, 16, 32, 64), on_step=None,
                  fault_tolerance: bool = False, sample_every: int = 4, inject_at: int | None = None,
                  format=None):
-        from .errors import HexcoreInvalidArgumentError
-
-        longest = int((workload.prompt_lens + workload.output_lens).max())
+        _check_kinds(cfg, workload, on_step, fault_tolerance)
+        num_blocks, seed, max_prefill_tokens = (as_int("num_blocks", num_blocks, low=1), as_int("seed", seed, low=0),
+                                                as_int("max_prefill_tokens", max_prefill_tokens, low=1))
+        check_every, check_seqs = as_int("check_every", check_every, low=1), as_int("check_seqs", check_seqs, low=0)
+        sample_every = as_int("sample_every", sample_every, low=1)
+        inject_at = None if inject_at is None else as_int("inject_at", inject_at, low=0)
+        longest = int((workload.prompt_lens + workload.output_lens).max(initial=0))
         if longest // cfg.block_size + 1 > num_blocks:
             raise HexcoreInvalidArgumentError(f"num_blocks: a request of {longest} tokens needs "
                                               f"{longest // cfg.block_size + 1} blocks, got {num_blocks}")
@@ -331,7 +357,8 @@ class Server:
         self.running = still
 
     def run(self, max_steps: int | None = None) -> ServeReport:
-        """Serve until every request finished (or ``max_steps`` steps); the report."""
+        """Serve until every request finished (or ``max_steps`` steps, an int >= 0 or None); the report."""
+        max_steps = None if max_steps is None else as_int("max_steps", max_steps, low=0)
         report, start = self.report, time.perf_counter()
         step_no = 0
         while (report.requests_finished < report.requests and (max_steps is None or step_no < max_steps)):

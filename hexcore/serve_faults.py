@@ -21,19 +21,32 @@ import time
 
 import numpy as np
 
+from ._checks import as_int
+from .errors import HexcoreInvalidArgumentError
+
 
 class FaultDrill:
     """Sampled verification and one injected corruption for a Server (see the module docstring).
 
     Parameters
     ----------
-    server : the :class:`~hexcore.serve.Server` whose cache, running requests and report it uses.
-    sample_every : each block is verified once in this many steps.
-    inject_at : the first step at which one bit may be flipped (None: no injection).
+    server : the :class:`~hexcore.serve.Server` whose cache, running requests and report it
+        uses (one without a format by age: the drill needs its single store).
+    sample_every : each block is verified once in this many steps (an int >= 1).
+    inject_at : the first step at which one bit may be flipped (an int >= 0; None: no injection).
+
+    A bad argument raises HexcoreInvalidArgumentError naming it.
     """
 
     def __init__(self, server, sample_every: int, inject_at: int | None):
         from .fault import FaultTolerantKVCache
+        from .serve import Server
+
+        if not isinstance(server, Server) or server.engine.store is None:
+            raise HexcoreInvalidArgumentError(f"server: expected a Server without a format by age, got "
+                                              f"{type(server).__name__}")
+        sample_every = as_int("sample_every", sample_every, low=1)
+        inject_at = None if inject_at is None else as_int("inject_at", inject_at, low=0)
 
         self.server, self.sample_every, self.inject_at = server, sample_every, inject_at
         self.ft = FaultTolerantKVCache(server.cache, server.engine.store, policy="sampled", sample_every=sample_every)

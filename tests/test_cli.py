@@ -1,5 +1,6 @@
 import json
 
+import numpy as np
 import pytest
 
 from hexcore.cli import capacity_table, main
@@ -147,3 +148,27 @@ def test_capacity_table_raises_typed_errors(args):
 
     with pytest.raises(HexcoreError):
         capacity_table(*args)
+
+
+@pytest.mark.parametrize("name, args, text", [
+    ("format_rows", ("llama-3-8b", None, 32, 4096), "budget_bytes: expected an int, got NoneType"),
+    ("format_rows", ("llama-3-8b", float("nan"), 32, 4096), "budget_bytes: expected an int, got float nan"),
+    ("format_rows", ("llama-3-8b", np.int64(0), 32, 4096), r"budget_bytes: expected an int in \[1, "),
+    ("format_rows", ("llama-3-8b", 2**30, 32, 0), r"context: expected an int in \[1, "),
+    ("sequences_at_context", (None, 2**30, 4096), "cfg: expected KVCacheConfig, got NoneType"),
+    ("sequences_at_context", ("cfg", "3", 4096), "budget_bytes: expected an int, got str"),
+    ("sequences_at_context", ("cfg", 2**30, -1), r"context: expected an int in \[1, "),
+])
+def test_format_rows_and_sequences_at_context_raise_typed_errors(name, args, text):
+    """Were TypeError, ValueError, OverflowError (a uint8 budget) and ZeroDivisionError
+    (context -1), or AttributeError for a config that is not one."""
+    from hexcore import HexcoreInvalidArgumentError, KVCacheConfig
+    from hexcore import cli
+
+    cfg = KVCacheConfig.from_preset("llama-3-8b")
+    args = tuple(cfg if a == "cfg" else a for a in args)
+    with pytest.raises(HexcoreInvalidArgumentError, match=text):
+        getattr(cli, name)(*args)
+    assert cli.format_rows("llama-3-8b", np.uint8(1), 32, 4096)  # was OverflowError: a numpy int is an int
+    assert cli.sequences_at_context(cfg, 2**30, 4096) == 2**30 // (cfg.tail_bytes + 4096 // cfg.block_size
+                                                                  * cfg.block_bytes)

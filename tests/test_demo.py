@@ -117,3 +117,36 @@ def test_the_warm_up_takes_the_out_of_memory_retry(dry_launches, monkeypatch):
     monkeypatch.setattr(SpeculativeAllocator, "release_all", lambda self: calls.append(1) or release_all(self))
     demo.warm_up(gpu_like_shape(None))
     assert calls
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(preset="llama-4"), "HexcoreConfigError", "preset: expected one of"),
+    (dict(preset=["llama-3-8b"]), "HexcoreConfigError", "preset"),
+    (dict(block_size=0), "HexcoreConfigError", "block_size"),
+    (dict(layers=None), "HexcoreConfigError", "num_layers"),
+    (dict(format="int4-aged "), "HexcoreConfigError", "format: expected a KVFormat"),
+    (dict(format=5), "HexcoreConfigError", "format"),
+])
+def test_demo_shape_arguments_are_typed(kwargs, error, match):
+    """(an unknown preset once raised KeyError, a list TypeError; a bad format was taken and
+    only refused by the run's Server)"""
+    import hexcore
+
+    with pytest.raises(getattr(hexcore, error), match=match):
+        demo_shape(False, **kwargs)
+    if "format" in kwargs:
+        with pytest.raises(getattr(hexcore, error), match=match):
+            demo_shape(True, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,match", [(dict(num_requests=0), "num_requests"),
+                                          (dict(num_requests=1.5), "num_requests"), (dict(seed=-1), "seed"),
+                                          (dict(seed="x"), "seed"),
+                                          (dict(max_steps=-1), "max_steps"), (dict(shape=None), "shape")])
+def test_run_demo_arguments_are_typed(kwargs, match):
+    """(once numpy's ValueError/TypeError for a seed or count, AttributeError for a shape)"""
+    from hexcore import HexcoreInvalidArgumentError
+
+    args = dict(dict(shape=demo_shape(True, format="int4-aged"), num_requests=1, max_steps=1, progress=False), **kwargs)
+    with pytest.raises(HexcoreInvalidArgumentError, match=match):
+        run_demo(**args)

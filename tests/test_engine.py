@@ -205,6 +205,31 @@ def test_bad_prefill_changes_nothing():
     assert engine.seq_len(a) == 0 and engine.cache.num_free_blocks == 12
 
 
+def test_a_refused_prefill_leaves_tables_store_and_pending_forks_alone(rng):
+    """A bad stream raised at the first launch, after the sequence had grown (its length
+    and tables changed, nothing written); a pending fork's tail copy ran before tokens or
+    the pool were checked. Neither may change anything, and the next prefill still works."""
+    engine = make_engine()
+    a = engine.add()
+    k, v = random_kv(rng, engine, 20)
+    engine.prefill(a, k, v)
+    child = engine.fork(a)
+    state = (engine.seq_len(a), engine.cache.num_free_blocks, engine.store.pool.copy_to_host(), list(engine._forks))
+    few, many = random_kv(rng, engine, 3), random_kv(rng, engine, 500)
+    for args, kwargs, text in ((few, {"stream": "x"}, "stream"), (few, {"stream": 1.5}, "stream"),
+                               (few, {"tokens": np.zeros(2, np.int32)}, "tokens"),
+                               (few, {"tokens": "abc"}, "tokens"), (many, {}, "max_seq_len")):
+        with pytest.raises((HexcoreInvalidArgumentError, HexcoreInvalidSequenceError), match=text):
+            engine.prefill(a, *args, **kwargs)
+        assert engine.seq_len(a) == state[0] and engine.cache.num_free_blocks == state[1]
+        assert np.array_equal(engine.store.pool.copy_to_host(), state[2]) and engine._forks == state[3]
+    engine.cache.check_invariants()
+    engine.prefill(a, *few)
+    assert engine.seq_len(a) == 23 and engine._forks == [] and engine.seq_len(child) == 20
+    with pytest.raises(HexcoreInvalidArgumentError, match="allow_empty: expected a bool, got ndarray"):
+        engine.live_seq_ids([a], np.zeros((2, 2)))  # was ValueError: truth value of an array is ambiguous
+
+
 def test_the_speculative_hook_changes_no_table_and_no_output(seed):
     """The same prefill, fork and steps on an engine with the hook off and one with it on:
     the same block tables and bit-identical outputs (both checked against the reference);
@@ -330,6 +355,37 @@ def test_a_step_runs_once():
         step.attend(0)
     with pytest.raises(HexcoreInvalidArgumentError, match="float16"):
         engine.step([a]).write(np.zeros(3), np.zeros(3), np.zeros(3))
+
+
+@pytest.mark.parametrize("faults", [False, {"policy": "always", "max_verify_blocks": 4}], ids=["plain", "faults"])
+def test_a_refused_run_or_attend_leaves_the_step_to_run(faults):
+    """run() with a bad stream marked the step as run (later: "already loaded by
+    attend()"); attend() with a bad layer loaded the step's indices (and, with faults,
+    counted a verification) before refusing the layer."""
+    engine = make_engine(layers=2, fault_tolerance=faults)
+    a = engine.add()
+    engine.prefill(a, np.zeros((2, 20, 1, 64), np.float16), np.zeros((2, 20, 1, 64), np.float16))
+    step = engine.step([a])
+    calls = None if engine.faults is None else engine.faults._calls
+    for stream in ("x", 1.5, [0]):
+        with pytest.raises(HexcoreInvalidArgumentError, match="stream"):
+            step.run(stream)
+    for layer in (2, -1, True, 0.0, None):
+        with pytest.raises(HexcoreInvalidArgumentError, match="layer"):
+            step.attend(layer)
+    with pytest.raises(HexcoreInvalidArgumentError, match="stream"):
+        step.attend(0, "x")
+    assert step._loaded is None and (engine.faults is None or engine.faults._calls == calls)
+    step.run()
+    with pytest.raises(HexcoreInvalidArgumentError, match="run: this step already ran"):
+        step.run()
+    second = engine.step([a])
+    second.attend(0)
+    with pytest.raises(HexcoreInvalidArgumentError, match="run: this step already was loaded by attend"):
+        second.run()
+    second.attend(1)
+    if faults:
+        engine.check()
 
 
 @pytest.mark.gpu
@@ -601,9 +657,13 @@ def test_a_format_by_age_on_gpu(fmt, rng):
 def test_a_format_by_age_refuses_what_it_does_not_do(rng):
     from hexcore import HexcoreConfigError
 
-    for kwargs in (dict(prefix_cache=True), dict(speculative=True), dict(fault_tolerance=True)):
+    for kwargs in (dict(prefix_cache=True), dict(speculative=True), dict(fault_tolerance=True),
+                   dict(batch_buckets=(1, 2)), dict(backend="driver"), dict(metrics=object())):
         with pytest.raises(HexcoreConfigError, match=f"^{next(iter(kwargs))}: not with a format by age"):
             make_tiered_engine("int4-aged", **kwargs)
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16)
+    with pytest.raises(HexcoreConfigError, match="^pool_blocks: only with a format by age"):
+        Engine(cfg, 8, 2, 1, pool_blocks={"fp16": 8})
     engine = make_tiered_engine("int4-aged")
     a = engine.add()
     k, v = random_kv(rng, engine, 5)

@@ -196,6 +196,65 @@ def test_bad_input_is_refused_and_changes_nothing(rng):
         FaultTolerantKVCache(cache, None)
     with pytest.raises(HexcoreConfigError, match="num_blocks 4"):
         FaultTolerantKVCache(cache, DeviceKVStore(CFG, 5, 2))
+    for policy in (np.zeros((2, 2)), ["always"], b"off"):  # a 2-D array was ValueError: truth value ambiguous
+        with pytest.raises(HexcoreInvalidArgumentError, match="policy: expected one of"):
+            FaultTolerantKVCache(cache, store, policy=policy)
+
+
+@pytest.mark.parametrize("result", [None, [1], np.array([0], np.int32), 3])
+def test_record_seals_refuses_what_is_not_a_step_result(rng, result):
+    """Was AttributeError: 'list' object has no attribute 'num_sealed'."""
+    rig = Rig(rng, num_blocks=4, max_seqs=2)
+    with pytest.raises(HexcoreInvalidArgumentError, match="result: expected a StepResult, got"):
+        rig.ft.record_seals(result)
+    assert not rig.ft.recorded.any()
+
+
+@pytest.mark.parametrize("stream", ["x", -1, 1.5, [1]])
+def test_a_bad_stream_is_refused_before_anything_changes(rng, stream):
+    """verify counted the call (shifting the sampled policy's sample) and scrub moved its
+    position before the bad stream raised."""
+    rig = Rig(rng, num_blocks=6, max_seqs=2, policy="sampled", sample_every=2)
+    a = rig.cache.add_sequence()
+    rig.grow(a, 3)
+    ft = rig.ft
+    state = (ft._calls, ft._scrub_at, dict(ft.stats()))
+    with pytest.raises(HexcoreInvalidArgumentError, match="stream"):
+        ft.verify(seqs(a), stream=stream)
+    assert ft.try_verify(seqs(a), stream=stream) is Status.INVALID_ARGUMENT
+    with pytest.raises(HexcoreInvalidArgumentError, match="stream"):
+        ft.scrub(1, stream=stream)
+    assert ft.try_scrub(1, stream=stream) is Status.INVALID_ARGUMENT
+    with pytest.raises(HexcoreInvalidArgumentError, match="stream"):
+        ft.migrate_sequence(a, stream=stream)
+    assert (ft._calls, ft._scrub_at, ft.stats()) == state
+    assert ft.scrub(1) == 1 and ft._scrub_at == int(rig.cache.block_table(a).min()) + 1
+
+
+def test_check_results_refuses_malformed_results_and_quarantines_nothing(rng):
+    """``out`` of another shape was AxisError, or (2-D, wrong width or rows) read as
+    corruption: its blocks quarantined."""
+    rig = Rig(rng, num_blocks=4, max_seqs=2)
+    a = rig.cache.add_sequence()
+    rig.grow(a, 2)
+    ft, ids = rig.ft, rig.cache.block_table(a)
+    L = CFG.num_layers
+    for block_ids, out, text in ((ids, np.ones((1, 2 * L), np.uint32), r"out: expected shape \(2, 2\)"),
+                                 (ids, np.ones((2, L), np.int32), "out: expected dtype uint32"),
+                                 (ids, np.ones(2, np.uint32), "out: expected shape"),
+                                 (ids, None, "out: expected a host numpy array, got NoneType"),
+                                 (ids, 3, "out: expected a host numpy array"),
+                                 (list(ids), np.ones((2, L), np.uint32), "block_ids: expected a host numpy array"),
+                                 (ids.astype(np.int64), np.ones((2, L), np.uint32), "block_ids: expected dtype int32"),
+                                 (np.array([0, 9], np.int32), np.ones((2, L), np.uint32),
+                                  r"block_ids\[1\] = 9 is outside \[-1, 4\)")):
+        with pytest.raises(HexcoreInvalidArgumentError, match=text):
+            ft.check_results(block_ids, out)
+    assert ft.quarantined == [] and ft.stats()["corruptions_found"] == 0
+    ft.check_results(np.array([-1, ids[1]], np.int32), np.zeros((2, L), np.uint32))  # padding and a clean row
+    with pytest.raises(HexcoreCorruptionError, match=rf"blocks {ids[1]} \(layers \[1\]\)"):
+        ft.check_results(ids, np.array([[0, 0], [0, 7]], np.uint32))
+    assert ft.quarantined == [int(ids[1])]
 
 
 def test_migrate_refuses_an_attached_event_ring_and_refill_keeps_every_tail(rng):
@@ -474,6 +533,9 @@ def test_graph_verification_refuses_bad_input_and_changes_nothing(seed):
     assert ft.try_check_graph(plain) is Status.INVALID_ARGUMENT
     with pytest.raises(HexcoreInvalidArgumentError, match="max_verify_blocks"):
         ft.decode_graph(1, max_verify_blocks=0)
+    for kwargs in ({"bogus": 1}, {"verify_sums": None}, {"max_blocks_per_seq": 2}):  # were TypeError
+        with pytest.raises(HexcoreInvalidArgumentError, match=r"decode_graph: unknown option\(s\)"):
+            ft.decode_graph(1, **kwargs)
     assert np.array_equal(store.pool.copy_to_host(), state[0])
     assert (ft._calls, ft.stats(), ft.recorded.tolist()) == (state[1], state[2], state[3].tolist())
     assert rig.graph.prepared == ()

@@ -148,6 +148,8 @@ def test_unknown_formats_are_config_errors(value):
     ("name", "", "name: expected a non-empty str"),
     ("tiers", (AgeTier(64, 4, 4), AgeTier(32, 2, 2)), "tiers: expected strictly increasing min_age"),
     ("tiers", ((0, 4, 4),), "tiers: expected AgeTier items"),
+    ("tiers", None, "tiers: expected a tuple of AgeTier, got NoneType"),
+    ("tiers", 5, "tiers: expected a tuple of AgeTier, got int"),
     ("sink_blocks", -1, "sink_blocks: "),
     ("fitted_keys", 1, "fitted_keys: expected a bool"),
 ])

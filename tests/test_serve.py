@@ -144,3 +144,123 @@ def test_a_format_by_age_refuses_the_fault_drill():
     work = Workload(np.array([0]), np.array([20]), np.array([2]))
     with pytest.raises(HexcoreConfigError, match="fault_tolerance: not with a format by age"):
         Server(tiny(), 2, num_blocks=4, max_seqs=2, workload=work, fault_tolerance=True, format="int4-aged")
+
+
+def _bad_server_args():
+    from hexcore.errors import HexcoreInvalidArgumentError as Invalid
+
+    for name in ("num_blocks", "max_prefill_tokens", "check_every", "sample_every"):
+        for value in (None, 0, -1, 1.5, "3", True, 10**30, [1]):
+            yield name, value, Invalid, name
+    for name in ("seed", "check_seqs", "inject_at"):
+        for value in (-1, 1.5, "3", np.bool_(True), float("nan"), object()):
+            yield name, value, Invalid, name
+    for name, value in (("cfg", None), ("cfg", "int4"), ("workload", None), ("workload", [0, 20, 2]),
+                        ("on_step", 5), ("fault_tolerance", "yes"), ("fault_tolerance", None)):
+        yield name, value, Invalid, name
+
+
+@pytest.mark.parametrize("name,value,error,match", list(_bad_server_args()))
+def test_bad_server_arguments_are_typed_before_anything_is_made(name, value, error, match):
+    """Every Server argument, checked up front (they once raised TypeError, ValueError or
+    ZeroDivisionError, some only in ``run``: ``check_every=0``), naming the argument."""
+    work = Workload(np.array([0]), np.array([20]), np.array([2]))
+    args = dict(cfg=tiny(), num_q_heads=2, num_blocks=4, max_seqs=2, workload=work, format="int4-aged")
+    with pytest.raises(error, match=match):
+        Server(**dict(args, **{name: value})).run(max_steps=2)
+
+
+@pytest.mark.parametrize("max_steps", [-1, 1.5, "2", float("nan"), [1], True])
+def test_server_run_checks_max_steps(max_steps):
+    from hexcore.errors import HexcoreInvalidArgumentError
+
+    work = Workload(np.array([0]), np.array([20]), np.array([2]))
+    server = Server(tiny(), 2, num_blocks=4, max_seqs=2, workload=work, format="int4-aged")
+    with pytest.raises(HexcoreInvalidArgumentError, match="max_steps"):
+        server.run(max_steps)
+    assert server.run(np.int64(5)).requests_finished == 1  # nothing was changed by the refused call
+
+
+@pytest.mark.parametrize("fields,match", [
+    (([0], [0], [2]), r"prompt_lens\[0\] = 0 is outside \[1, "),
+    (([0], [20], [-1]), r"output_lens\[0\] = -1 is outside"),
+    (([-1], [20], [2]), r"arrivals\[0\] = -1 is outside"),
+    (([0, 1], [20], [2]), "prompt_lens: expected 2 entries"),
+    (([3, 0], [20, 20], [2, 2]), r"arrivals: expected non-decreasing steps, arrivals\[1\] = 0 < arrivals\[0\] = 3"),
+    (([0], [20.5], [2]), "prompt_lens: expected a 1-D integer array, got float64"),
+    (([0], [np.nan], [2]), "prompt_lens: expected a 1-D integer array"),
+    ((None, [20], [2]), "arrivals: expected a 1-D integer array, got NoneType"),
+    (([[0]], [20], [2]), "arrivals: expected a 1-D integer array"),
+    (([0], [True], [2]), "prompt_lens: expected a 1-D integer array, got bool"),
+    (([0], [2**62], [2**62]), r"prompt_lens\[0\] = 4611686018427387904 is outside"),  # (their sum once wrapped)
+])
+def test_a_workload_is_checked_when_made(fields, match):
+    from hexcore.errors import HexcoreInvalidArgumentError
+
+    with pytest.raises(HexcoreInvalidArgumentError, match=match):
+        Workload(*fields)
+    work = Workload([0, 0], (20, 5), np.array([2, 2], np.uint8))  # lists, tuples, any integer dtype: int64
+    assert all(a.dtype == np.int64 for a in (work.arrivals, work.prompt_lens, work.output_lens))
+
+
+@pytest.mark.parametrize("at,value", [(0, 0), (0, 10**30), (0, 2.5), (1, None), (1, 7), (2, 0), (2, float("nan")),
+                                      (2, -1.0), (3, 0), (3, 1.5), (4, float("inf")), (5, None), (6, 0.0),
+                                      (6, True), (6, 10**400)])
+def test_synthetic_workload_arguments_are_typed(at, value):
+    """(once: ZeroDivisionError for 0 arrivals a step, numpy's ValueError for a negative
+    mean or count, AttributeError for a non-Generator, IndexError for 0 requests)"""
+    from hexcore.errors import HexcoreInvalidArgumentError
+
+    names = ("num_requests", "rng", "prompt_mean", "prompt_max", "output_mean", "output_max", "arrivals_per_step")
+    args = [4, np.random.default_rng(0), 20, 30, 5, 8, 1.0]
+    args[at] = value
+    with pytest.raises(HexcoreInvalidArgumentError, match=names[at]):
+        synthetic_workload(*args)
+
+
+def test_token_table_arguments_are_typed():
+    from hexcore.errors import HexcoreInvalidArgumentError
+    from hexcore.serve_workload import TokenTable
+
+    for args, match in (((None, 0), "cfg"), ((tiny(), -1), "seed"), ((tiny(), "1"), "seed")):
+        with pytest.raises(HexcoreInvalidArgumentError, match=match):
+            TokenTable(*args)
+    table = TokenTable(tiny(), 0)
+    for args, match in (((-1, 0, 4), "req_id"), ((0, 5, 4), "start"), ((0, 0, None), "stop"), ((1.5, 0, 4), "req_id")):
+        with pytest.raises(HexcoreInvalidArgumentError, match=match):
+            table.span(*args)
+    assert table.span(np.int64(0), 0, 4)[0].shape == (1, 4, 1, 64)
+
+
+def test_exact_attention_arguments_are_typed():
+    """(once AttributeError, IndexError or numpy's errors; an empty key set a ValueError)"""
+    from hexcore.errors import HexcoreInvalidArgumentError
+
+    q, kv = np.zeros((2, 8)), np.zeros((3, 1, 8))
+    for args, match in (((None, kv, kv, 1.0), "q: expected a real 2-D array, got NoneType"),
+                        ((np.zeros(8), kv, kv, 1.0), "q: expected a real 2-D array"),
+                        ((q, np.zeros((0, 1, 8)), np.zeros((0, 1, 8)), 1.0), "n >= 1"),
+                        ((np.zeros((3, 8)), np.zeros((3, 2, 8)), np.zeros((3, 2, 8)), 1.0), "Hq a multiple of H"),
+                        ((q, kv, np.zeros((4, 1, 8)), 1.0), "q, keys, values"),
+                        ((q, kv, kv, "1"), "scale: expected a positive finite number"),
+                        ((q, kv, kv, float("nan")), "scale"), ((q, kv, kv, np.zeros(2)), "scale")):
+        with pytest.raises(HexcoreInvalidArgumentError, match=match):
+            exact_attention(*args)
+
+
+def test_fault_drill_arguments_are_typed():
+    """(``inject_at="3"`` once passed and raised TypeError at the first step; a server that
+    is not a Server raised AttributeError)"""
+    from hexcore.errors import HexcoreInvalidArgumentError
+    from hexcore.serve_faults import FaultDrill
+
+    work = Workload(np.array([0]), np.array([20]), np.array([2]))
+    server = Server(tiny(), 2, num_blocks=4, max_seqs=2, workload=work)
+    for args, match in (((None, 2, 3), "server: expected a Server"), ((server, 0, 3), "sample_every"),
+                        ((server, 2, "3"), "inject_at"), ((server, 2, -1), "inject_at"), ((server, None, 3),
+                                                                                          "sample_every")):
+        with pytest.raises(HexcoreInvalidArgumentError, match=match):
+            FaultDrill(*args)
+    tiered = Server(tiny(), 2, num_blocks=4, max_seqs=2, workload=work, format="int4-aged")
+    with pytest.raises(HexcoreInvalidArgumentError, match="server: expected a Server without a format by age"):
+        FaultDrill(tiered, 2, 3)

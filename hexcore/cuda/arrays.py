@@ -148,7 +148,7 @@ def checked(x, name: str, dtype, shape: tuple, align: int = 16, output: bool | N
     if output is None:
         output = name in OUTPUTS
     if isinstance(x, np.ndarray) and not output:
-        _check_dtype_shape(name, x.dtype, x.shape, dtype, shape)  # before a copy of the wrong array
+        check_dtype_shape(name, x.dtype, x.shape, dtype, shape)  # before a copy of the wrong array
     if not view and not isinstance(x, np.ndarray) and not is_numba_array(x):
         iface = _interface(x, name)
         if iface is not None:
@@ -161,7 +161,7 @@ def checked(x, name: str, dtype, shape: tuple, align: int = 16, output: bool | N
 def _check_layout(name, have_dtype, have_shape, strides, ptr, dtype, shape, align) -> None:
     """dtype and shape, C-contiguous ``strides`` (None: C order), ``ptr`` a multiple of
     ``align`` (None: no address, the simulator)."""
-    _check_dtype_shape(name, have_dtype, have_shape, dtype, shape)
+    check_dtype_shape(name, have_dtype, have_shape, dtype, shape)
     if strides is not None and int(np.prod(have_shape)) and \
             not _c_contiguous(have_shape, strides, np.dtype(have_dtype).itemsize):
         raise HexcoreInvalidArgumentError(f"{name}: expected C-contiguous strides, got {strides} for shape "
@@ -191,7 +191,9 @@ def _checked_export(x, iface, name, dtype, shape, align, output):
     return x
 
 
-def _check_dtype_shape(name, have_dtype, have_shape, dtype, shape) -> None:
+def check_dtype_shape(name, have_dtype, have_shape, dtype, shape) -> None:
+    """Raise HexcoreInvalidArgumentError naming ``name`` unless ``have_dtype`` is ``dtype`` and
+    ``have_shape`` matches ``shape`` (None: any size on that axis)."""
     try:
         have = np.dtype(have_dtype)
     except TypeError:
@@ -269,24 +271,30 @@ def check_outside_store(store, **arrays) -> None:
     one of the two: an input read by a launch that writes the store (for instance ``k``
     given as a view of the tails), or an output written by a launch that reads it
     (decode's ``out``), is a race. Checked from addresses, nothing is read back."""
-    pool = store.pool
-    pool_ary = getattr(pool, "_ary", None)  # the simulator's device arrays wrap numpy arrays
     for name, x in arrays.items():
         if isinstance(x, np.ndarray) or x is None:
             continue  # a host array is copied to a fresh buffer
-        ary = getattr(x, "_ary", None)
-        if pool_ary is not None and ary is not None:
-            overlaps = np.may_share_memory(ary, pool_ary)
-        else:
-            start, other = device_pointer(x), device_pointer(pool)
-            if start is None or other is None:
-                continue
-            size = int(getattr(x, "nbytes", 0) or 0)
-            overlaps = start < other + int(pool.nbytes) and other < start + max(size, 1)
-        if overlaps:
+        if shares_memory(x, store.pool):
             raise HexcoreInvalidArgumentError(
                 f"{name}: lies inside the store's memory, which this launch also uses (a race); pass a "
                 f"separate array")
+
+
+def shares_memory(x, y) -> bool:
+    """Whether the device arrays ``x`` and ``y`` overlap: from the numpy arrays the
+    simulator's device arrays wrap, else from their addresses and sizes (False where
+    either has no address). Nothing is read back."""
+    a, b = getattr(x, "_ary", None), getattr(y, "_ary", None)
+    if a is not None and b is not None:
+        return bool(np.may_share_memory(a, b))
+    start, other = device_pointer(x), device_pointer(y)
+    if start is None or other is None:
+        return False
+    return start < other + max(_nbytes(y), 1) and other < start + max(_nbytes(x), 1)
+
+
+def _nbytes(x) -> int:
+    return int(getattr(x, "nbytes", 0) or 0)
 
 
 def _ids(values) -> str:

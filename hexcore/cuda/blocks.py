@@ -7,6 +7,7 @@ import functools
 import numpy as np
 from numba import cuda
 
+from .._checks import as_int
 from ..errors import HexcoreInvalidArgumentError
 from .. import layout
 from .arrays import (check_disjoint, check_distinct, check_outside_store, checked_ids, checked_layer, checked_store,
@@ -285,6 +286,10 @@ def run_tiered_ops(stores: list, ops: np.ndarray, fitted_keys: bool = False, row
     from ..host.tiered import OP_BLOCK, OP_LOGICAL, OP_SEQ, OP_SRC_BLOCK
 
     _check_tiered_ops(stores, ops)
+    if rows is not None:
+        if not (isinstance(rows, tuple) and len(rows) == 3):
+            raise HexcoreInvalidArgumentError(f"rows: expected (k, v, first) or None, got {type(rows).__name__}")
+        rows = (rows[0], rows[1], as_int("rows[2]", rows[2], low=0))
     stream = resolve_stream(stream, *(rows[:2] if rows is not None else ()))
     runs = _alike_runs(ops)
     ids = [(np.ascontiguousarray(run[:, OP_SEQ] if src < 0 else run[:, OP_SRC_BLOCK]),

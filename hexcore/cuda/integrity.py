@@ -286,7 +286,7 @@ def checksum_launch(store: DeviceKVStore, block_ids, sums, out, guard_bad, mode:
         mismatch count and list of the module docstring; None turns them off.
     """
     cfg = checked_store(store).config
-    if mode not in MODES:
+    if not isinstance(mode, str) or mode not in MODES:
         raise HexcoreInvalidArgumentError(f"mode: expected one of {tuple(MODES)}, got {mode!r}")
     ids = checked_ids(block_ids, "block_ids", None, store.num_blocks)
     n, L = ids.shape[0], cfg.num_layers
@@ -384,7 +384,7 @@ def flip_bits(store: DeviceKVStore, name: str, layer: int, unit: int, byte: int,
     four calls. Synchronous (a read-modify-write of one word through the host).
     """
     arrays = checked_store(store).arrays
-    if name not in arrays:
+    if not isinstance(name, str) or name not in arrays:
         raise HexcoreInvalidArgumentError(f"name: expected one of {tuple(arrays)}, got {name!r}")
     array = arrays[name]
     L, units = array.shape[0], array.shape[1]

@@ -32,17 +32,22 @@ from typing import Sequence
 import numpy as np
 from numba import cuda
 
-from ..errors import HexcoreInvalidArgumentError
+from .._checks import as_int
+from ..errors import HexcoreInvalidArgumentError, HexcoreOOMError
 from .arrays import device_pointer
 from .device import SIMULATOR
 from .streams import resolve_stream
 from .views import memo
 
 WORDS = 4  # int32 words per 16 bytes: every packed array starts at a multiple
+MAX_WORDS = 2**31 - 1  # the initial size of an Uploads' buffers, in int32 words
 
 
 def packed_offsets(arrays: Sequence[np.ndarray]) -> tuple[list[int], int]:
-    """(each array's first word, words in all) when packed 16-byte aligned."""
+    """(each array's first word, words in all) when packed 16-byte aligned; ``arrays``: a
+    list or tuple of host int32 arrays (HexcoreInvalidArgumentError otherwise)."""
+    if not isinstance(arrays, (list, tuple)):
+        raise HexcoreInvalidArgumentError(f"arrays: expected a list of host int32 arrays, got {type(arrays).__name__}")
     offsets, at = [], 0
     for a in arrays:
         if not isinstance(a, np.ndarray) or a.dtype != np.int32:
@@ -86,6 +91,7 @@ class Uploads:
     ``put(arrays)``. Buffers grow (doubling) when a step needs more."""
 
     def __init__(self, words: int = 4096):
+        words = as_int("words", words, 1, MAX_WORDS)
         self._turns = [_Turn(words), _Turn(words)]
         self._turn = 1
         self._stream = None  # the stream of the step using the current turn
@@ -93,12 +99,14 @@ class Uploads:
     def begin(self, stream=None) -> None:
         """Start a step on ``stream`` (``streams.resolve_stream``). The previous step's work
         is all queued by now: an event after it marks its turn; this step takes the other
-        turn, waiting for the event recorded after the step that used it last."""
+        turn, waiting for the event recorded after the step that used it last. A bad
+        ``stream`` raises before the turn changes."""
+        resolved = resolve_stream(stream)
         if self._stream is not None:
             self._turns[self._turn].record(self._stream)
         self._turn ^= 1
         self._turns[self._turn].wait()
-        self._stream = resolve_stream(stream)
+        self._stream = resolved
 
     @property
     def turn(self) -> int:
@@ -115,10 +123,31 @@ class Uploads:
 
     def scratch(self, shape: tuple, dtype) -> object:
         """A device array of ``shape`` and ``dtype`` (uninitialised) for the step's kernels,
-        from the turn's scratch buffer: reused two steps later, not allocated per step."""
+        from the turn's scratch buffer: reused two steps later, not allocated per step.
+        ``shape``: a tuple of ints >= 0; ``dtype``: a numeric numpy dtype."""
         if self._stream is None:
             raise HexcoreInvalidArgumentError("Uploads.scratch: call begin(stream) first")
-        return self._turns[self._turn].scratch(tuple(shape), np.dtype(dtype))
+        return self._turns[self._turn].scratch(*_scratch_shape(shape, dtype))
+
+
+def _scratch_shape(shape, dtype) -> tuple:
+    """(shape, dtype) of :meth:`Uploads.scratch` checked: a tuple of ints >= 0 and a numeric
+    numpy dtype, or HexcoreInvalidArgumentError naming the bad one."""
+    if not isinstance(shape, (tuple, list)):
+        raise HexcoreInvalidArgumentError(f"shape: expected a tuple of ints, got {type(shape).__name__}")
+    shape = tuple(as_int(f"shape[{i}]", n, 0, MAX_WORDS) for i, n in enumerate(shape))
+    try:
+        numeric = np.dtype(dtype)
+    except TypeError:
+        numeric = None
+    if numeric is None or numeric.kind not in "biufc":
+        raise HexcoreInvalidArgumentError(f"dtype: expected a numeric numpy dtype, got {_shown(dtype)}")
+    return shape, numeric
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
 
 
 class _Turn:
@@ -150,9 +179,10 @@ class _Turn:
         size = -(-nbytes // self.SCRATCH_ALIGN) * self.SCRATCH_ALIGN
         have = 0 if self._scratch is None else self._scratch.size
         if self._scratch_used + size > have:
+            grown = _device_bytes(max(2 * have, size, 1 << 20))  # (first: refused, nothing changed)
             if self._scratch is not None:
                 self.retired.append(self._scratch)  # this step's kernels may still read it
-            self._scratch, self._scratch_used = cuda.device_array(max(2 * have, size, 1 << 20), np.uint8), 0
+            self._scratch, self._scratch_used = grown, 0
         at = self._scratch_used
         self._scratch_used += size
         return memo(self._scratch, ("scratch", at, dtype.str, shape),
@@ -193,3 +223,10 @@ class _Turn:
             self._event.record(stream.numba)
             self._recorded = True
 
+
+def _device_bytes(nbytes: int):
+    """A device uint8 array of ``nbytes``, or HexcoreOOMError."""
+    try:
+        return cuda.device_array(nbytes, np.uint8)
+    except (MemoryError, ValueError):
+        raise HexcoreOOMError(f"Uploads.scratch: no device memory for {nbytes} bytes") from None

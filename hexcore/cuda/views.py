@@ -25,6 +25,9 @@ then they are made afresh (a serving loop's shapes drift: table widths grow).
 
 from __future__ import annotations
 
+from .._checks import as_int
+from ..errors import HexcoreInvalidArgumentError
+
 ATTR = "_hexcore_views"  # the attribute of a device array holding its views: {key: view}
 MAX_VIEWS = 256  # views kept per array; past it the array's views are dropped and made anew
 KEEP = True  # False: every view made afresh, as before this module (``benchmarks.host_step --fresh-views``)
@@ -53,15 +56,38 @@ def memo(array, key, make):
 
 
 def sliced(array, start: int, stop: int | None = None):
-    """``array[start:stop]`` (along the first axis), kept."""
-    return memo(array, ("slice", start, stop), lambda a: a[start:stop])
+    """``array[start:stop]`` (along the first axis), kept. ``start``, ``stop``: ints (or
+    ``stop`` None); anything else, or an ``array`` that cannot be sliced, raises
+    HexcoreInvalidArgumentError."""
+    if type(start) is not int or not (stop is None or type(stop) is int):  # (ints: no check on the hot path)
+        start, stop = as_int("start", start), None if stop is None else as_int("stop", stop)
+    try:
+        return memo(array, ("slice", start, stop), lambda a: a[start:stop])
+    except (TypeError, IndexError, AttributeError, ValueError):
+        raise HexcoreInvalidArgumentError(f"array: cannot take [{start}:{stop}] of {_described(array)}") from None
 
 
 def layer_of(array, index: int):
-    """``array[index]``: the sub-array at ``index`` of the first axis, kept."""
-    return memo(array, ("index", index), lambda a: a[index])
+    """``array[index]``: the sub-array at ``index`` of the first axis, kept. ``index``: an
+    int within that axis (HexcoreInvalidArgumentError otherwise)."""
+    if type(index) is not int:
+        index = as_int("index", index)
+    try:
+        return memo(array, ("index", index), lambda a: a[index])
+    except (TypeError, IndexError, AttributeError, ValueError):
+        raise HexcoreInvalidArgumentError(f"index: {index} is outside the first axis of {_described(array)}") from None
 
 
 def flat(array):
-    """``array.reshape(array.size)`` (a C-contiguous array), kept."""
-    return memo(array, ("flat",), lambda a: a.reshape(a.size))
+    """``array.reshape(array.size)`` (a C-contiguous array), kept; HexcoreInvalidArgumentError
+    for anything else."""
+    try:
+        return memo(array, ("flat",), lambda a: a.reshape(a.size))
+    except (TypeError, AttributeError, ValueError, NotImplementedError):
+        raise HexcoreInvalidArgumentError(f"array: expected a C-contiguous device array, got "
+                                          f"{_described(array)}") from None
+
+
+def _described(array) -> str:
+    shape = getattr(array, "shape", None)
+    return type(array).__name__ + ("" if shape is None else f" of shape {tuple(shape)}")

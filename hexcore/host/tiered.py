@@ -301,9 +301,10 @@ class TieredKVCache:
 
 def block_pools(fmt, length: int, block_size: int) -> np.ndarray:
     """The pool (index into :func:`pool_kinds`) of each sealed block of a sequence of
-    ``length`` tokens in format ``fmt``: int8 ``[length // block_size]``."""
+    ``length`` tokens in format ``fmt`` (a KVFormat or a name): int8 ``[length // block_size]``."""
+    fmt = kv_format(fmt)
+    first_fp16 = int(pool_kinds(fmt, block_size)[0] is KVDtype.FP16)  # (checks block_size)
     levels = fmt.block_tiers(length, block_size)  # -1 FP16, else the tier
-    first_fp16 = int(pool_kinds(fmt, block_size)[0] is KVDtype.FP16)
     return np.where(levels < 0, 0, levels + first_fp16).astype(np.int8)
 
 
@@ -318,18 +319,28 @@ def pool_blocks_for(fmt, block_size: int, total_blocks: int, max_seqs: int) -> d
     total_blocks = as_int("total_blocks", total_blocks, low=1)
     max_seqs = as_int("max_seqs", max_seqs, low=1)
     kinds = pool_kinds(fmt, block_size)
-    oldest = max([t.min_age for t in fmt.tiers], default=0)
-    horizon = (fmt.sink_blocks + 2) * block_size + oldest  # past it no bounded pool holds more
-    most = np.zeros(len(kinds), np.int64)
-    for length in range(horizon + 1):
-        most = np.maximum(most, np.bincount(block_pools(fmt, length, block_size), minlength=len(kinds)))
-    sizes = [min(total_blocks, max(1, max_seqs * int(m))) for m in most[:-1]] + [total_blocks]
+    sizes = [min(total_blocks, max(1, max_seqs * m)) for m in _most_blocks(fmt, block_size)[:-1]] + [total_blocks]
     return {kind.value: n for kind, n in zip(kinds, sizes)}
+
+
+def _most_blocks(fmt, block_size: int) -> list:
+    """The most blocks one sequence ever holds in each pool of :func:`pool_kinds`, in closed
+    form (O(tiers), whatever the format's ages and sink): a sequence's youngest blocks are
+    the ones younger than an age, so the FP16 pool holds at most the sink and the blocks
+    younger than the first tier, tier ``t``'s pool the blocks between its age and the next
+    tier's, and the last pool (unbounded) is given as 0."""
+    ages = [t.min_age // block_size for t in fmt.tiers]  # in blocks (multiples: pool_kinds checked)
+    most = [fmt.sink_blocks + ages[0]] if ages and pool_kinds(fmt, block_size)[0] is KVDtype.FP16 else []
+    most += [later - age for age, later in zip(ages, ages[1:])]
+    return most + [0]
 
 
 def pool_kinds(fmt, block_size: int) -> list:
     """The pools a format needs, in order: FP16 (when a block can be FP16: the sink, or
-    blocks younger than the first tier), then one per tier."""
+    blocks younger than the first tier), then one per tier, a kind at most once (else
+    HexcoreConfigError). ``fmt``: a KVFormat or a name; ``block_size``: an int >= 1
+    (HexcoreInvalidArgumentError naming it otherwise)."""
+    fmt, block_size = kv_format(fmt), as_int("block_size", block_size, low=1)
     tiers = fmt.tiers
     ages = [t.min_age for t in tiers]
     if any(a % block_size for a in ages):
@@ -343,13 +354,16 @@ def pool_kinds(fmt, block_size: int) -> list:
         kind = _BITS_DTYPE[t.key_bits]
         if kinds and kinds[-1] is kind:
             raise HexcoreConfigError(f"format {fmt.name!r}: tier {i} keeps the bits of the one before")
+        if kind in kinds:  # pool_blocks names a pool by its kind: one pool per kind
+            raise HexcoreConfigError(f"format {fmt.name!r}: tier {i} returns to {kind.value}, the kind of an "
+                                     f"earlier tier (a pool per kind)")
         kinds.append(kind)
     return kinds
 
 
 def _pool_sizes(pool_blocks, kinds: list) -> list:
     names = [k.value for k in kinds]
-    if not isinstance(pool_blocks, dict) or sorted(pool_blocks) != sorted(names):
+    if not isinstance(pool_blocks, dict) or set(pool_blocks) != set(names):
         raise HexcoreInvalidArgumentError(
             f"pool_blocks: expected a dict with the keys {names} (the format's pools), got {pool_blocks!r:.80}")
     return [as_int(f"pool_blocks[{name!r}]", pool_blocks[name], low=1) for name in names]

@@ -159,6 +159,11 @@ def test_bad_arguments_raise_typed_errors(rng):
         integrity.clobber_guard(store, 6)
     with pytest.raises(HexcoreInvalidArgumentError, match="block_ids"):
         integrity.prepare_checksum(store, ids, sums, out, bad)  # a host array: prepared launches take device ones
+    for unhashable in ([1], np.array([1]), {}):  # were TypeError: unhashable type (a dict lookup)
+        with pytest.raises(HexcoreInvalidArgumentError, match="mode: expected one of"):
+            integrity.checksum_launch(store, ids, sums, out, bad, unhashable)
+        with pytest.raises(HexcoreInvalidArgumentError, match="name: expected one of"):
+            integrity.flip_bits(store, unhashable, 0, 0, 0)
 
 
 @pytest.mark.gpu

@@ -66,6 +66,44 @@ def test_a_put_before_begin_and_a_bad_array_are_refused():
         upload_once([[1, 2]])
 
 
+def test_bad_sizes_shapes_dtypes_and_array_lists_raise_typed_errors():
+    """Were TypeError, ValueError (negative dimensions) and numpy's dtype errors."""
+    for words in ("3", -1, 1.5, None, 10**30, True):
+        with pytest.raises(HexcoreInvalidArgumentError, match="words: expected an int"):
+            Uploads(words)
+    for arrays in (None, 3, np.zeros(3, np.int32), "ab"):
+        with pytest.raises(HexcoreInvalidArgumentError, match="arrays: expected a list of host int32 arrays"):
+            packed_offsets(arrays)
+        with pytest.raises(HexcoreInvalidArgumentError, match="arrays: expected a list"):
+            upload_once(arrays)
+    uploads = Uploads(64)
+    uploads.begin()
+    with pytest.raises(HexcoreInvalidArgumentError, match="arrays: expected a list"):
+        uploads.put(None)
+    for shape, text in ((3, "shape: expected a tuple of ints, got int"), (None, "shape: expected a tuple"),
+                        ((2, -1), r"shape\[1\]: expected an int in \[0, "), ((1.5,), r"shape\[0\]: expected an int"),
+                        ([[1, 2]], r"shape\[0\]: expected an int")):
+        with pytest.raises(HexcoreInvalidArgumentError, match=text):
+            uploads.scratch(shape, np.float16)
+    for dtype in ("3", object, -1, [1], "U4"):
+        with pytest.raises(HexcoreInvalidArgumentError, match="dtype: expected a numeric numpy dtype"):
+            uploads.scratch((2, 2), dtype)
+    assert uploads.scratch([2, 3], np.float16).shape == (2, 3)
+
+
+@pytest.mark.parametrize("stream", ["x", 1.5, True, [0]])
+def test_a_bad_stream_is_refused_before_the_turn_changes(stream):
+    """begin flipped its turn (and recorded on the old stream) before the stream raised."""
+    uploads = Uploads()
+    uploads.begin()
+    turn = uploads.turn
+    with pytest.raises(HexcoreInvalidArgumentError, match="stream"):
+        uploads.begin(stream)
+    assert uploads.turn == turn
+    uploads.begin()
+    assert uploads.turn == turn ^ 1
+
+
 @cuda.jit
 def _slow_copy(src, dst, naps):
     """dst = src, read after ``naps`` sleeps of 10 us."""

@@ -263,3 +263,72 @@ def test_pool_blocks_for_presets_and_bad_values():
             pool_blocks_for("int2-aged", *args)
     with pytest.raises(HexcoreConfigError, match="format"):
         pool_blocks_for("int3", 32, 8, 4)
+
+
+def _most_blocks_by_lengths(fmt, block_size):
+    # the most blocks one sequence holds in each pool, over every length up to past the oldest tier
+    from hexcore.host.tiered import block_pools, pool_kinds
+
+    kinds = pool_kinds(fmt, block_size)
+    horizon = (fmt.sink_blocks + 2) * block_size + max([t.min_age for t in fmt.tiers], default=0)
+    most = np.zeros(len(kinds), np.int64)
+    for length in range(horizon + 1):
+        most = np.maximum(most, np.bincount(block_pools(fmt, length, block_size), minlength=len(kinds)))
+    return most[:-1].tolist()
+
+
+@pytest.mark.parametrize("fmt", [*FORMATS.values(), AGED3, KVFormat("s3", (AgeTier(0, 4, 4), AgeTier(32, 2, 2)), 3),
+                                 KVFormat("y", (AgeTier(48, 4, 4), AgeTier(160, 2, 2)), 2)],
+                         ids=lambda f: f.name)
+def test_pool_blocks_for_is_the_most_any_length_holds(fmt):
+    """pool_blocks_for's closed form equals the most blocks a sequence holds in each bounded
+    pool over every length (what it once computed, in O(horizon**2))."""
+    from hexcore.host import pool_blocks_for
+
+    sizes = list(pool_blocks_for(fmt, BS, 10**6, 3).values())
+    assert sizes[:-1] == [max(1, 3 * m) for m in _most_blocks_by_lengths(fmt, BS)] and sizes[-1] == 10**6
+
+
+def test_pool_blocks_for_takes_far_ages_and_large_sinks_at_once():
+    """A sink of a million blocks or a tier 2**40 tokens old once made pool_blocks_for loop
+    over every length up to it (a hang); the sizes come in closed form."""
+    from hexcore.host import pool_blocks_for
+
+    assert pool_blocks_for(KVFormat("x", (AgeTier(16, 4, 4),), 10**6), BS, 8, 2) == {"fp16": 8, "int4": 8}
+    far = KVFormat("x", (AgeTier(0, 4, 4), AgeTier(2**40, 2, 2)), 1)
+    assert pool_blocks_for(far, BS, 2**50, 2) == {"fp16": 2, "int4": 2**37, "int2": 2**50}
+
+
+@pytest.mark.parametrize("call", ["pool_kinds", "block_pools"])
+@pytest.mark.parametrize("fmt", [None, 5, "int4-aged ", "INT8-AGED", object()])
+def test_format_helpers_take_a_format_or_its_name_and_nothing_else(call, fmt):
+    from hexcore.host import tiered
+
+    fn = getattr(tiered, call)
+    args = (64, BS) if call == "block_pools" else (BS,)
+    assert np.array_equal(np.asarray(fn("INT4-AGED", *args)), np.asarray(fn(FORMATS["int4-aged"], *args)))
+    with pytest.raises(HexcoreConfigError, match="format: expected a KVFormat"):
+        fn(fmt, *args)
+
+
+@pytest.mark.parametrize("block_size", [0, -16, None, 1.5, "16", True, np.zeros(2), [16]])
+def test_format_helpers_check_block_size(block_size):
+    from hexcore.host.tiered import block_pools, pool_kinds
+
+    assert pool_kinds("int2-aged", np.uint8(16)) == pool_kinds("int2-aged", 16)  # (384 % uint8 once overflowed)
+    for fn, args in ((pool_kinds, ()), (block_pools, (64,))):
+        with pytest.raises(HexcoreInvalidArgumentError, match="block_size"):
+            fn("int4-aged", *args, block_size)
+
+
+def test_pool_blocks_with_keys_of_other_types_are_typed():
+    with pytest.raises(HexcoreInvalidArgumentError, match="pool_blocks: expected a dict with the keys"):
+        TieredKVCache(CONFIG, "int4-aged", {"fp16": 8, "int4": 8, None: 1}, 4)  # (sorted() once raised TypeError)
+
+
+def test_a_format_returning_to_an_earlier_kind_is_a_config_error():
+    """INT2, INT4, then INT2 again would need two pools named "int2" in ``pool_blocks`` (and
+    pool_blocks_for's dict gave both the last one's size)."""
+    back = KVFormat("back", (AgeTier(48, 2, 2), AgeTier(96, 4, 4), AgeTier(160, 2, 2)))
+    with pytest.raises(HexcoreConfigError, match="tier 2 returns to int2"):
+        TieredKVCache(CONFIG, back, {"fp16": 8, "int2": 8, "int4": 8}, 4)

@@ -10,7 +10,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda
 
-from ..._checks import as_int
+from ..._checks import as_int, real_value
 from ...errors import HexcoreInvalidArgumentError
 from ..arrays import (check_id_range, check_outside_store, checked, checked_ids, checked_layer, checked_store,
                       device_only)
@@ -306,7 +306,7 @@ def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, ta
     arguments (tens of us of host time); :class:`DecodePlan` does that once.
     """
     launch, out = decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len,
-                                options or DEFAULT_OPTIONS, _workspace, verify)
+                                resolved_options(options), _workspace, verify)
     launch.run(resolve_stream(stream, q, block_tables, seq_lens, tail_slots, out))
     return out
 
@@ -334,12 +334,9 @@ class DecodePlan:
                     f"verify: expected a DecodeVerify or None, got {type(verify).__name__}")
             device_only(**{f"verify.{name}": a for name, a in verify._asdict().items()})
         self._verify = verify
-        if workspace is not None and not isinstance(workspace, Workspace):
-            raise HexcoreInvalidArgumentError(
-                f"workspace: expected a Workspace or None, got {type(workspace).__name__}")
-        self.store, self.options = checked_store(store), options or DEFAULT_OPTIONS
+        self.store, self.options = checked_store(store), resolved_options(options)
         self._inputs = (q, block_tables, seq_lens, tail_slots)
-        self._scale, self._max_seq_len, self._workspace = scale, max_seq_len, workspace or _workspace
+        self._scale, self._max_seq_len, self._workspace = scale, max_seq_len, checked_workspace(workspace, _workspace)
         _, self.out = decode_launch(q, store, 0, block_tables, seq_lens, tail_slots, out, scale, max_seq_len,
                                     self.options, self._workspace, verify, prepared=True)
         self._torch = next((a for a in (*self._inputs, out) if type(a).__module__.startswith("torch")), None)
@@ -388,6 +385,8 @@ def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scal
     if num_q_heads % cfg.num_kv_heads or num_q_heads == 0:
         raise HexcoreInvalidArgumentError(
             f"q: num_q_heads {num_q_heads} is not a positive multiple of num_kv_heads {cfg.num_kv_heads}")
+    if batch == 0:  # a grid of no CTAs is no launch (and the split policy divides by the items)
+        raise HexcoreInvalidArgumentError(f"q: expected at least one sequence, got shape {tuple(q.shape)}")
     max_blocks = _max_blocks(block_tables, batch)
     capacity = (max_blocks + 1) * cfg.block_size - 1
     host_lens = seq_lens if isinstance(seq_lens, np.ndarray) else None
@@ -399,7 +398,7 @@ def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scal
         _check_tables(host_tables, host_lens, cfg.block_size, store.num_blocks)
     longest = int(host_lens.max(initial=0)) if host_lens is not None else None
     max_seq_len = _checked_max_seq_len(max_seq_len, longest, capacity)
-    scale = _checked_scale(scale, cfg.head_dim)
+    scale = checked_scale(scale, cfg.head_dim)
     if out is None:
         out = cuda.device_array((batch, num_q_heads, cfg.head_dim), np.float16)
     out = checked(out, "out", np.float16, (batch, num_q_heads, cfg.head_dim), output=True)
@@ -446,14 +445,33 @@ def _ctas_per_sm(kernel, args) -> int:
     return found
 
 
-def _checked_scale(scale, head_dim: int) -> float:
+def resolved_options(options) -> DecodeOptions:
+    """``options`` (a DecodeOptions), or :data:`DEFAULT_OPTIONS` for None; anything else
+    raises HexcoreInvalidArgumentError (``options or DEFAULT_OPTIONS`` would take 0 or ""
+    for the defaults and raise numpy's ValueError for an array)."""
+    if options is None:
+        return DEFAULT_OPTIONS
+    if not isinstance(options, DecodeOptions):
+        raise HexcoreInvalidArgumentError(f"options: expected DecodeOptions or None, got {type(options).__name__}")
+    return options
+
+
+def checked_workspace(workspace, default: Workspace) -> Workspace:
+    """``workspace`` (a Workspace), or ``default`` for None; else HexcoreInvalidArgumentError."""
+    if workspace is None:
+        return default
+    if not isinstance(workspace, Workspace):
+        raise HexcoreInvalidArgumentError(f"workspace: expected a Workspace or None, got {type(workspace).__name__}")
+    return workspace
+
+
+def checked_scale(scale, head_dim: int) -> float:
+    """The softmax scale of every attention entry point: ``1 / sqrt(head_dim)`` for None,
+    else ``scale`` as a positive finite float (HexcoreInvalidArgumentError naming it)."""
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
-    try:  # (an int too large for a float overflows: not finite either)
-        value = float(scale) if isinstance(scale, (int, float, np.floating, np.integer)) else math.nan
-    except OverflowError:
-        value = math.inf
-    if isinstance(scale, (bool, np.bool_)) or not math.isfinite(value) or value <= 0:
+    value = real_value(scale)
+    if not (math.isfinite(value) and value > 0):
         raise HexcoreInvalidArgumentError(f"scale: expected a positive finite number or None, got {scale!r}")
     return value
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...errors import HexcoreConfigError
+from ..._checks import as_int
+from ...errors import HexcoreConfigError, HexcoreInvalidArgumentError
 from ..launch import PATHS
 
 PREFETCH = ("quantized", "all", "none")
 ITEM_CALLS = ("call", "inline")
 TIERED_FP16 = ("launch", "merge")
 TIERED_MERGE = ("launch", "last", "one")
+MAX_REGISTERS = 255  # registers per thread a kernel can have on any CUDA GPU (ptxas's --maxrregcount)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +129,7 @@ class DecodeOptions:
       the cache's dtype, fitted on the H200. A prepared launch is priced with the cluster
       merge where it would merge in clusters (``cluster_merge``; the policy knows which);
       ``SplitCosts(0, 0, 0, 0)`` leaves the count to the SMs' load alone.
-    - ``max_registers``: a register cap; None takes each kernel's default: for the grid
+    - ``max_registers``: a register cap in [1, 255]; None takes each kernel's default: for the grid
       decode kernel 128 (four CTAs of 128 threads resident per SM; the 8-32 bytes it spills
       at head_dim 128 cost less than the warps it adds), except an INT4/INT2 launch whose
       splits fit in one wave of the uncapped kernel (few items: B=1, B=32 x 8 KV heads),
@@ -232,26 +234,18 @@ class DecodeOptions:
             raise HexcoreConfigError(f"split_overhead: expected a number in [0, 1e6), got {value!r}")
         if not (self.split_costs is None or isinstance(self.split_costs, SplitCosts)):
             raise HexcoreConfigError(f"split_costs: expected a SplitCosts or None, got {self.split_costs!r}")
-        for name in ("ctas_per_sm", "max_registers", "split_blocks"):
+        for name, high in (("ctas_per_sm", None), ("max_registers", MAX_REGISTERS), ("split_blocks", None),
+                           ("min_split_blocks", None)):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise HexcoreConfigError(f"{name}: expected a positive int or None, got {value!r}")
-        if isinstance(self.min_split_blocks, bool) or not isinstance(self.min_split_blocks, int) \
-                or self.min_split_blocks < 1:
-            raise HexcoreConfigError(f"min_split_blocks: expected a positive int, got {self.min_split_blocks!r}")
-        if self.l2_prefetch not in PREFETCH:
-            raise HexcoreConfigError(f"l2_prefetch: expected one of {PREFETCH}, got {self.l2_prefetch!r}")
+            if value is not None or name == "min_split_blocks":
+                object.__setattr__(self, name, _config_int(name, value, high))
+        for name, choices in (("l2_prefetch", PREFETCH), ("persistent_item", ITEM_CALLS),
+                              ("tiered_fp16", TIERED_FP16), ("launch_path", PATHS)):
+            _check_choice(name, getattr(self, name), choices)
         if not isinstance(self.joint_softmax, bool):
             raise HexcoreConfigError(f"joint_softmax: expected a bool, got {self.joint_softmax!r}")
-        if self.persistent_item not in ITEM_CALLS:
-            raise HexcoreConfigError(f"persistent_item: expected one of {ITEM_CALLS}, got {self.persistent_item!r}")
-        if self.tiered_fp16 not in TIERED_FP16:
-            raise HexcoreConfigError(f"tiered_fp16: expected one of {TIERED_FP16}, got {self.tiered_fp16!r}")
-        if not (self.tiered_merge is None or self.tiered_merge in TIERED_MERGE):
-            raise HexcoreConfigError(f"tiered_merge: expected None or one of {TIERED_MERGE}, "
-                                     f"got {self.tiered_merge!r}")
-        if self.launch_path not in PATHS:
-            raise HexcoreConfigError(f"launch_path: expected one of {PATHS}, got {self.launch_path!r}")
+        if self.tiered_merge is not None:
+            _check_choice("tiered_merge", self.tiered_merge, TIERED_MERGE, "None or ")
         if not (self.dependent_launch is None or isinstance(self.dependent_launch, bool)) \
                 or (self.dependent_launch and self.launch_path != "raw"):
             raise HexcoreConfigError(f"dependent_launch: expected None or a bool, True only with launch_path 'raw', "
@@ -300,6 +294,22 @@ class DecodeOptions:
     def costs(self, bits: int) -> SplitCosts:
         """``split_costs`` for a cache of ``bits`` (16, 4 or 2) per value (None resolved)."""
         return SPLIT_COSTS[bits] if self.split_costs is None else self.split_costs
+
+
+def _config_int(name: str, value, high: int | None) -> int:
+    """``value`` as an int in ``[1, high]`` (``_checks.as_int``'s rule: numpy integers too),
+    else HexcoreConfigError with as_int's message."""
+    try:
+        return as_int(name, value, 1, high)
+    except HexcoreInvalidArgumentError as exc:
+        raise HexcoreConfigError(str(exc)) from None
+
+
+def _check_choice(name: str, value, choices: tuple, also: str = "") -> None:
+    """Raise HexcoreConfigError unless ``value`` is one of the strings ``choices`` (tested as
+    a string first: ``in`` would compare an array elementwise and raise numpy's ValueError)."""
+    if not isinstance(value, str) or value not in choices:
+        raise HexcoreConfigError(f"{name}: expected {also}one of {choices}, got {value!r}")
 
 
 DEFAULT_OPTIONS = DecodeOptions()

@@ -52,13 +52,14 @@ import numpy as np
 from numba import cuda, int32, int64
 
 from ...errors import HexcoreInvalidArgumentError
-from ..arrays import device_only
+from ..._checks import as_int, real_value
+from ..arrays import checked_layer, device_only
 from ..device import SIMULATOR, add_acq_rel, allow_dependent_grids, load_relaxed, shfl_idx_int, wait_prior_grids
 from ..streams import resolve_stream
 from ..timer import global_timer_ns
 from . import launcher
 from .kernel import GRID_REGISTERS, decode_item_function
-from .options import DEFAULT_OPTIONS, DecodeOptions
+from .options import DecodeOptions
 from .shape import THREADS, DecodeShape
 
 # state: int64 [STATE_WORDS + grid]: the words, then the owed list (one word per CTA of the
@@ -453,10 +454,10 @@ class PersistentDecode:
                  count_items: bool = False, workspace: launcher.Workspace | None = None):
         device_only(q=q, block_tables=block_tables, seq_lens=seq_lens, tail_slots=tail_slots, out=out)
         self.budget_us = checked_budget(budget_us)
-        self.options = options or DEFAULT_OPTIONS
+        self.options = launcher.resolved_options(options)
         self._inputs = (q, store, block_tables, seq_lens, tail_slots)
-        self._scale, self._max_seq_len, self._count = scale, max_seq_len, bool(count_items)
-        self._workspace = workspace or _workspace
+        self._scale, self._max_seq_len, self._count = scale, max_seq_len, checked_count_items(count_items)
+        self._workspace = launcher.checked_workspace(workspace, _workspace)
         launch, self.out = launcher.decode_launch(q, store, 0, block_tables, seq_lens, tail_slots, out, scale,
                                                   max_seq_len, self.options, self._workspace)
         self._torch = next((a for a in (q, block_tables, seq_lens, tail_slots, self.out)
@@ -510,8 +511,16 @@ class PersistentDecode:
     def launches(self, layer: int):
         """(reset, slice): the layer's prepared reset launch and its slice launch with no
         flags (a call's later slice), made on first use; ``run`` and ``enqueue`` use them and
-        the same slice with other flags."""
+        the same slice with other flags (``layer``: an int in ``[0, num_layers)``, numpy
+        integers accepted)."""
+        layer = self._layer(layer)
         return self._prepared(layer)[0], self._slice(layer, 0)
+
+    def _layer(self, layer) -> int:
+        """``layer`` checked (``arrays.checked_layer``) before a call changes any state."""
+        if type(layer) is int and layer in self._layers:
+            return layer
+        return checked_layer(layer, self._inputs[1].config.num_layers)[0]
 
     def _prepared(self, layer: int):
         """(reset, {flags: slice}) of ``layer``: its reset launch and the slice launches made so far."""
@@ -554,9 +563,8 @@ class PersistentDecode:
         """Enqueue ``slices`` slices (no host read: capture-safe). Whether they were enough
         shows in ``stats().drained``; the last one leaves the queue ready for the next call
         either way."""
-        from ..._checks import as_int
-
         slices = as_int("slices", slices, 1, 1 << 20)
+        layer = self._layer(layer)
         stream = resolve_stream(stream, self._torch)
         self._start_call(layer, stream)
         for i in range(slices):
@@ -565,6 +573,7 @@ class PersistentDecode:
     def run(self, layer: int, stream=None):
         """Decode ``layer`` into ``self.out``: slices until the queue is drained (reads the
         state back: synchronises with the stream). Returns ``self.out``."""
+        layer = self._layer(layer)
         stream = resolve_stream(stream, self._torch)
         self._start_call(layer, stream)
         self._workspace.clean = False  # until the queue is seen drained
@@ -619,7 +628,8 @@ def persistent_decode(q, store, layer: int, block_tables, seq_lens, tail_slots, 
     :class:`PersistentStats`). Synchronises with the stream (it reads the queue cursor).
     """
     checked_budget(budget_us)
-    options = options or DEFAULT_OPTIONS
+    checked_count_items(count_items)
+    options = launcher.resolved_options(options)
     launcher.decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len, options,
                            _workspace)  # host arrays are range-checked here, before they are copied
     if isinstance(seq_lens, np.ndarray) and max_seq_len is None:
@@ -634,7 +644,14 @@ def persistent_decode(q, store, layer: int, block_tables, seq_lens, tail_slots, 
 
 def checked_budget(budget_us) -> float:
     """``budget_us`` as a float in (0, MAX_BUDGET_US], else BudgetError naming the value."""
-    if isinstance(budget_us, (bool, np.bool_)) or not isinstance(budget_us, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(float(budget_us)) or not 0 < float(budget_us) <= MAX_BUDGET_US:
+    value = real_value(budget_us)
+    if not (math.isfinite(value) and 0 < value <= MAX_BUDGET_US):
         raise BudgetError(f"budget_us: expected a number of microseconds in (0, {MAX_BUDGET_US:g}], got {budget_us!r}")
-    return float(budget_us)
+    return value
+
+
+def checked_count_items(count_items) -> bool:
+    """``count_items`` as a bool (numpy's accepted), else HexcoreInvalidArgumentError naming it."""
+    if not isinstance(count_items, (bool, np.bool_)):
+        raise HexcoreInvalidArgumentError(f"count_items: expected a bool, got {count_items!r}")
+    return bool(count_items)

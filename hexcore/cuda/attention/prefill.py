@@ -22,7 +22,6 @@ or ``Engine.prefill``), after this reads the prefix.
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import NamedTuple
 
 import numpy as np
@@ -31,11 +30,12 @@ from numba import cuda
 from ..._checks import as_int
 from ...errors import HexcoreInvalidArgumentError
 from ..arrays import (as_device_array, check_outside_store, checked, checked_layer, checked_store, device_pointer,
-                      is_numba_array)
+                      is_numba_array, shares_memory)
 from ..launch import Launch
 from ..store import flat_words
 from ..uploads import upload_once
 from ..streams import resolve_stream, torch_current_stream, torch_stream, torch_with_cuda
+from .launcher import checked_scale
 from .prefill_kernels import (EXTEND_THREADS, GATHER_THREADS, extend_grid, extend_kernel, gather_batch_kernel,
                               gather_grid, gather_kernel)
 
@@ -76,6 +76,8 @@ def gather_prefix(store, layer: int, block_table, prefix_len: int, tail_slot: in
     outs = checked(k_out, "k_out", np.float16, shape, output=True), checked(v_out, "v_out", np.float16, shape,
                                                                             output=True)
     check_outside_store(store, k_out=outs[0], v_out=outs[1])
+    if shares_memory(*outs):  # (the gather writes both: one would overwrite the other)
+        raise HexcoreInvalidArgumentError("v_out: shares memory with k_out; pass separate arrays")
     _gather(store, layer, table, prefix_len, slot, k_new, v_new, *outs, launch_stream)
     return k_out, v_out
 
@@ -114,7 +116,7 @@ def prefill_attention(q, k_new, v_new, store, layer: int, block_table, prefix_le
     if num_q_heads == 0 or num_q_heads % cfg.num_kv_heads:
         raise HexcoreInvalidArgumentError(
             f"q: num_q_heads {num_q_heads} is not a positive multiple of num_kv_heads {cfg.num_kv_heads}")
-    scale = _checked_scale(scale, cfg.head_dim)
+    scale = checked_scale(scale, cfg.head_dim)
     out_shape = (n_new, num_q_heads, cfg.head_dim)
     if out is None:
         out = _new_like(q_in, out_shape)
@@ -173,7 +175,7 @@ def prefill_attention_batch(q, k_new, v_new, store, layer: int, block_tables, pr
         rows = BatchRows(store, args.batch, args.n_max, block_tables, prefix_lens, tail_slots, n_new)
     else:
         _check_prepared(rows, store, args.batch, args.n_max, (block_tables, prefix_lens, tail_slots, n_new))
-    scale = _checked_scale(scale, cfg.head_dim)
+    scale = checked_scale(scale, cfg.head_dim)
     shape = (args.batch, args.n_max, args.num_q_heads, cfg.head_dim)
     out_dev = None if out is None else _reused(rows, "out", (store, args, out),
                                                lambda: _checked_out(store, out, shape, args.backend))
@@ -619,15 +621,6 @@ def _checked_new(cfg, k_new, v_new):
     n_new = k_new.shape[0]
     v_new = checked(v_new, "v_new", np.float16, (n_new, cfg.num_kv_heads, cfg.head_dim))
     return k_new, v_new, n_new
-
-
-def _checked_scale(scale, head_dim: int) -> float:
-    if scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)) \
-            or not math.isfinite(float(scale)) or float(scale) <= 0:
-        raise HexcoreInvalidArgumentError(f"scale: expected a positive finite number or None, got {scale!r}")
-    return float(scale)
 
 
 def _checked_backend(backend) -> str:

@@ -29,7 +29,7 @@ import dataclasses
 import numpy as np
 
 from ...errors import HexcoreInvalidArgumentError
-from ..arrays import check_outside_store, checked, checked_layer, checked_store
+from ..arrays import check_id_range, check_outside_store, checked, checked_layer, checked_store
 from ..launch import Launch
 from ..store import flat_words
 from ..streams import resolve_stream
@@ -37,8 +37,8 @@ from ..uploads import upload_once
 from ..views import flat, layer_of, sliced
 from .kernel import GRID_REGISTERS, decode_kernel
 from .launcher import (UNCAPPED_REGISTERS, Workspace, check_host_index, decode_launch, dependent_launches, policy_sms,
-                       prepare_decode, register_cap, resident_slots)
-from .options import DEFAULT_OPTIONS, DecodeOptions
+                       prepare_decode, register_cap, resident_slots, resolved_options)
+from .options import DecodeOptions
 from .shape import THREADS, DecodeShape
 from .tiered_kernels import fused_merge_kernel, merge_kernel, one_launch_kernel, pool_kernel
 
@@ -96,8 +96,12 @@ class TieredDecodePlan:
     def __init__(self, stores: list, tables: list, counts: list, tail_lens, tail_pool, tail_slots,
                  scale: float | None = None, options: DecodeOptions | None = None, buffers: tuple | None = None,
                  upload=None, reuse: "TieredDecodePlan | None" = None):
+        if upload is not None and not callable(upload):
+            raise HexcoreInvalidArgumentError(f"upload: expected a callable or None, got {type(upload).__name__}")
+        if reuse is not None and not isinstance(reuse, TieredDecodePlan):
+            raise HexcoreInvalidArgumentError(f"reuse: expected a TieredDecodePlan or None, got {type(reuse).__name__}")
         self._index = (stores, tables, counts, tail_lens, tail_pool, tail_slots)
-        self._scale, self._options, self._upload, self._reuse = scale, options, upload, reuse
+        self._scale, self._options, self._upload, self._reuse = scale, resolved_options(options), upload, reuse
         self._launches = self._shape = None
         self._spent = False
         self._buffers = None if buffers is None else _checked_buffers(stores, buffers)
@@ -120,7 +124,7 @@ class TieredDecodePlan:
             launches, out = tiered_decode_launches(q, *self._index, layer=layer, out=out, scale=self._scale,
                                                    options=self._options, upload=self._upload)
             launches = [launch for launch in launches if not launch.empty]
-            options = self._options or DEFAULT_OPTIONS
+            options = self._options
             merge = _plain_merge(stores[0].config, q.shape, dependent_launches(options))
             self._launches = self._taken_over(launches, layer) or [(prepare_decode(launch, options),
                                                                      launch.kernel is merge) for launch in launches]
@@ -202,9 +206,10 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
     graph can replay them with the same arrays). The index arrays are checked on the host
     and copied to the device together by ``upload`` (a list of host int32 arrays -> device
     views, as ``uploads.upload_once``, the default, or ``Uploads.put``)."""
-    options = options or DEFAULT_OPTIONS
+    options = resolved_options(options)
     tail_lens, tail_pool = np.asarray(tail_lens), np.asarray(tail_pool)
     _check(stores, tables, counts, tail_lens, tail_pool)
+    q = checked(q, "q", np.float16, (tail_lens.shape[0], None, stores[0].config.head_dim))  # (a host q: copied once)
     bs, batch, n = stores[0].config.block_size, tail_lens.shape[0], len(stores)
     one = options.tiered_merge == "one" and 1 < n <= ONE_LAUNCH_POOLS  # (more: "last")
     lens = [(counts[p].astype(np.int64) * bs + np.where(tail_pool == p, tail_lens, 0)).astype(np.int32)
@@ -373,14 +378,12 @@ def _check(stores, tables, counts, tail_lens, tail_pool) -> None:
     if not (isinstance(tables, (list, tuple)) and isinstance(counts, (list, tuple))
             and len(tables) == len(counts) == len(stores)):
         raise HexcoreInvalidArgumentError(f"tables, counts: expected one per store ({len(stores)})")
+    check_id_range(tail_lens, "tail_lens", None, first.block_size)  # int32 [B] in [0, block_size)
+    batch = tail_lens.shape[0]
+    check_id_range(tail_pool, "tail_pool", batch, len(stores))
     for p, (table, count) in enumerate(zip(tables, counts)):
         if not (isinstance(table, np.ndarray) and isinstance(count, np.ndarray)):
             raise HexcoreInvalidArgumentError(f"tables[{p}], counts[{p}]: expected host numpy arrays")
-        if count.shape != tail_lens.shape or table.ndim != 2 or (count > table.shape[1]).any() or (count < 0).any():
-            raise HexcoreInvalidArgumentError(f"counts[{p}]: expected [B] in [0, {table.shape[1]}] "
-                                              f"(tables[{p}]'s width)")
-    bs = first.block_size
-    if ((tail_lens < 0) | (tail_lens >= bs)).any():
-        raise HexcoreInvalidArgumentError(f"tail_lens: expected values in [0, {bs})")
-    if ((tail_pool < 0) | (tail_pool >= len(stores))).any():
-        raise HexcoreInvalidArgumentError(f"tail_pool: expected values in [0, {len(stores)})")
+        if table.ndim != 2 or table.shape[0] != batch:
+            raise HexcoreInvalidArgumentError(f"tables[{p}]: expected shape ({batch}, *), got {table.shape}")
+        check_id_range(count, f"counts[{p}]", batch, table.shape[1] + 1)  # (at most tables[p]'s width)

@@ -35,21 +35,19 @@ from numba import cuda
 
 from ..._checks import as_int, int_value
 from ...errors import HexcoreInvalidArgumentError
-from ..attention.launcher import Workspace, paged_decode
+from ..attention.launcher import Workspace, checked_scale, paged_decode, resolved_options
 from ..arrays import checked_store
-from ..attention.options import DEFAULT_OPTIONS, DecodeOptions
+from ..attention.options import DecodeOptions
 from ..blocks import copy_tails
 from ..streams import resolve_stream, torch_current_stream, torch_stream
 from ..write import append, seal
 from .capture import DriverGraph, TorchGraph, choose_backend
 from .indices import NO_IDS, Staging, StepIndices, check_step
-from .step import DecodeStep, StepBuffers
+from .step import MAX_BATCH, MAX_TABLE_WIDTH, DecodeStep, StepBuffers
 from .verify import MAX_CAPACITY, StepVerify, VerifyResults
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MAX_BUCKETS = 64  # batch bucket sizes one graph takes (each may own buffers and graphs)
-MAX_TABLE_WIDTH = 2**31 - 1  # block ids and table widths are int32
-MAX_BATCH = 65535  # the decode grid's z dimension is the batch: a CUDA grid's y and z stop there
 
 
 class StepViews(NamedTuple):
@@ -95,16 +93,12 @@ class DecodeGraph:
             raise HexcoreInvalidArgumentError(f"batch_buckets: expected at most {MAX_BUCKETS} sizes, got "
                                               f"{len(batch_buckets)}")
         batch_buckets = [_positive("batch_buckets", size) for size in batch_buckets]
-        if scale is not None and (isinstance(scale, (bool, np.bool_))
-                                  or not isinstance(scale, (int, float, np.floating, np.integer))
-                                  or not _finite_positive(scale)):
-            raise HexcoreInvalidArgumentError(f"scale: expected a positive finite number or None, got {scale!r}")
-        if options is not None and not isinstance(options, DecodeOptions):
-            raise HexcoreInvalidArgumentError(f"options: expected DecodeOptions, got {type(options).__name__}")
+        checked_scale(scale, store.config.head_dim)  # (None stays None: each launch takes 1/sqrt(head_dim))
+        options = resolved_options(options)
         max_verify_blocks = _positive("max_verify_blocks", max_verify_blocks, MAX_CAPACITY)
         verify = None if verify_sums is None else StepVerify(store, verify_sums, max_verify_blocks)
         self.store, self.num_q_heads, self.max_blocks_per_seq, self.scale = store, num_q_heads, max_blocks_per_seq, scale
-        self.options = options or DEFAULT_OPTIONS
+        self.options = options
         self.batch_buckets = tuple(sorted({min(int(b), store.max_seqs) for b in batch_buckets}))
         self.capacity = (max_blocks_per_seq + 1) * cfg.block_size - 1  # longest sequence a table can describe
         self.backend, self._torch = choose_backend(backend)
@@ -344,12 +338,5 @@ def _as_views(graph, arrays: StepViews) -> StepViews:
 def _positive(name: str, value, high: int | None = None) -> int:
     # value as an int in [1, high] (the integer rule of hexcore._checks)
     return as_int(name, value, 1, high)
-
-
-def _finite_positive(x) -> bool:
-    try:
-        return bool(np.isfinite(float(x))) and float(x) > 0
-    except (OverflowError, ValueError, TypeError):
-        return False
 
 

@@ -21,12 +21,15 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from ...errors import HexcoreInvalidArgumentError
+from ..._checks import as_int
+from ...errors import HexcoreInvalidArgumentError, HexcoreOOMError
+from ..arrays import checked_layer, checked_store
 from ..attention.launcher import Workspace, decode_launch, prepare_decode
 from ..attention.options import DEFAULT_OPTIONS, DecodeOptions
 from ..blocks import prepare_copy_tails
 from ..launch import PreparedLaunch
 from ..write import prepare_append, prepare_seal
+from .verify import StepVerify
 
 # The index buffer, described once: row k of ROWS is entries [k * Bb, (k + 1) * Bb), its
 # padding value PADDING[k]; the block tables follow at TABLES_ROW * Bb.
@@ -34,6 +37,8 @@ ROWS = ("seq_lens", "tail_slots", "positions", "seal_slots", "seal_blocks", "for
 SEQ_LENS, TAIL_SLOTS, POSITIONS, SEAL_SLOTS, SEAL_BLOCKS, FORK_SRC, FORK_DST = range(len(ROWS))
 TABLES_ROW = len(ROWS)
 PADDING = (0, -1, -1, -1, -1, -1, -1)  # the value of a padding row in each of ROWS
+MAX_BATCH = 65535  # the decode grid's z dimension is the batch: a CUDA grid's y and z stop there
+MAX_TABLE_WIDTH = 2**31 - 1  # block ids and table widths are int32
 
 
 class StepBuffers:
@@ -46,16 +51,22 @@ class StepBuffers:
     """
 
     def __init__(self, store, num_q_heads: int, bucket: int, max_blocks_per_seq: int, verify=None):
-        cfg = store.config
+        cfg = checked_store(store).config
         L, H, D = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+        num_q_heads = _checked_q_heads(num_q_heads, H)
+        bucket = as_int("bucket", bucket, 1, MAX_BATCH)
+        max_blocks_per_seq = as_int("max_blocks_per_seq", max_blocks_per_seq, 1, MAX_TABLE_WIDTH)
+        if verify is not None and (not isinstance(verify, StepVerify) or verify.store is not store):
+            raise HexcoreInvalidArgumentError(f"verify: expected None or a StepVerify of this store, got "
+                                              f"{type(verify).__name__}")
         self.store, self.bucket, self.max_blocks_per_seq, self.verify = store, bucket, max_blocks_per_seq, verify
         capacity = 0 if verify is None else verify.capacity
         self.tables_at = TABLES_ROW * bucket + capacity
-        self.q = cuda.to_device(np.zeros((L, bucket, num_q_heads, D), np.float16))
-        self.out = cuda.to_device(np.zeros((L, bucket, num_q_heads, D), np.float16))
-        self.k = cuda.to_device(np.zeros((L, bucket, H, D), np.float16))
-        self.v = cuda.to_device(np.zeros((L, bucket, H, D), np.float16))
-        host = np.full(self.tables_at + bucket * max_blocks_per_seq, -1, np.int32)
+        self.q = _zeros((L, bucket, num_q_heads, D), np.float16, "q")
+        self.out = _zeros((L, bucket, num_q_heads, D), np.float16, "out")
+        self.k = _zeros((L, bucket, H, D), np.float16, "k")
+        self.v = _zeros((L, bucket, H, D), np.float16, "v")
+        host = _host_index(self.tables_at + bucket * max_blocks_per_seq)
         for i, value in enumerate(PADDING):
             host[i * bucket:(i + 1) * bucket] = value
         self.index = cuda.to_device(host)  # all padding until the first step is loaded
@@ -64,13 +75,17 @@ class StepBuffers:
         self._launches: dict = {}
 
     def tables(self, width: int):
-        """The ``[Bb, width]`` block-table view of the index buffer."""
+        """The ``[Bb, width]`` block-table view of the index buffer (``width``: an int in
+        [1, max_blocks_per_seq])."""
+        width = as_int("width", width, 1, self.max_blocks_per_seq)
         base = self.tables_at
         return self.index[base:base + self.bucket * width].reshape(self.bucket, width)
 
     def record_launch(self, count: int) -> PreparedLaunch:
         """The checksum RECORD launch of the first ``count`` seal rows (their digests into
-        the verification's sums), made once; a graph records all ``bucket`` rows."""
+        the verification's sums), made once; a graph records all ``bucket`` rows.
+        ``count``: an int in [1, bucket]; only with a ``verify``."""
+        count = self._count("count", count, self.bucket, "record_launch")
         key = ("record", count)
         if key not in self._launches:
             out = cuda.device_array((count, self.store.config.num_layers), np.uint32)
@@ -79,14 +94,18 @@ class StepBuffers:
 
     def verify_launch(self, count: int) -> PreparedLaunch:
         """The checksum VERIFY launch of the first ``count`` verify rows, made once (a graph
-        verifies all ``C`` rows: padding rows are skipped by the kernel)."""
+        verifies all ``C`` rows: padding rows are skipped by the kernel). ``count``: an int
+        in [1, C]; only with a ``verify``."""
+        count = self._count("count", count, 0 if self.verify is None else self.verify.capacity, "verify_launch")
         key = ("verify", count)
         if key not in self._launches:
             self._launches[key] = self.verify.prepare(self.verify_ids[:count])
         return self._launches[key]
 
     def fork(self, count: int) -> PreparedLaunch:
-        """The tail copy of the first ``count`` fork rows (fork_src -> fork_dst), made once."""
+        """The tail copy of the first ``count`` fork rows (fork_src -> fork_dst), made once;
+        ``count``: an int in [1, bucket]."""
+        count = self._count("count", count, self.bucket)
         key = ("fork", count)
         if key not in self._launches:
             rows = self.rows
@@ -95,13 +114,50 @@ class StepBuffers:
 
     def seal(self, count: int, layer: int | None = None) -> PreparedLaunch:
         """The seal of the first ``count`` seal rows (of every layer, or one), made once.
-        A graph seals all ``bucket`` rows (padding rows are skipped by the kernel)."""
+        A graph seals all ``bucket`` rows (padding rows are skipped by the kernel).
+        ``count``: an int in [1, bucket]; ``layer``: an int in [0, L) or None."""
+        count = self._count("count", count, self.bucket)
+        if layer is not None:
+            layer = checked_layer(layer, self.store.config.num_layers, allow_all=True)[0]
         key = ("seal", count, layer)
         if key not in self._launches:
             rows = self.rows
             self._launches[key] = prepare_seal(self.store, rows["seal_slots"][:count], rows["seal_blocks"][:count],
                                                layer)
         return self._launches[key]
+
+    def _count(self, name: str, value, high: int, needs_verify: str | None = None) -> int:
+        """``value`` as an int in [1, high]; HexcoreInvalidArgumentError, or for ``needs_verify``
+        (a method's name) without a StepVerify, that it needs one."""
+        if needs_verify and self.verify is None:
+            raise HexcoreInvalidArgumentError(f"{needs_verify}: these buffers were made without a StepVerify")
+        return as_int(name, value, 1, high)
+
+
+def _checked_q_heads(num_q_heads, num_kv_heads: int) -> int:
+    """``num_q_heads`` as an int >= 1, a multiple of ``num_kv_heads``."""
+    num_q_heads = as_int("num_q_heads", num_q_heads, 1, MAX_TABLE_WIDTH)
+    if num_q_heads % num_kv_heads:
+        raise HexcoreInvalidArgumentError(f"num_q_heads: {num_q_heads} is not a multiple of num_kv_heads "
+                                          f"{num_kv_heads}")
+    return num_q_heads
+
+
+def _zeros(shape: tuple, dtype, name: str):
+    """A zeroed device array, or HexcoreOOMError naming ``name`` and its shape."""
+    try:
+        return cuda.to_device(np.zeros(shape, dtype))
+    except (MemoryError, ValueError):  # (numpy: "array is too big" past the address space)
+        raise HexcoreOOMError(f"{name}: no memory for a {np.dtype(dtype)} buffer of shape {shape}") from None
+
+
+def _host_index(size: int) -> np.ndarray:
+    """The host image of an index buffer of ``size`` int32 entries, all -1."""
+    try:
+        return np.full(size, -1, np.int32)
+    except (MemoryError, ValueError):
+        raise HexcoreOOMError(f"index: no host memory for {size} int32 entries (bucket * max_blocks_per_seq "
+                              f"table entries)") from None
 
 
 class DecodeStep:
@@ -114,7 +170,14 @@ class DecodeStep:
 
     def __init__(self, store, buffers: StepBuffers, max_seq_len: int, scale: float | None, workspace: Workspace,
                  options: DecodeOptions = DEFAULT_OPTIONS):
-        cfg = store.config
+        cfg = checked_store(store).config
+        if not isinstance(buffers, StepBuffers) or buffers.store is not store:
+            raise HexcoreInvalidArgumentError(f"buffers: expected the StepBuffers of this store, got "
+                                              f"{type(buffers).__name__}")
+        if not isinstance(workspace, Workspace):
+            raise HexcoreInvalidArgumentError(f"workspace: expected a Workspace, got {type(workspace).__name__}")
+        bs = cfg.block_size
+        max_seq_len = as_int("max_seq_len", max_seq_len, bs, (buffers.max_blocks_per_seq + 1) * bs - 1)
         self.store, self.buffers, self.max_seq_len = store, buffers, max_seq_len
         self.key = (buffers.bucket, max_seq_len)
         self.width = max_seq_len // cfg.block_size
@@ -138,7 +201,10 @@ class DecodeStep:
         launch each), with a ``StepVerify`` the record of the seals' digests and the
         verification (a checksum launch each), then one decode launch per layer.
         Capture-safe. ``num_seals`` and ``num_verify`` (an eager step) launch over only
-        that many rows, not at all when 0; None: the bucket's."""
+        that many rows, not at all when 0; None: the bucket's (ints in [0, bucket] and
+        [0, verify capacity])."""
+        num_seals = self._rows("num_seals", num_seals, self.buffers.bucket)
+        num_verify = self._rows("num_verify", num_verify, 0 if self._verify is None else self.buffers.verify.capacity)
         self._append.run(stream)
         if num_seals is None:
             self._seal.run(stream)
@@ -155,6 +221,11 @@ class DecodeStep:
                 self.buffers.verify_launch(num_verify).run(stream)
         for launch in self._decode:
             launch.run(stream)
+
+    @staticmethod
+    def _rows(name: str, value, high: int) -> int | None:
+        # None, or an int in [0, high]
+        return None if value is None else as_int(name, value, 0, high)
 
     def enqueue(self, layer: int, stream=0) -> None:
         """Enqueue one layer's part of the step: append its new K/V, seal, decode.

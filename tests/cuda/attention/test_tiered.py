@@ -244,11 +244,34 @@ def test_a_sequence_with_no_token_gives_zeros_and_bad_pools_are_refused(seed):
         assert not out[1].any() and np.isfinite(out[0]).all() and out[0].any()
     with pytest.raises(HexcoreInvalidArgumentError, match=r"tables, counts: expected one per store \(2\)"):
         tiered_decode(q, stores, args[0][:1], args[1][:1], *args[2:])
-    with pytest.raises(HexcoreInvalidArgumentError, match=r"tail_pool: expected values in \[0, 2\)"):
+    with pytest.raises(HexcoreInvalidArgumentError, match=r"tail_pool\[1\] = 2 is outside \[0, 2\)"):
         tiered_decode(q, stores, *args[:3], np.array([0, 2], np.int32), ids)
     with pytest.raises(HexcoreInvalidArgumentError, match=r"stores\[1\]: its shape differs"):
         other = DeviceKVStore(dataclasses.replace(CONFIG, head_dim=128, kv_dtype="int4"), num_blocks=4, max_seqs=4)
         tiered_decode(q, [stores[0], other], *args)
+    # every argument of the wrong kind is typed, naming it (these once raised AttributeError,
+    # TypeError, IndexError or numpy's ValueError/UFuncTypeError), and a valid call still works
+    i32 = np.int32
+    bad_index = {2: [np.array(["a", "b"]), np.array([1.0, 2.0]), None],  # tail_lens
+                 3: ["3", None, object(), np.array(["a", "b"]), np.zeros(0, i32), np.array([0, 1])],  # tail_pool
+                 0: [[np.zeros(2, np.float32)] * 2, [np.zeros((3, 1), i32)] * 2],  # tables
+                 1: [[np.zeros(2, np.float32)] * 2, [np.zeros((2, 1), i32)] * 2]}  # counts
+    names = {0: "tables", 1: "counts", 2: "tail_lens", 3: "tail_pool"}
+    for at, values in bad_index.items():
+        for value in values:
+            with pytest.raises(HexcoreInvalidArgumentError, match=names[at]):
+                tiered_decode(q, stores, *args[:at], value, *args[at + 1:])
+    for value in (None, "3", 1.5, np.float32(2.0), np.zeros(2, np.float16), np.zeros((2, 64), np.float16)):
+        with pytest.raises(HexcoreInvalidArgumentError, match="q: expected"):
+            tiered_decode(value, stores, *args)
+    for value in ("3", 1, np.zeros((2, 2)), object()):
+        with pytest.raises(HexcoreInvalidArgumentError, match="options: expected DecodeOptions or None"):
+            tiered_decode(q, stores, *args, options=value)
+        for name in ("options", "upload", "reuse"):
+            with pytest.raises(HexcoreInvalidArgumentError, match=f"{name}: expected"):
+                TieredDecodePlan(stores, *args, **{name: value})
+    again = tiered_decode(q, stores, *args, options=MERGES["last"]).copy_to_host()
+    assert np.array_equal(again.view(np.uint16), out.view(np.uint16))
 
 
 def test_bad_operations_and_reseals_are_typed_and_write_nothing():
@@ -273,6 +296,9 @@ def test_bad_operations_and_reseals_are_typed_and_write_nothing():
         (lambda: run_tiered_ops(stores, np.array([[0, 0, 0, 4, 1, 0]], np.int32)), r"ops\[0\]: a block or sequence"),
         (lambda: run_tiered_ops(stores, np.array([[0, 0, 0, 1, 1, 2], [0, 1, 0, 3, 1, 2]], np.int32),
                                 upload=upload_once), "ops' destination blocks: expected distinct ids"),
+        (lambda: run_tiered_ops(stores, np.array([[0, 0, -1, -1, 0, 0]], np.int32), rows=[1, 2, 0]), "rows"),
+        (lambda: run_tiered_ops(stores, np.array([[0, 0, -1, -1, 0, 0]], np.int32), rows=(None, None, -1)),
+         r"rows\[2\]"),
         (lambda: reseal_blocks(stores[0], np.array([4], np.int32), stores[1], one), "src_ids"),
         (lambda: reseal_blocks(stores[0], one, stores[1], np.array([0, 1], np.int32)), r"dst_ids: expected shape"),
         (lambda: reseal_blocks(stores[1], one, stores[0], one, fitted_keys=True), "fitted_keys: only INT2"),
@@ -575,3 +601,50 @@ def test_a_plans_launches_are_dependent_launches_where_the_grid_decodes_are(wher
         assert (len(kinds) == 1 if where == "one" else len(kinds) >= 2), kinds
         assert all(k == (dependent is None,) * 2 for k in kinds), kinds
     assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
+
+
+@pytest.mark.parametrize("batch", [None, True, 1.5, "3", -1, 0, 5, 10**30, [1], np.zeros(2)])
+def test_engine_buffers_of_a_format_by_age_take_a_batch_in_one_to_max_seqs(batch):
+    """``Engine.buffers(batch)`` with a format (``TieredParts.buffers``) once took any key:
+    numpy's ValueError for -1 or 10**30, TypeError for a float, a list or None."""
+    from hexcore import HexcoreInvalidArgumentError as Invalid
+    from hexcore.engine import Engine
+
+    engine = Engine(CONFIG, 0, 4, 2, format="int4-aged", pool_blocks={"fp16": 8, "int4": 8}, max_seq_len=128)
+    assert engine.buffers(np.int64(4)).q.shape == (1, 4, 2, D)
+    with pytest.raises(Invalid, match="batch: expected an int"):
+        engine.buffers(batch)
+
+
+@pytest.mark.parametrize("config,kwargs,match", [
+    (CONFIG, dict(scale=float("nan")), "scale: expected a positive finite number"),
+    (CONFIG, dict(scale=True), "scale: expected a positive finite number"),
+    (CONFIG, dict(options="launch"), "options: expected DecodeOptions or None"),
+    (CONFIG, dict(num_q_heads=None), "num_q_heads: expected an int"),
+    (dataclasses.replace(CONFIG, num_kv_heads=2), dict(num_q_heads=3), "num_q_heads: 3 is not a multiple"),
+    (dataclasses.replace(CONFIG, head_dim=192), {}, "fp16 pool: paged_decode does not support head_dim 192"),
+])
+def test_an_engine_in_a_format_by_age_checks_its_decode_arguments_when_made(config, kwargs, match):
+    """They were checked by the first step's decode, after the block manager had grown the
+    step's sequences (a refused step that changed the cache), or not at all (a bool scale)."""
+    from hexcore.engine import Engine
+
+    kwargs = dict(dict(num_q_heads=2), **kwargs)
+    with pytest.raises(HexcoreInvalidArgumentError, match=match):
+        Engine(config, 0, 4, kwargs.pop("num_q_heads"), format="int4-aged", pool_blocks={"fp16": 8, "int4": 8},
+               **kwargs)
+
+
+def test_a_tiered_step_run_twice_says_how_it_ran():
+    """(a second ``run()`` once said the step "was already loaded by attend()")"""
+    from hexcore.engine import Engine
+
+    engine = Engine(CONFIG, 0, 4, 2, format="int4-aged", pool_blocks={"fp16": 8, "int4": 8}, max_seq_len=128)
+    seq = engine.add()
+    for layers in ("run()", "attend()"):
+        step = engine.step([seq])
+        step.write(np.zeros((1, 1, 2, D), np.float16), *np.zeros((2, 1, 1, 1, D), np.float16))
+        step.run() if layers == "run()" else step.attend(0)
+        with pytest.raises(HexcoreInvalidArgumentError, match=rf"run: this step already ran its layers by {layers}"):
+            step.run()
+    assert engine.seq_len(seq) == 2

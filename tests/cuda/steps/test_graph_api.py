@@ -85,6 +85,62 @@ def test_constructor_rejects_bad_arguments():
             DecodeGraph(store, **{"num_q_heads": 4, "max_blocks_per_seq": 4, **kwargs})
 
 
+BAD_BUFFERS = [  # (StepBuffers arguments changed, text): were AttributeError, TypeError, ValueError, MemoryError
+    ({"store": None}, "store: expected a DeviceKVStore, got NoneType"),
+    ({"num_q_heads": 1.5}, "num_q_heads: expected an int, got float 1.5"),
+    ({"num_q_heads": -1}, r"num_q_heads: expected an int in \[1, "),
+    ({"num_q_heads": 3}, "num_q_heads: 3 is not a multiple of num_kv_heads 2"),
+    ({"bucket": "3"}, "bucket: expected an int, got str"),
+    ({"bucket": 2**31}, r"bucket: expected an int in \[1, 65535\], got 2147483648"),
+    ({"bucket": True}, "bucket: expected an int, got True"),
+    ({"max_blocks_per_seq": None}, "max_blocks_per_seq: expected an int, got NoneType"),
+    ({"max_blocks_per_seq": 10**30}, "max_blocks_per_seq: expected an int in"),
+    ({"verify": 3}, "verify: expected None or a StepVerify of this store, got int"),
+]
+
+
+@pytest.mark.parametrize("changes, text", BAD_BUFFERS)
+def test_step_buffers_refuse_bad_arguments(changes, text):
+    from hexcore.cuda.steps import StepBuffers
+
+    store = DeviceKVStore(KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16), 4, 2)
+    args = {"store": store, "num_q_heads": 4, "bucket": 2, "max_blocks_per_seq": 4, "verify": None, **changes}
+    with pytest.raises(HexcoreInvalidArgumentError, match=text):
+        StepBuffers(**args)
+
+
+def test_step_buffers_and_decode_step_methods_refuse_bad_counts():
+    """Counts, widths and layers of StepBuffers' launches and DecodeStep.enqueue_all:
+    were TypeError (unhashable, slice indices), ValueError (negative dimensions) or a
+    MemoryError for a huge count; the DecodeStep constructor's were AttributeError."""
+    from hexcore.cuda.attention.launcher import Workspace
+    from hexcore.cuda.steps import DecodeStep
+
+    graph = make_graph(buckets=(2,))
+    key = graph.warmup(2, 20)
+    step = graph._steps[key]
+    buffers = step.buffers
+    for call, text in ((lambda: buffers.tables(0), r"width: expected an int in \[1, 8\], got 0"),
+                       (lambda: buffers.tables(9), "width"), (lambda: buffers.tables("3"), "width"),
+                       (lambda: buffers.fork([1]), "count: expected an int, got list"),
+                       (lambda: buffers.fork(3), r"count: expected an int in \[1, 2\], got 3"),
+                       (lambda: buffers.seal(1.5), "count"), (lambda: buffers.seal(1, layer=[1]), "layer"),
+                       (lambda: buffers.seal(1, layer=2), "layer"),
+                       (lambda: buffers.record_launch(1), "record_launch: these buffers were made without"),
+                       (lambda: buffers.verify_launch(1), "verify_launch: these buffers were made without"),
+                       (lambda: step.enqueue_all(0, -1), r"num_seals: expected an int in \[0, 2\], got -1"),
+                       (lambda: step.enqueue_all(0, 2**40), "num_seals"),
+                       (lambda: step.enqueue_all(0, np.zeros((2, 2))), "num_seals"),
+                       (lambda: step.enqueue_all(0, None, 1), r"num_verify: expected an int in \[0, 0\], got 1"),
+                       (lambda: DecodeStep(None, buffers, 32, None, Workspace()), "store"),
+                       (lambda: DecodeStep(graph.store, None, 32, None, Workspace()), "buffers"),
+                       (lambda: DecodeStep(graph.store, buffers, 8, None, Workspace()), "max_seq_len"),
+                       (lambda: DecodeStep(graph.store, buffers, 32, None, None), "workspace")):
+        with pytest.raises(HexcoreInvalidArgumentError, match=text):
+            call()
+    assert buffers.tables(8).shape == (2, 8) and buffers.seal(1, layer=np.int64(1)) is buffers.seal(1, 1)
+
+
 def test_buckets_and_buffers():
     graph = make_graph(buckets=(64, 2, 1))  # capped at max_seqs 4, sorted
     assert graph.batch_buckets == (1, 2, 4)
