@@ -54,6 +54,12 @@ def int_value(name: str, value) -> int:
         raise HexcoreInvalidArgumentError(f"{name}: expected an int, got {type(value).__name__} {shown}") from None
 
 
+def shown(value, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters (with "..."), for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def real_value(value) -> float:
     """``value`` as a float when it is a real number (Python's or numpy's, never a bool); NaN
     for anything else, infinity for an int too large for a float. For range checks that
@@ -63,7 +69,7 @@ def real_value(value) -> float:
     try:
         return float(value)
     except OverflowError:
-        return math.inf
+        return math.inf if value > 0 else -math.inf
 
 
 def positive_real(name: str, value) -> float:
@@ -71,7 +77,7 @@ def positive_real(name: str, value) -> float:
     ``"<name>: expected a positive finite number, got <value>"``."""
     number = real_value(value)
     if not (math.isfinite(number) and number > 0):
-        raise HexcoreInvalidArgumentError(f"{name}: expected a positive finite number, got {value!r:.60}")
+        raise HexcoreInvalidArgumentError(f"{name}: expected a positive finite number, got {shown(value)}")
     return number
 
 

@@ -256,11 +256,11 @@ class Engine:
         ``backend`` and ``stream``). A pending fork copy runs first (the tail is read).
         """
         self._not_tiered("prefill_attention")
-        from .cuda import prefill_attention
+        from .cuda import prefill_attention, resolve_stream
 
         seq_id = as_int("seq_id", seq_id)
         table, prefix_len = self.cache.block_table(seq_id), self.cache.seq_len(seq_id)
-        self._copy_forks(stream)
+        self._copy_forks(resolve_stream(stream, q, k, v, out))  # (the stream the attention runs on)
         return prefill_attention(q, k, v, self.store, layer, table, prefix_len, seq_id, out=out, scale=self.scale,
                                  backend=backend, stream=stream)
 
@@ -278,7 +278,7 @@ class Engine:
         first.
         """
         self._not_tiered("prefill_attention_batch")
-        from .cuda import BatchRows, prefill_attention_batch
+        from .cuda import BatchRows, prefill_attention_batch, resolve_stream
 
         if rows is None:
             ids, padded, prefix = self._batch_tables(seq_ids)
@@ -288,7 +288,7 @@ class Engine:
                                               "be None)")
         else:
             args = (None,) * 4
-        self._copy_forks(stream)
+        self._copy_forks(resolve_stream(stream, q, k, v, out))  # (the stream the attention runs on)
         return prefill_attention_batch(q, k, v, self.store, layer, *args, out=out, scale=self.scale, backend=backend,
                                        stream=stream, rows=rows)
 
@@ -458,7 +458,7 @@ class EngineStep:
         """Fork copies, append, seal and attention for every layer; returns ``buffers.out``.
         A bad ``stream`` raises before anything runs (the step can run after)."""
         if self._loaded is not None:
-            done = "ran" if self._loaded is True else "was loaded by attend()"
+            done = "ran" if self._loaded is True else "was started by attend()"
             raise HexcoreInvalidArgumentError(f"run: this step already {done}")
         faults = self.engine.faults
         if faults is not None:  # the same step, with its sample verified and its seals recorded

@@ -205,8 +205,8 @@ class TieredEngineStep:
         """Append, seal and attention for every layer; returns ``out``. The appends and seals
         take every layer in one launch per pool; attention is a launch per pool per layer."""
         if self._loaded is not None:
-            by = "run()" if self._loaded else "attend()"
-            raise HexcoreInvalidArgumentError(f"run: this step already ran its layers by {by}")
+            done = "ran" if self._loaded else "was started by attend()"
+            raise HexcoreInvalidArgumentError(f"run: this step already {done}")
         stream = self._start(stream)
         self._write(None, stream)
         for layer in range(self.parts.config.num_layers):
@@ -280,13 +280,11 @@ def check_decode_args(config: KVCacheConfig, kinds: list, num_q_heads, scale, op
     number or None, ``options`` DecodeOptions or None, a head_dim, block and group size the
     decode of every pool's kind (``kinds``) supports. HexcoreInvalidArgumentError naming the
     argument otherwise."""
-    from .cuda.attention.launcher import checked_scale, resolved_options
+    from .cuda.attention.launcher import check_q_heads, checked_scale, resolved_options
     from .cuda.attention.shape import unsupported_reason
 
     num_q_heads = as_int("num_q_heads", num_q_heads, low=1)
-    if num_q_heads % config.num_kv_heads:
-        raise HexcoreInvalidArgumentError(
-            f"num_q_heads: {num_q_heads} is not a multiple of num_kv_heads {config.num_kv_heads}")
+    check_q_heads(num_q_heads, config.num_kv_heads)
     checked_scale(scale, config.head_dim)
     resolved_options(options)
     for kind in kinds:

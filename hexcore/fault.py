@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import numba
 import numpy as np
 
-from ._checks import as_int
+from ._checks import as_int, shown
 from .errors import (HexcoreConfigError, HexcoreCorruptionError, HexcoreInvalidArgumentError,
                      HexcoreInvalidSequenceError, HexcoreOOMError, Status)
 from .host.allocator import PagedKVCache
@@ -622,7 +622,7 @@ def _step_check(ids, max_len, name: str = "seq_ids") -> None:
 
 def _checked_policy(policy) -> str:
     if not isinstance(policy, str) or policy not in POLICIES:
-        raise HexcoreInvalidArgumentError(f"policy: expected one of {POLICIES}, got {policy!r}")
+        raise HexcoreInvalidArgumentError(f"policy: expected one of {POLICIES}, got {shown(policy)}")
     return policy
 
 

@@ -43,8 +43,8 @@ class FaultDrill:
         from .serve import Server
 
         if not isinstance(server, Server) or server.engine.store is None:
-            raise HexcoreInvalidArgumentError(f"server: expected a Server without a format by age, got "
-                                              f"{type(server).__name__}")
+            got = "one in a format by age" if isinstance(server, Server) else type(server).__name__
+            raise HexcoreInvalidArgumentError(f"server: expected a Server without a format by age, got {got}")
         sample_every = as_int("sample_every", sample_every, low=1)
         inject_at = None if inject_at is None else as_int("inject_at", inject_at, low=0)
 

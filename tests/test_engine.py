@@ -381,7 +381,7 @@ def test_a_refused_run_or_attend_leaves_the_step_to_run(faults):
         step.run()
     second = engine.step([a])
     second.attend(0)
-    with pytest.raises(HexcoreInvalidArgumentError, match="run: this step already was loaded by attend"):
+    with pytest.raises(HexcoreInvalidArgumentError, match="run: this step already was started by attend"):
         second.run()
     second.attend(1)
     if faults:

@@ -1,12 +1,13 @@
 """Typed errors and Status codes, and the integer-argument rule that every public entry point shares."""
 
+import math
 import re
 
 import numpy as np
 import pytest
 
 import hexcore
-from hexcore._checks import as_int, int_value, range_message
+from hexcore._checks import as_int, int_value, positive_real, range_message, real_value, shown
 from hexcore.errors import (
     HexcoreCorruptionError,
     HexcoreError,
@@ -85,3 +86,20 @@ def test_as_int_out_of_range_names_range_and_value(value, low, high, message):
 
 def test_int_value_has_no_range():
     assert int_value("n", np.int64(-3)) == -3 and int_value("n", 10**30) == 10**30
+
+
+# -- the real-number rule (hexcore._checks) ------------------------------------------------
+def test_real_value_is_nan_for_non_numbers_and_signed_infinity_past_floats():
+    assert real_value(np.float32(1.5)) == 1.5 and real_value(np.int64(-3)) == -3.0
+    assert real_value(10**400) == math.inf and real_value(-10**400) == -math.inf
+    for value in (True, np.bool_(False), "1", None, [1], np.zeros(2), 1j):
+        assert math.isnan(real_value(value)), value
+
+
+def test_positive_real_names_the_argument_and_a_short_value():
+    assert positive_real("x", 2) == 2.0
+    for value in (0, -1.0, math.nan, math.inf, 10**400, True, "2"):
+        with pytest.raises(HexcoreInvalidArgumentError, match="^x: expected a positive finite number, got "):
+            positive_real("x", value)
+    assert shown("a" * 100) == repr("a" * 100)[:60] + "..." and shown(5) == "5"
+

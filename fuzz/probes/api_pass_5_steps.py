@@ -22,7 +22,7 @@ import warnings
 
 import numpy as np
 
-from _probe import RAW, report
+from _probe import RAW, refused_unchanged, report
 from _probe import t as _t
 from hexcore import FaultTolerantKVCache, KVCacheConfig, PagedKVCache
 from hexcore.errors import HexcoreError
@@ -90,24 +90,11 @@ class Rig:
                 tuple(ft.quarantined), ft._calls, ft._scrub_at, dict(ft._stats))
 
 
-def unchanged(label, rig, fn, also=None):
+def unchanged(label, rig, fn):
     """``fn()`` must leave the rig as it found it when it raises; the invariants must hold."""
-    before = rig.state()
-    try:
-        fn()
-    except Exception:
-        after = rig.state()
-        names = ("states", "free", "lens", "pool", "sums", "recorded", "bad", "lost", "quarantined", "calls",
-                 "scrub_at", "stats")
-        diff = [n for n, x, y in zip(names, before, after) if x != y]
-        if diff:
-            RAW.append(f"{label[:70]}: state changed by a refused call: {diff}")
-        raise
-    finally:
-        try:
-            rig.ft.check_invariants()
-        except Exception as e:  # noqa: BLE001
-            RAW.append(f"{label[:70]}: invariants: {type(e).__name__}: {e}")
+    names = ("states", "free", "lens", "pool", "sums", "recorded", "bad", "lost", "quarantined", "calls",
+             "scrub_at", "stats")
+    refused_unchanged(label, fn, rig.state, rig.ft.check_invariants, names)
 
 
 def works(label, fn):
@@ -371,20 +358,7 @@ def engine_state(engine):
 
 
 def eprobe(label, engine, fn):
-    def call():
-        before = engine_state(engine)
-        try:
-            fn()
-        except Exception:
-            if engine_state(engine) != before:
-                RAW.append(f"{label[:70]}: engine state changed by a refused call")
-            raise
-        finally:
-            try:
-                engine.cache.check_invariants()
-            except Exception as e:  # noqa: BLE001
-                RAW.append(f"{label[:70]}: invariants: {type(e).__name__}: {e}")
-    t(label, call)
+    t(label, lambda: refused_unchanged(label, fn, lambda: engine_state(engine), engine.cache.check_invariants))
 
 
 def _is_int(value, n) -> bool:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .._checks import as_int
+from .._checks import as_int, shown
 from ..errors import HexcoreInvalidArgumentError
 from .device import SIMULATOR
 from .views import memo
@@ -58,7 +58,7 @@ def checked_layer(layer, num_layers: int, allow_all: bool = False) -> tuple[int,
     except HexcoreInvalidArgumentError:
         tail = " or None" if allow_all else ""
         raise HexcoreInvalidArgumentError(
-            f"layer: expected an int in [0, {num_layers}){tail}, got {_show(layer)}") from None
+            f"layer: expected an int in [0, {num_layers}){tail}, got {shown(layer, 80)}") from None
 
 
 def is_numba_array(x) -> bool:
@@ -300,11 +300,6 @@ def _nbytes(x) -> int:
 def _ids(values) -> str:
     shown = ", ".join(str(int(v)) for v in values[:8])
     return f"[{shown}{', ...' if len(values) > 8 else ''}]"
-
-
-def _show(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:80] + "..."
 
 
 def _c_contiguous(shape, strides, itemsize: int) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from .._checks import shown
 from ..errors import HexcoreInvalidArgumentError
 from .device import SIMULATOR
 
@@ -86,18 +87,13 @@ def _simulated_stream(stream):
     if isinstance(stream, bool) or not (_is_handle(stream) or type(stream).__module__.startswith("numba")
                                         or hasattr(stream, "__cuda_stream__") or hasattr(stream, "cuda_stream")):
         raise HexcoreInvalidArgumentError(f"stream: expected a numba or torch stream or a handle, got "
-                                          f"{type(stream).__name__} {_shown(stream)}")
+                                          f"{type(stream).__name__} {shown(stream)}")
     return stream
 
 
 def _is_handle(stream) -> bool:
     # an int CUstream value (0 is the default stream)
     return type(stream) is int and 0 <= stream < 2**64
-
-
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:60] + "..."
 
 
 def torch_with_cuda():

@@ -32,7 +32,7 @@ from typing import Sequence
 import numpy as np
 from numba import cuda
 
-from .._checks import as_int
+from .._checks import as_int, shown
 from ..errors import HexcoreInvalidArgumentError, HexcoreOOMError
 from .arrays import device_pointer
 from .device import SIMULATOR
@@ -40,7 +40,7 @@ from .streams import resolve_stream
 from .views import memo
 
 WORDS = 4  # int32 words per 16 bytes: every packed array starts at a multiple
-MAX_WORDS = 2**31 - 1  # the initial size of an Uploads' buffers, in int32 words
+MAX_WORDS = 2**31 - 1  # the most int32 words of an Uploads' first buffers, and the largest scratch dimension
 
 
 def packed_offsets(arrays: Sequence[np.ndarray]) -> tuple[list[int], int]:
@@ -141,13 +141,8 @@ def _scratch_shape(shape, dtype) -> tuple:
     except TypeError:
         numeric = None
     if numeric is None or numeric.kind not in "biufc":
-        raise HexcoreInvalidArgumentError(f"dtype: expected a numeric numpy dtype, got {_shown(dtype)}")
+        raise HexcoreInvalidArgumentError(f"dtype: expected a numeric numpy dtype, got {shown(dtype)}")
     return shape, numeric
-
-
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:60] + "..."
 
 
 class _Turn:

@@ -74,8 +74,10 @@ def layer_of(array, index: int):
         index = as_int("index", index)
     try:
         return memo(array, ("index", index), lambda a: a[index])
-    except (TypeError, IndexError, AttributeError, ValueError):
+    except IndexError:
         raise HexcoreInvalidArgumentError(f"index: {index} is outside the first axis of {_described(array)}") from None
+    except (TypeError, AttributeError, ValueError):
+        raise HexcoreInvalidArgumentError(f"array: cannot take [{index}] of {_described(array)}") from None
 
 
 def flat(array):

@@ -10,7 +10,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda
 
-from ..._checks import as_int, real_value
+from ..._checks import as_int, real_value, shown
 from ...errors import HexcoreInvalidArgumentError
 from ..arrays import (check_id_range, check_outside_store, checked, checked_ids, checked_layer, checked_store,
                       device_only)
@@ -382,9 +382,7 @@ def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scal
         raise HexcoreInvalidArgumentError(f"paged_decode does not support {reason}")
     q = checked(q, "q", np.float16, (None, None, cfg.head_dim))
     batch, num_q_heads = q.shape[0], q.shape[1]
-    if num_q_heads % cfg.num_kv_heads or num_q_heads == 0:
-        raise HexcoreInvalidArgumentError(
-            f"q: num_q_heads {num_q_heads} is not a positive multiple of num_kv_heads {cfg.num_kv_heads}")
+    check_q_heads(num_q_heads, cfg.num_kv_heads, "q: num_q_heads ")
     if batch == 0:  # a grid of no CTAs is no launch (and the split policy divides by the items)
         raise HexcoreInvalidArgumentError(f"q: expected at least one sequence, got shape {tuple(q.shape)}")
     max_blocks = _max_blocks(block_tables, batch)
@@ -465,6 +463,15 @@ def checked_workspace(workspace, default: Workspace) -> Workspace:
     return workspace
 
 
+def check_q_heads(num_q_heads: int, num_kv_heads: int, name: str = "num_q_heads: ") -> None:
+    """The query-head rule of every attention entry point: ``num_q_heads`` (an int) a
+    positive multiple of ``num_kv_heads``, else HexcoreInvalidArgumentError starting with
+    ``name`` (``"q: num_q_heads "`` where the count is q's shape)."""
+    if num_q_heads <= 0 or num_q_heads % num_kv_heads:
+        raise HexcoreInvalidArgumentError(f"{name}{num_q_heads} is not a positive multiple of num_kv_heads "
+                                          f"{num_kv_heads}")
+
+
 def checked_scale(scale, head_dim: int) -> float:
     """The softmax scale of every attention entry point: ``1 / sqrt(head_dim)`` for None,
     else ``scale`` as a positive finite float (HexcoreInvalidArgumentError naming it)."""
@@ -472,7 +479,7 @@ def checked_scale(scale, head_dim: int) -> float:
         return 1.0 / math.sqrt(head_dim)
     value = real_value(scale)
     if not (math.isfinite(value) and value > 0):
-        raise HexcoreInvalidArgumentError(f"scale: expected a positive finite number or None, got {scale!r}")
+        raise HexcoreInvalidArgumentError(f"scale: expected a positive finite number or None, got {shown(scale)}")
     return value
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..._checks import as_int
+from ..._checks import as_int, real_value, shown
 from ...errors import HexcoreConfigError, HexcoreInvalidArgumentError
 from ..launch import PATHS
 
@@ -229,9 +229,10 @@ class DecodeOptions:
     cluster_merge: bool | None = None
 
     def __post_init__(self):
-        value = self.split_overhead
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
-            raise HexcoreConfigError(f"split_overhead: expected a number in [0, 1e6), got {value!r}")
+        value = real_value(self.split_overhead)
+        if not 0 <= value < 1e6:  # (NaN fails too)
+            raise HexcoreConfigError(f"split_overhead: expected a number in [0, 1e6), got {shown(self.split_overhead)}")
+        object.__setattr__(self, "split_overhead", value)
         if not (self.split_costs is None or isinstance(self.split_costs, SplitCosts)):
             raise HexcoreConfigError(f"split_costs: expected a SplitCosts or None, got {self.split_costs!r}")
         for name, high in (("ctas_per_sm", None), ("max_registers", MAX_REGISTERS), ("split_blocks", None),

@@ -52,7 +52,7 @@ import numpy as np
 from numba import cuda, int32, int64
 
 from ...errors import HexcoreInvalidArgumentError
-from ..._checks import as_int, real_value
+from ..._checks import as_int, real_value, shown
 from ..arrays import checked_layer, device_only
 from ..device import SIMULATOR, add_acq_rel, allow_dependent_grids, load_relaxed, shfl_idx_int, wait_prior_grids
 from ..streams import resolve_stream
@@ -646,12 +646,13 @@ def checked_budget(budget_us) -> float:
     """``budget_us`` as a float in (0, MAX_BUDGET_US], else BudgetError naming the value."""
     value = real_value(budget_us)
     if not (math.isfinite(value) and 0 < value <= MAX_BUDGET_US):
-        raise BudgetError(f"budget_us: expected a number of microseconds in (0, {MAX_BUDGET_US:g}], got {budget_us!r}")
+        raise BudgetError(f"budget_us: expected a number of microseconds in (0, {MAX_BUDGET_US:g}], got "
+                          f"{shown(budget_us)}")
     return value
 
 
 def checked_count_items(count_items) -> bool:
     """``count_items`` as a bool (numpy's accepted), else HexcoreInvalidArgumentError naming it."""
     if not isinstance(count_items, (bool, np.bool_)):
-        raise HexcoreInvalidArgumentError(f"count_items: expected a bool, got {count_items!r}")
+        raise HexcoreInvalidArgumentError(f"count_items: expected a bool, got {shown(count_items)}")
     return bool(count_items)

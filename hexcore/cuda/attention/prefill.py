@@ -35,7 +35,7 @@ from ..launch import Launch
 from ..store import flat_words
 from ..uploads import upload_once
 from ..streams import resolve_stream, torch_current_stream, torch_stream, torch_with_cuda
-from .launcher import checked_scale
+from .launcher import check_q_heads, checked_scale
 from .prefill_kernels import (EXTEND_THREADS, GATHER_THREADS, extend_grid, extend_kernel, gather_batch_kernel,
                               gather_grid, gather_kernel)
 
@@ -113,9 +113,7 @@ def prefill_attention(q, k_new, v_new, store, layer: int, block_table, prefix_le
     q_in = q
     q = checked(q, "q", np.float16, (n_new, None, cfg.head_dim))
     num_q_heads = q.shape[1]
-    if num_q_heads == 0 or num_q_heads % cfg.num_kv_heads:
-        raise HexcoreInvalidArgumentError(
-            f"q: num_q_heads {num_q_heads} is not a positive multiple of num_kv_heads {cfg.num_kv_heads}")
+    check_q_heads(num_q_heads, cfg.num_kv_heads, "q: num_q_heads ")
     scale = checked_scale(scale, cfg.head_dim)
     out_shape = (n_new, num_q_heads, cfg.head_dim)
     if out is None:
@@ -221,9 +219,7 @@ def _checked_batch_args(cfg, q, k_new, v_new, backend) -> BatchArgs:
     v_dev = checked(v_new, "v_new", np.float16, (B, n_max, cfg.num_kv_heads, cfg.head_dim))
     q_dev = checked(q, "q", np.float16, (B, n_max, None, cfg.head_dim), view=backend != "sdpa")
     num_q_heads = q_dev.shape[2]
-    if num_q_heads == 0 or num_q_heads % cfg.num_kv_heads:
-        raise HexcoreInvalidArgumentError(
-            f"q: num_q_heads {num_q_heads} is not a positive multiple of num_kv_heads {cfg.num_kv_heads}")
+    check_q_heads(num_q_heads, cfg.num_kv_heads, "q: num_q_heads ")
     return BatchArgs(q, q_dev, k_dev, v_dev, num_q_heads, backend)
 
 

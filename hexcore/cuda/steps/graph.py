@@ -35,7 +35,7 @@ from numba import cuda
 
 from ..._checks import as_int, int_value
 from ...errors import HexcoreInvalidArgumentError
-from ..attention.launcher import Workspace, checked_scale, paged_decode, resolved_options
+from ..attention.launcher import Workspace, check_q_heads, checked_scale, paged_decode, resolved_options
 from ..arrays import checked_store
 from ..attention.options import DecodeOptions
 from ..blocks import copy_tails
@@ -82,9 +82,7 @@ class DecodeGraph:
                  verify_sums=None, max_verify_blocks: int = 1024):
         cfg = checked_store(store).config
         num_q_heads = _positive("num_q_heads", num_q_heads)
-        if num_q_heads % cfg.num_kv_heads:
-            raise HexcoreInvalidArgumentError(
-                f"num_q_heads: {num_q_heads} is not a multiple of num_kv_heads {cfg.num_kv_heads}")
+        check_q_heads(num_q_heads, cfg.num_kv_heads)
         max_blocks_per_seq = _positive("max_blocks_per_seq", max_blocks_per_seq, MAX_TABLE_WIDTH)
         if not isinstance(batch_buckets, (tuple, list, range)) or not batch_buckets:
             raise HexcoreInvalidArgumentError(f"batch_buckets: expected a non-empty sequence of sizes, got "

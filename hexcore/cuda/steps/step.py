@@ -24,7 +24,7 @@ from numba import cuda
 from ..._checks import as_int
 from ...errors import HexcoreInvalidArgumentError, HexcoreOOMError
 from ..arrays import checked_layer, checked_store
-from ..attention.launcher import Workspace, decode_launch, prepare_decode
+from ..attention.launcher import Workspace, check_q_heads, decode_launch, prepare_decode
 from ..attention.options import DEFAULT_OPTIONS, DecodeOptions
 from ..blocks import prepare_copy_tails
 from ..launch import PreparedLaunch
@@ -53,12 +53,13 @@ class StepBuffers:
     def __init__(self, store, num_q_heads: int, bucket: int, max_blocks_per_seq: int, verify=None):
         cfg = checked_store(store).config
         L, H, D = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
-        num_q_heads = _checked_q_heads(num_q_heads, H)
+        num_q_heads = as_int("num_q_heads", num_q_heads, 1, MAX_TABLE_WIDTH)
+        check_q_heads(num_q_heads, H)
         bucket = as_int("bucket", bucket, 1, MAX_BATCH)
         max_blocks_per_seq = as_int("max_blocks_per_seq", max_blocks_per_seq, 1, MAX_TABLE_WIDTH)
         if verify is not None and (not isinstance(verify, StepVerify) or verify.store is not store):
             raise HexcoreInvalidArgumentError(f"verify: expected None or a StepVerify of this store, got "
-                                              f"{type(verify).__name__}")
+                                              f"{_which(verify, StepVerify)}")
         self.store, self.bucket, self.max_blocks_per_seq, self.verify = store, bucket, max_blocks_per_seq, verify
         capacity = 0 if verify is None else verify.capacity
         self.tables_at = TABLES_ROW * bucket + capacity
@@ -85,7 +86,7 @@ class StepBuffers:
         """The checksum RECORD launch of the first ``count`` seal rows (their digests into
         the verification's sums), made once; a graph records all ``bucket`` rows.
         ``count``: an int in [1, bucket]; only with a ``verify``."""
-        count = self._count("count", count, self.bucket, "record_launch")
+        count = self._count(count, self.bucket, "record_launch")
         key = ("record", count)
         if key not in self._launches:
             out = cuda.device_array((count, self.store.config.num_layers), np.uint32)
@@ -96,7 +97,7 @@ class StepBuffers:
         """The checksum VERIFY launch of the first ``count`` verify rows, made once (a graph
         verifies all ``C`` rows: padding rows are skipped by the kernel). ``count``: an int
         in [1, C]; only with a ``verify``."""
-        count = self._count("count", count, 0 if self.verify is None else self.verify.capacity, "verify_launch")
+        count = self._count(count, 0 if self.verify is None else self.verify.capacity, "verify_launch")
         key = ("verify", count)
         if key not in self._launches:
             self._launches[key] = self.verify.prepare(self.verify_ids[:count])
@@ -105,7 +106,7 @@ class StepBuffers:
     def fork(self, count: int) -> PreparedLaunch:
         """The tail copy of the first ``count`` fork rows (fork_src -> fork_dst), made once;
         ``count``: an int in [1, bucket]."""
-        count = self._count("count", count, self.bucket)
+        count = self._count(count, self.bucket)
         key = ("fork", count)
         if key not in self._launches:
             rows = self.rows
@@ -116,7 +117,7 @@ class StepBuffers:
         """The seal of the first ``count`` seal rows (of every layer, or one), made once.
         A graph seals all ``bucket`` rows (padding rows are skipped by the kernel).
         ``count``: an int in [1, bucket]; ``layer``: an int in [0, L) or None."""
-        count = self._count("count", count, self.bucket)
+        count = self._count(count, self.bucket)
         if layer is not None:
             layer = checked_layer(layer, self.store.config.num_layers, allow_all=True)[0]
         key = ("seal", count, layer)
@@ -126,21 +127,18 @@ class StepBuffers:
                                                layer)
         return self._launches[key]
 
-    def _count(self, name: str, value, high: int, needs_verify: str | None = None) -> int:
-        """``value`` as an int in [1, high]; HexcoreInvalidArgumentError, or for ``needs_verify``
+    def _count(self, count, high: int, needs_verify: str | None = None) -> int:
+        """``count`` as an int in [1, high]; HexcoreInvalidArgumentError, or for ``needs_verify``
         (a method's name) without a StepVerify, that it needs one."""
         if needs_verify and self.verify is None:
             raise HexcoreInvalidArgumentError(f"{needs_verify}: these buffers were made without a StepVerify")
-        return as_int(name, value, 1, high)
+        return as_int("count", count, 1, high)
 
 
-def _checked_q_heads(num_q_heads, num_kv_heads: int) -> int:
-    """``num_q_heads`` as an int >= 1, a multiple of ``num_kv_heads``."""
-    num_q_heads = as_int("num_q_heads", num_q_heads, 1, MAX_TABLE_WIDTH)
-    if num_q_heads % num_kv_heads:
-        raise HexcoreInvalidArgumentError(f"num_q_heads: {num_q_heads} is not a multiple of num_kv_heads "
-                                          f"{num_kv_heads}")
-    return num_q_heads
+def _which(value, kind) -> str:
+    """What ``value`` is, for a message refusing it: "one of another store" when it is a
+    ``kind`` (whose ``store`` is not the one given), else its type."""
+    return "one of another store" if isinstance(value, kind) else type(value).__name__
 
 
 def _zeros(shape: tuple, dtype, name: str):
@@ -173,7 +171,7 @@ class DecodeStep:
         cfg = checked_store(store).config
         if not isinstance(buffers, StepBuffers) or buffers.store is not store:
             raise HexcoreInvalidArgumentError(f"buffers: expected the StepBuffers of this store, got "
-                                              f"{type(buffers).__name__}")
+                                              f"{_which(buffers, StepBuffers)}")
         if not isinstance(workspace, Workspace):
             raise HexcoreInvalidArgumentError(f"workspace: expected a Workspace, got {type(workspace).__name__}")
         bs = cfg.block_size
@@ -238,8 +236,7 @@ class DecodeStep:
         once a layer has run: its first call prepares (and loads) its kernels, so run a
         step eagerly before capturing, as every CUDA graph capture needs.
         """
-        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < len(self._decode):
-            raise HexcoreInvalidArgumentError(f"layer: expected an int in [0, {len(self._decode)}), got {layer!r}")
+        layer = checked_layer(layer, len(self._decode))[0]
         launches = self._layers.get(layer)
         if launches is None:
             rows, b = self.buffers.rows, self.buffers

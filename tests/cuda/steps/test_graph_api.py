@@ -89,7 +89,7 @@ BAD_BUFFERS = [  # (StepBuffers arguments changed, text): were AttributeError, T
     ({"store": None}, "store: expected a DeviceKVStore, got NoneType"),
     ({"num_q_heads": 1.5}, "num_q_heads: expected an int, got float 1.5"),
     ({"num_q_heads": -1}, r"num_q_heads: expected an int in \[1, "),
-    ({"num_q_heads": 3}, "num_q_heads: 3 is not a multiple of num_kv_heads 2"),
+    ({"num_q_heads": 3}, "num_q_heads: 3 is not a positive multiple of num_kv_heads 2"),
     ({"bucket": "3"}, "bucket: expected an int, got str"),
     ({"bucket": 2**31}, r"bucket: expected an int in \[1, 65535\], got 2147483648"),
     ({"bucket": True}, "bucket: expected an int, got True"),
