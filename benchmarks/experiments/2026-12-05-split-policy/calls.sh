@@ -24,7 +24,7 @@ case "${1:-}" in
 check)  # (a call returns at most 8 files: gpu-check's own go to /tmp, the ones to read to $R)
     OUT=/tmp/check/san HEXCORE_GPU_CHECK=sanitize scripts/gpu-check > "$R/sanitize-stage.log" 2>&1 &
     sanitizers=$!
-    OUT=/tmp/check/tests HEXCORE_GPU_CHECK=tests timeout 480 scripts/gpu-check -n 8 > "$R/tests-stage.log" 2>&1
+    OUT=/tmp/check/tests HEXCORE_GPU_CHECK=tests timeout 530 scripts/gpu-check -n 8 > "$R/tests-stage.log" 2>&1
     echo "tests rc $?"; tail -2 "$R/tests-stage.log"; grep -E "^FAILED" "$R/tests-stage.log" | head
     cp /tmp/check/tests/gpu-tests-outcomes.txt "$R/" 2>/dev/null
     wait "$sanitizers"; echo "sanitizers rc $?"; grep -E "exit" "$R/sanitize-stage.log"
