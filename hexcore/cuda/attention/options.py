@@ -100,6 +100,13 @@ CLUSTER_MAX_FILL = 0.5
 # at 248; int2-aged 4-5% faster at B=16 16k and B=64 1k)
 TIERED_LAST_MAX_BLOCKS = 128
 TIERED_LAST_MAX_ITEMS = 64
+# a format by age's pools run in one launch (tiered_merge None) where, with dependent launches,
+# its step has at most TIERED_ONE_MAX_ITEMS[pools] items, whatever their length (H200,
+# thirty-fifth session, 32/8 heads, against the default before it: int2-aged, three pools,
+# 8-19-25% faster at B=1 32k / B=8 4k / B=2 8k (8-64 items), 4% at B=1 128k, 10-110% slower
+# at 128-512 items; int4-aged, two pools, 8% / 11% faster at B=1 32k / 128k (8 items), even
+# at B=2 8k (16), 5% slower at B=8 4k (64) and 3-34% at 128-512)
+TIERED_ONE_MAX_ITEMS = {2: 16, 3: 64}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,10 +186,12 @@ class DecodeOptions:
       "launch" (a merge launch after the pools' launches), "last" (the last pool's launch:
       its last CTA of each (sequence, KV head, head group) merges every pool's partials; with
       ``dependent_launch`` the pools' launches overlap, each letting the next start as soon as
-      it starts) or None (the default): "last" with dependent launches where the step is
-      short and narrow (at most ``TIERED_LAST_MAX_ITEMS`` (sequence, KV head, head group)
-      items, and they times its longest sequence's blocks at most ``TIERED_LAST_MAX_BLOCKS``
-      per SM), "launch" otherwise. Measured on the H200 with dependent launches, 32/8 heads
+      it starts), "one" (below) or None (the default, with dependent launches): "one" where
+      the step has at most ``TIERED_ONE_MAX_ITEMS[pools]`` (sequence, KV head, head group)
+      items (16 with two pools, 64 with three), else "last" where it is short and narrow (at
+      most ``TIERED_LAST_MAX_ITEMS`` items, and they times its longest sequence's blocks at
+      most ``TIERED_LAST_MAX_BLOCKS`` per SM), else "launch"; "launch" with plain launches.
+      Measured on the H200 with dependent launches, 32/8 heads
       (``benchmarks/RESULTS.md``, thirtieth and thirty-first sessions), "last" against
       "launch": int4-aged / int2-aged B=1 32k 23.8 -> 19.8 / 26.1 -> 22.9 us, B=2 8k -14% /
       -5%, B=8 4k -11% / -6% (8-64 items, 31-62 blocks per SM); B=1 128k +9% / +2% (248 per
@@ -196,8 +205,10 @@ class DecodeOptions:
       spills, unless 128 makes a grid of fewer waves; else 128), every pool's splits sized
       for that cap and the younger pools' no shorter than the last pool's
       (``tiered._one_launch_pools``); ``tiered_fp16`` does not apply.
-      Two or three pools; a format of one pool, or of more than three, runs "last". Not
-      yet timed on a GPU, so not part of the default.
+      Two or three pools; a format of one pool, or of more than three, runs "last". On the
+      H200 (thirty-fifth session, 32/8 heads) against the default before it: int2-aged B=1
+      32k 22.6 -> 20.6 us, B=2 8k -25%, B=8 4k -19%, B=1 128k -4%; int4-aged B=1 32k 20.0 ->
+      18.4 us, B=1 128k -11%, B=2 8k even, B=8 4k +5%; 10-110% slower at 128-512 items.
     - ``cluster_merge``: whether a prepared grid decode whose items have 2 to 8 splits
       (``kernel.MAX_CLUSTER``) launches each item's splits as one thread block cluster that
       merges through distributed shared memory (``kernel.decode_kernel``, ``cluster``)
@@ -267,15 +278,19 @@ class DecodeOptions:
             return self.dependent_launch
         return self.launch_path == "raw" and sm90
 
-    def merges_last(self, dependent: bool, items: int, blocks_per_sm: float) -> bool:
-        """Whether a format by age's last pool merges (``tiered_merge``, None resolved) for
-        a step of ``items`` (sequence, KV head, head group) items and ``blocks_per_sm``
-        (items times the longest sequence's blocks, per SM) whose launches are dependent
-        ones or not (``dependent``); "one" too (a format of one pool, or of more pools than
-        the one launch takes, ``tiered.ONE_LAUNCH_POOLS``: the last pool's launch merges)."""
-        if self.tiered_merge is None:
-            return dependent and items <= TIERED_LAST_MAX_ITEMS and blocks_per_sm <= TIERED_LAST_MAX_BLOCKS
-        return self.tiered_merge in ("last", "one")
+    def tiered_mode(self, dependent: bool, items: int, blocks_per_sm: float, pools: int) -> str:
+        """What merges the ``pools`` pools of a format by age (``tiered_merge``, None
+        resolved) in a step of ``items`` (sequence, KV head, head group) items and
+        ``blocks_per_sm`` (items times the longest sequence's blocks, per SM) whose launches
+        are dependent ones or not (``dependent``): "one", "last" or "launch". (The caller
+        runs "one" as "last" for a number of pools its one launch does not take.)"""
+        if self.tiered_merge is not None:
+            return self.tiered_merge
+        if dependent and items <= TIERED_ONE_MAX_ITEMS.get(pools, 0):
+            return "one"
+        if dependent and items <= TIERED_LAST_MAX_ITEMS and blocks_per_sm <= TIERED_LAST_MAX_BLOCKS:
+            return "last"
+        return "launch"
 
     def cluster(self, compute_capability: tuple[int, int], splits: int, max_cluster: int, fill: float) -> int:
         """The thread block cluster size of a prepared grid decode of ``splits`` splits per

@@ -211,7 +211,6 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
     _check(stores, tables, counts, tail_lens, tail_pool)
     q = checked(q, "q", np.float16, (tail_lens.shape[0], None, stores[0].config.head_dim))  # (a host q: copied once)
     bs, batch, n = stores[0].config.block_size, tail_lens.shape[0], len(stores)
-    one = options.tiered_merge == "one" and 1 < n <= ONE_LAUNCH_POOLS  # (more: "last")
     lens = [(counts[p].astype(np.int64) * bs + np.where(tail_pool == p, tail_lens, 0)).astype(np.int32)
             for p in range(n)]
     longest = [check_host_index(store, tables[p], lens[p], tail_slots, batch) for p, store in enumerate(stores)]
@@ -224,6 +223,9 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
     cfg = stores[0].config
     shapes = [DecodeShape(store.config.kv_dtype.bits, cfg.num_kv_heads, head_dim, bs, num_q_heads // cfg.num_kv_heads,
                           cfg.group_size) for store in stores]
+    items = batch * cfg.num_kv_heads * shapes[0].head_groups
+    mode = options.tiered_mode(dependent_launches(options), items, items * longest_blocks / policy_sms(), n)
+    one = mode == "one" and 1 < n <= ONE_LAUNCH_POOLS  # (more: "last")
 
     def make(p: int, pool_options: DecodeOptions) -> Launch:  # pool p's own launch: its split count
         nonlocal out
@@ -235,8 +237,7 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
         launches, options = _one_launch_pools(make, shapes, options, seq_lens, -(-longest[-1] // bs))
     else:
         launches = [make(p, options) for p in range(n)]
-    items = launches[0].grid[1] * batch
-    merging_last = one or options.merges_last(dependent_launches(options), items, items * longest_blocks / policy_sms())
+    merging_last = mode != "launch"
     order = [n - 1, *range(n - 1)] if merging_last else list(range(n))  # whose slots come first in a row
     bases, total = {}, 0
     for p in order:

@@ -97,7 +97,7 @@ def check_format(fmt, seed, lengths, fork_at, config=CONFIG):
     chain, and tiered_decode against float64 attention over tiered_kv, merged each way
     (``MERGES``): the FP16 pool decoded by its own launch and inside the merge launch
     bit-identical (the same items); the last pool's launch merging, and every pool in one
-    launch, sum the same partials in another order."""
+    launch, sum the same partials in another order; so does the default's choice."""
     print(f"seed {seed}")
     cache, stores, seqs, rows = run_format(fmt, seed, lengths, fork_at, config)
     fmt, BS, D, GROUP = cache.format, config.block_size, config.head_dim, config.group_size
@@ -122,10 +122,10 @@ def check_format(fmt, seed, lengths, fork_at, config=CONFIG):
     args = ([t for t, _ in tables], [c for _, c in tables], (lens % BS).astype(np.int32), cache.tail_pools(ids), ids)
     outs = [tiered_decode(q, stores, *args, layer=config.num_layers - 1, options=options,
                           out=cuda.to_device(np.full(q.shape, np.nan, np.float16))).copy_to_host()
-            for options in MERGES.values()]
+            for options in [*MERGES.values(), DecodeOptions()]]  # (and the default's choice among them)
     keys, values = zip(*(ref.tiered_kv(*rows[int(s)], fmt, BS, GROUP) for s in ids))
     want = ref.decode_attention(q, list(keys), list(values), D ** -0.5)
-    assert all(ref.relative_l2(outs[i], want) < 2e-3 for i in (0, 2, 3))
+    assert all(ref.relative_l2(outs[i], want) < 2e-3 for i in (0, 2, 3, 4))
     assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
 
 
@@ -362,34 +362,42 @@ def test_a_prompt_grown_at_once_holds_what_token_steps_hold(name, seed):
     assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
 
 
-def test_the_last_pool_merges_by_default_where_the_step_is_short():
-    """``tiered_merge`` None: the last pool's launch merges (no merge launch) with dependent
-    launches where the step has at most ``TIERED_LAST_MAX_ITEMS`` items and they times the
-    longest sequence's blocks come to at most ``TIERED_LAST_MAX_BLOCKS`` per SM; a merge
-    launch otherwise, with plain launches, or where the option says "launch"."""
+def test_the_default_runs_one_launch_then_the_last_pool_merges_where_the_step_is_short():
+    """``tiered_merge`` None, with dependent launches: one launch of every pool where the
+    step has at most ``TIERED_ONE_MAX_ITEMS[pools]`` items (whatever their length); else the
+    last pool's launch merges (no merge launch) where it has at most ``TIERED_LAST_MAX_ITEMS``
+    items and they times the longest sequence's blocks come to at most
+    ``TIERED_LAST_MAX_BLOCKS`` per SM; else a merge launch. A merge launch with plain
+    launches, or where the option says "launch"."""
     from hexcore.cuda.attention.launcher import policy_sms
-    from hexcore.cuda.attention.options import TIERED_LAST_MAX_BLOCKS, TIERED_LAST_MAX_ITEMS
+    from hexcore.cuda.attention.options import TIERED_LAST_MAX_BLOCKS, TIERED_LAST_MAX_ITEMS, TIERED_ONE_MAX_ITEMS
     from hexcore.cuda.attention.tiered import tiered_decode_launches
 
-    def kinds(batch, blocks, options):  # one KV head and head group: an item per sequence
+    def kinds(batch, blocks, options, pools=("fp16", "int4")):  # one KV head and head group: an item a sequence
         stores = [DeviceKVStore(dataclasses.replace(CONFIG, kv_dtype=kind), num_blocks=1, max_seqs=batch)
-                  for kind in ("fp16", "int4")]
-        tables = [np.zeros((batch, 1), np.int32), np.zeros((batch, blocks), np.int32)]
-        counts = [np.zeros(batch, np.int32), np.full(batch, blocks, np.int32)]
+                  for kind in pools]
+        tables = [np.zeros((batch, 1), np.int32)] * (len(pools) - 1) + [np.zeros((batch, blocks), np.int32)]
+        counts = [np.zeros(batch, np.int32)] * (len(pools) - 1) + [np.full(batch, blocks, np.int32)]
         zeros = np.zeros(batch, np.int32)
         launches, _ = tiered_decode_launches(np.zeros((batch, 2, D), np.float16), stores, tables, counts,
                                              zeros, zeros, np.arange(batch, dtype=np.int32), options=options)
         return [launch.kernel.py_func.__qualname__.split(".")[0] for launch in launches]
 
     limit = TIERED_LAST_MAX_BLOCKS * policy_sms()  # items (here 1) times blocks
-    most = TIERED_LAST_MAX_ITEMS
-    for batch, blocks, options, last in ((1, limit, DecodeOptions(), True), (1, limit + 1, DecodeOptions(), False),
-                                         (most, 1, DecodeOptions(), True), (most + 1, 1, DecodeOptions(), False),
-                                         (1, limit, DecodeOptions(dependent_launch=False), False),
-                                         (1, limit, DecodeOptions(tiered_merge="launch"), False),
-                                         (most + 1, limit + 1, DecodeOptions(tiered_merge="last"), True)):
-        want = ["pool_kernel"] * 2 if last else ["decode_kernel", "fused_merge_kernel"]
+    one, most, three = TIERED_ONE_MAX_ITEMS[2], TIERED_LAST_MAX_ITEMS, TIERED_ONE_MAX_ITEMS[3]
+    assert one < most
+    last, launch = ["pool_kernel"] * 2, ["decode_kernel", "fused_merge_kernel"]
+    for batch, blocks, options, want in ((1, limit + 1, DecodeOptions(), ["one_launch_kernel"]),
+                                         (one, 1, DecodeOptions(), ["one_launch_kernel"]),
+                                         (one + 1, 1, DecodeOptions(), last), (most, 1, DecodeOptions(), last),
+                                         (one + 1, -(-limit // (one + 1)) + 1, DecodeOptions(), launch),
+                                         (most + 1, 1, DecodeOptions(), launch),
+                                         (1, 1, DecodeOptions(dependent_launch=False), launch),
+                                         (1, 1, DecodeOptions(tiered_merge="launch"), launch),
+                                         (most + 1, limit + 1, DecodeOptions(tiered_merge="last"), last)):
         assert kinds(batch, blocks, options) == want, (batch, blocks, options)
+    assert kinds(three, 2, DecodeOptions(), ("fp16", "int4", "int2")) == ["one_launch_kernel"]
+    assert kinds(three + 1, 2, DecodeOptions(), ("fp16", "int4", "int2"))[-1] == "fused_merge_kernel"  # (> most)
 
 
 @pytest.mark.parametrize("where", ["last", "one"])
