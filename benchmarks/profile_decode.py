@@ -4,6 +4,8 @@
         --section SpeedOfLight --section Occupancy --section WarpStateStats \\
         python3 -m benchmarks.profile_decode int4 1     (dtype, index into bench_decode.SHAPES)
 
+A format by age (``int2-aged``) runs its plan's launches as ``bench_decode`` times them.
+
 ``--lineinfo`` compiles every kernel with ``lineinfo=True`` (numba's line table; the code is
 the same), for ncu's per-line sections: ``--section SourceCounters --import-source yes``,
 then ``ncu -i REPORT --page source --csv --print-source sass``.
@@ -33,11 +35,12 @@ def main(argv: list[str]) -> None:
     if "--lineinfo" in argv:
         argv = [a for a in argv if a != "--lineinfo"]
         with_lineinfo()
-    from benchmarks.bench_decode import SHAPES, decode_case
+    from benchmarks.bench_decode import SHAPES, decode_case, tiered_case
 
     dtype = argv[0] if argv else "fp16"
     shape = SHAPES[int(argv[1]) if len(argv) > 1 else 0]
-    run, nbytes, _store, info = decode_case(dtype, *shape)
+    case = tiered_case if dtype.endswith(("-aged", "+merge")) else decode_case  # (as bench_decode picks)
+    run, nbytes, _store, info = case(dtype, *shape)
     for _ in range(3):
         run()
     cuda.synchronize()

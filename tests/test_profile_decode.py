@@ -1,4 +1,4 @@
-"""benchmarks.profile_decode's --lineinfo: kernels (only) compiled with numba's line table."""
+"""benchmarks.profile_decode: --lineinfo (kernels only compiled with numba's line table), formats by age."""
 
 from numba import cuda
 
@@ -15,3 +15,13 @@ def test_with_lineinfo_sets_it_for_kernels_only(monkeypatch):
     cuda.jit(lineinfo=False)
     assert seen == [{"max_registers": 128, "lineinfo": True}, {"device": True}, {"debug": True},
                     {"lineinfo": False}]
+
+
+def test_a_format_by_age_runs_its_plan(monkeypatch, capsys):
+    """``int2-aged`` goes through ``bench_decode.tiered_case`` (a store per pool), as
+    bench_decode times it, not through the one-store case, which has no such dtype."""
+    from benchmarks import bench_decode
+
+    monkeypatch.setattr(bench_decode, "SHAPES", [(1, 8, 1, 1000)])
+    profile_decode.main(["int2-aged", "0"])
+    assert "profiled int2-aged (1, 8, 1, 1000)" in capsys.readouterr().out
