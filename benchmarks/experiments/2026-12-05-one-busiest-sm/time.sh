@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Thirty-fifth session, for the next (~300 s; not run: the session's device time was spent):
+# formats by age in one launch with the last pool's split count priced on the busiest SM
+# counting the younger pools' CTAs (one-busiest.diff) against main, alternating, two rounds,
+# at the rows where "one" is the default and the grid changes (grids-main.txt, grids-diff.txt).
+set -u
+source benchmarks/experiments/device-site.sh  # site, R
+export PYTHONPATH="$site:$PWD"
+here=$PWD
+shapes="1,32,8,32768;2,32,8,8192;8,32,8,4096;1,32,8,131072"
+patched_copy /tmp/busiest "$here/benchmarks/experiments/2026-12-05-one-busiest-sm/one-busiest.diff" || exit 1
+for round in 1 2; do
+    for side in main busiest; do
+        dir=$here; [ $side = busiest ] && dir=/tmp/busiest
+        (cd $dir && OUT=$R PYTHONPATH="$site:$dir" timeout 80 python3 -m benchmarks.bench_decode --shapes "$shapes" \
+            --dtypes int4-aged,int2-aged --flex none --no-peers --queued --name "$side$round" > "$R/$side$round.log" 2>&1)
+        echo "$side$round rc $?"; grep timed "$R/$side$round.log"
+    done
+done
