@@ -11,17 +11,7 @@ for dtype in int4 int2 fp16; do
         --section WarpStateStats --section SchedulerStats --csv --page raw \
         python3 -m benchmarks.profile_persistent $dtype 1,32,8,32768 > "$R/ncu-$dtype.csv" 2> "$R/ncu-$dtype.err"
     echo "$dtype rc $?"
-    python3 - "$R/ncu-$dtype.csv" <<'PY'
-import csv, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]
-head = rows[0]
-want = ["Kernel Name", "gpu__time_duration.sum", "sm__cycles_active.avg", "sm__cycles_active.max",
-        "smsp__inst_executed.sum", "dram__bytes_read.sum", "launch__registers_per_thread", "launch__grid_size",
-        "sm__warps_active.avg.pct_of_peak_sustained_active"]
-idx = [head.index(w) for w in want if w in head]
-for r in rows[2:]:
-    print(" | ".join(r[i][:40] for i in idx))
-PY
+    python3 benchmarks/experiments/ncu_rows.py "$R/ncu-$dtype.csv"
 done
 # Issue 12: FP16 uncapped at one wave (fp16-one-wave.diff) against main, alternating, at every
 # shape with at most 396 items (where the rule would apply) plus B=1 MHA

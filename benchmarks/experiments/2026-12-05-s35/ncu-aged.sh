@@ -14,17 +14,5 @@ for dtype in int2-aged int2 int4-aged int4; do
         --launch-count 1 --metrics $metrics --section WarpStateStats --csv --page raw \
         python3 -m benchmarks.profile_decode $dtype 5 > "$R/ncu-$dtype.csv" 2> "$R/ncu-$dtype.err"
     echo "$dtype rc $?"
-    python3 - "$R/ncu-$dtype.csv" <<'PY'
-import csv, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]
-if not rows:
-    sys.exit(print("no rows"))
-head = rows[0]
-want = ["Kernel Name", "gpu__time_duration.sum", "sm__cycles_active.avg", "sm__cycles_active.max",
-        "smsp__inst_executed.sum", "dram__bytes_read.sum", "launch__registers_per_thread", "launch__grid_size",
-        "sm__warps_active.avg.pct_of_peak_sustained_active"]
-idx = [head.index(w) for w in want if w in head]
-for r in rows[2:]:
-    print(" | ".join(r[i][:40] for i in idx))
-PY
+    python3 benchmarks/experiments/ncu_rows.py "$R/ncu-$dtype.csv"
 done
