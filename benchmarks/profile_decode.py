@@ -4,7 +4,7 @@
         --section SpeedOfLight --section Occupancy --section WarpStateStats \\
         python3 -m benchmarks.profile_decode int4 1     (dtype, index into bench_decode.SHAPES)
 
-A format by age (``int2-aged``) runs its plan's launches as ``bench_decode`` times them.
+A format by age (``int2-aged``; or ``+merge``) runs its plan's launches as ``bench_decode`` times them.
 
 ``--lineinfo`` compiles every kernel with ``lineinfo=True`` (numba's line table; the code is
 the same), for ncu's per-line sections: ``--section SourceCounters --import-source yes``,

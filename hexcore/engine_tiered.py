@@ -203,7 +203,9 @@ class TieredEngineStep:
 
     def run(self, stream=None):
         """Append, seal and attention for every layer; returns ``out``. The appends and seals
-        take every layer in one launch per pool; attention is a launch per pool per layer."""
+        take every layer in one launch per pool; attention is, per layer, one launch of every
+        pool where the step has few items, else a launch per pool (and a merge launch:
+        ``DecodeOptions.tiered_merge``)."""
         if self._loaded is not None:
             done = "ran" if self._loaded else "was started by attend()"
             raise HexcoreInvalidArgumentError(f"run: this step already {done}")

@@ -5,6 +5,7 @@ import pytest
 from numba import cuda
 
 from benchmarks import host_step
+from hexcore.cuda.attention import options
 from tests.conftest import SIMULATOR
 
 
@@ -53,13 +54,13 @@ def test_a_format_step_makes_no_copy_or_allocation_of_its_own(capsys):
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="stubs the CUDA simulator's launches")
-def test_a_warm_format_step_makes_no_device_array_object():
+def test_a_warm_format_step_makes_no_device_array_object(monkeypatch):
     """--count's device array objects (numba's DeviceNDArray on a GPU, each tens of us of
     Python; FakeCUDAArray here): a format's step at unchanged shapes takes every view it
     launches with from ``cuda.views`` (its uploads' per offset, its buffers' per layer, flat
     words per array), so none (before: 45 per step at these sizes, 72 at the benchmark's);
     its set_array calls only move the prepared launches from layer to layer (q and out of
-    the one decode launch at each of 2 layers: 4; with a launch per pool, 12; before views,
+    the one decode launch at each of 2 layers: 4; of a launch per pool: 12; before views,
     28), and its appends, seals and re-seals run
     prepared (``TieredParts.relaunch``: no eager launch, none prepared anew)."""
     with host_step.stubbed_launches():
@@ -69,6 +70,14 @@ def test_a_warm_format_step_makes_no_device_array_object():
         counts = host_step.per_step_counts(engine, seqs, 4)
     assert counts["device array objects"] == 0, counts
     assert counts["set_array"] == 4, counts
+    assert counts["eager launch"] == 0 and counts["prepare"] == 0, counts
+    monkeypatch.setattr(options, "TIERED_ONE_MAX_ITEMS", {})  # a launch per pool, the last merging
+    with host_step.stubbed_launches():
+        engine, seqs = host_step.make_engine("int2-aged", 2, 5, 100)
+        for _ in range(3):
+            engine.step(seqs).run()
+        counts = host_step.per_step_counts(engine, seqs, 4)
+    assert counts["device array objects"] == 0 and counts["set_array"] == 12, counts
     assert counts["eager launch"] == 0 and counts["prepare"] == 0, counts
 
 

@@ -92,9 +92,10 @@ def sm_share(ctas: int) -> float:
 # 28-41% (16 x 32/8 16k: 384 and 512 CTAs in clusters of 3 and 4); nothing between was
 # measured, so the rule keeps to the half where no cluster placement can need a second wave
 CLUSTER_MAX_FILL = 0.5
-# a format by age's last pool merges (tiered_merge None) where the step has at most
-# TIERED_LAST_MAX_ITEMS (sequence, KV head, head group) items and they times its longest
-# sequence's blocks come to at most TIERED_LAST_MAX_BLOCKS per SM: short, narrow launches
+# a format by age's last pool merges (tiered_merge None) where TIERED_ONE_MAX_ITEMS does not
+# take the step to one launch and it has at most TIERED_LAST_MAX_ITEMS (sequence, KV head,
+# head group) items and they times its longest sequence's blocks come to at most
+# TIERED_LAST_MAX_BLOCKS per SM: short, narrow launches
 # (H200, thirtieth and thirty-first sessions, 32/8 heads: faster at 8-64 items of 31-62
 # blocks per SM; mostly slower at 128-512 items, 32 x 1k too (256 items, 62 per SM), and
 # at 248; int2-aged 4-5% faster at B=16 16k and B=64 1k)
