@@ -27,7 +27,8 @@ format's FP16 pool inside the merge launch, programmatic
 dependent launches or plain ones, splits sized for 2 or 3 resident CTAs per SM) and the
 decode kernel's verify variant (``verify 1/16``: every block's head digests recorded, the
 blocks with ``block % 16 == 0`` checked as they are read, issue 14's sampled verification
-inside the decode; ``verify every=0``: the variant checking nothing, its fixed cost; the rows
+inside the decode; ``verify every=1``: every block checked, what verifying whole layers in
+turn would cost a layer; ``verify every=0``: the variant checking nothing, its fixed cost; the rows
 carry ``verify_flags``, the mismatches found, which must be 0); ``--shapes
 b1`` is the two B=1 shapes of the table (the split policy's costs matter most where batch x
 KV heads x head groups is small); ``--name``
@@ -335,7 +336,7 @@ def option_variants():
             " ctas 2": DecodeOptions(ctas_per_sm=2), " ctas 3": DecodeOptions(ctas_per_sm=3),
             " cluster merge": DecodeOptions(cluster_merge=True),
             " no cluster merge": DecodeOptions(cluster_merge=False),
-            " verify 1/16": VerifySample(16), " verify every=0": VerifySample(0)}
+            " verify 1/16": VerifySample(16), " verify every=1": VerifySample(1), " verify every=0": VerifySample(0)}
 
 
 def parse_shapes(text: str) -> list:
