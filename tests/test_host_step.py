@@ -40,17 +40,23 @@ def test_a_format_step_makes_no_copy_or_allocation_of_its_own(capsys):
     from hexcore.cuda.launch import PreparedLaunch
 
     init = PreparedLaunch.__init__
-    with host_step.stubbed_launches():
-        engine, seqs = host_step.make_engine("int2-aged", 2, 5, 100)
-        for _ in range(3):
-            engine.step(seqs).run()
-        counts = host_step.per_step_counts(engine, seqs, 4)
+    counts = warm_format_counts()
     assert counts["to_device"] == 0 and counts["device_array"] == 0, counts
     assert counts["prepare"] == 0 and counts["prepared run"] > 0, counts
     assert PreparedLaunch.__init__ is init and cuda.to_device.__name__ == "to_device"
     host_step.main(["--dtype", "int2-aged", "--layers", "2", "--batch", "3", "--context", "70", "--steps", "2",
                     "--count"])
     assert "per step: to_device 0, device_array 0" in capsys.readouterr().out
+
+
+def warm_format_counts() -> dict:
+    """``--count``'s per-step counts of an int2-aged Engine step (2 layers, 5 sequences of
+    about 100 tokens) after three warm-up steps, launches stubbed."""
+    with host_step.stubbed_launches():
+        engine, seqs = host_step.make_engine("int2-aged", 2, 5, 100)
+        for _ in range(3):
+            engine.step(seqs).run()
+        return host_step.per_step_counts(engine, seqs, 4)
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="stubs the CUDA simulator's launches")
@@ -63,20 +69,12 @@ def test_a_warm_format_step_makes_no_device_array_object(monkeypatch):
     the one decode launch at each of 2 layers: 4; of a launch per pool: 12; before views,
     28), and its appends, seals and re-seals run
     prepared (``TieredParts.relaunch``: no eager launch, none prepared anew)."""
-    with host_step.stubbed_launches():
-        engine, seqs = host_step.make_engine("int2-aged", 2, 5, 100)
-        for _ in range(3):
-            engine.step(seqs).run()
-        counts = host_step.per_step_counts(engine, seqs, 4)
+    counts = warm_format_counts()
     assert counts["device array objects"] == 0, counts
     assert counts["set_array"] == 4, counts
     assert counts["eager launch"] == 0 and counts["prepare"] == 0, counts
     monkeypatch.setattr(options, "TIERED_ONE_MAX_ITEMS", {})  # a launch per pool, the last merging
-    with host_step.stubbed_launches():
-        engine, seqs = host_step.make_engine("int2-aged", 2, 5, 100)
-        for _ in range(3):
-            engine.step(seqs).run()
-        counts = host_step.per_step_counts(engine, seqs, 4)
+    counts = warm_format_counts()
     assert counts["device array objects"] == 0 and counts["set_array"] == 12, counts
     assert counts["eager launch"] == 0 and counts["prepare"] == 0, counts
 
