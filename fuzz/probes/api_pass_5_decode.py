@@ -191,21 +191,19 @@ if "persistent" in SECTIONS:
     for h in H + [1e-9, 2e6]:
         t(f"persistent_decode(budget_us={h!r})", lambda: unchanged("budget", lambda: pdecode(budget_us=h)))
         t(f"PersistentDecode(budget_us={h!r})", lambda: unchanged("budget", lambda: pplan(budget_us=h)))
+    entries = (("persistent_decode", pdecode, ("q", "store", "layer", "block_tables", "seq_lens", "tail_slots",
+                                               "out", "scale", "max_seq_len", "options", "count_items", "stream"),
+                "stream"),
+               ("PersistentDecode", pplan, ("q", "store", "block_tables", "seq_lens", "tail_slots", "max_seq_len",
+                                            "out", "scale", "options", "count_items", "workspace"), "workspace"))
     for h in H:
-        for name in ("q", "store", "layer", "block_tables", "seq_lens", "tail_slots", "out", "scale", "max_seq_len",
-                     "options", "count_items", "stream"):
-            if h is None and name in ("out", "scale", "max_seq_len", "options", "stream"):
-                continue
-            if name == "count_items" and isinstance(h, (bool, np.bool_)):
-                continue
-            t(f"persistent_decode({name}={h!r})", lambda: unchanged(name, lambda: pdecode(**{name: h})))
-        for name in ("q", "store", "block_tables", "seq_lens", "tail_slots", "max_seq_len", "out", "scale",
-                     "options", "count_items", "workspace"):
-            if h is None and name in ("out", "scale", "max_seq_len", "options", "workspace"):
-                continue
-            if name == "count_items" and isinstance(h, (bool, np.bool_)):
-                continue
-            t(f"PersistentDecode({name}={h!r})", lambda: unchanged(name, lambda: pplan(**{name: h})))
+        for label, call, names, last in entries:  # (None is the default of out, scale, ... and of `last`)
+            for name in names:
+                if h is None and name in ("out", "scale", "max_seq_len", "options", last):
+                    continue
+                if name == "count_items" and isinstance(h, (bool, np.bool_)):
+                    continue
+                t(f"{label}({name}={h!r})", lambda: unchanged(name, lambda: call(**{name: h})))
     for name in ("ctas_per_sm", "split_blocks", "min_split_blocks", "max_registers", "split_overhead"):
         for h in (1, 10**30, 999999, 0.0):
             t(f"persistent_decode(options {name}={h!r})", lambda: unchanged(name, lambda: pdecode(
