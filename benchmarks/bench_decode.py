@@ -331,6 +331,8 @@ def option_variants():
             " last pool merges cap 128": DecodeOptions(tiered_merge="last", max_registers=128),
             " one launch": DecodeOptions(tiered_merge="one"),
             " one launch cap 128": DecodeOptions(tiered_merge="one", max_registers=128),
+            " packed": DecodeOptions(tiered_merge="packed"),
+            " packed cap 168": DecodeOptions(tiered_merge="packed", max_registers=168),
             " dependent launch": DecodeOptions(dependent_launch=True),
             " plain launch": DecodeOptions(dependent_launch=False),
             " ctas 2": DecodeOptions(ctas_per_sm=2), " ctas 3": DecodeOptions(ctas_per_sm=3),

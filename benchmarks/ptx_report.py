@@ -20,8 +20,9 @@ item and after the last one.
 4 by default, capped at 128 registers and uncapped: the partials kernel a merge launch
 follows, and ``pool_kernel`` first, middle and last (merging): registers and spills; then
 ``one_launch_kernel`` of int4-aged's pools (INT4, FP16) and int2-aged's (INT2, FP16, INT4)
-at that D, block and group, capped at 128, at ``tiered.ONE_LAUNCH_UNCAPPED`` and uncapped:
-registers, spills, shared memory and SASS.
+at that D, block and group, capped at 128, at ``tiered.ONE_LAUNCH_UNCAPPED`` and uncapped, as
+"one" and as "packed" (each CTA running its slots in turn): registers, spills, shared memory
+and SASS.
 
 Needs numba-cuda's NVVM (``numba-cuda[cu13]``) and, for registers and SASS, ptxas and
 cuobjdump on PATH (Triton's wheel carries cuobjdump; or pip ``nvidia-cuda-nvcc``,
@@ -160,10 +161,11 @@ def tiered_report(only: str | None = None) -> None:
     for name, bits in (("int4-aged", (4, 16)), ("int2-aged", (2, 16, 4))):
         pools = tuple(DecodeShape(b, 8, head_dim, block_size, group, 64) for b in bits)
         for cap in (GRID_REGISTERS, ONE_LAUNCH_UNCAPPED, UNCAPPED_REGISTERS):
-            ptx, _ = cuda.compile_ptx(one_launch_kernel(pools, cap, "none", True, True).py_func, ONE_LAUNCH_SIG,
-                                      cc=(9, 0))
-            print(f"tiered {name} D={head_dim} BS={block_size} G={group} cap {cap} one launch: "
-                  f"{ptxas(ptx, sass=True, cap=cap)}", flush=True)
+            for packed in (False, True):
+                kernel = one_launch_kernel(pools, cap, "none", True, True, packed)
+                ptx, _ = cuda.compile_ptx(kernel.py_func, ONE_LAUNCH_SIG, cc=(9, 0))
+                print(f"tiered {name} D={head_dim} BS={block_size} G={group} cap {cap} "
+                      f"{'packed' if packed else 'one launch'}: {ptxas(ptx, sass=True, cap=cap)}", flush=True)
 
 
 # one_launch_kernel's: pool a's partials arguments, seq_lens, n_a, n_b, then two pools' own

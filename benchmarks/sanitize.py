@@ -188,7 +188,7 @@ def run_tiered(rng) -> None:
     index = (tables, counts, np.array([5, 0], np.int32), np.array([1, 0], np.int32), np.array([0, 1], np.int32))
     for options in (DecodeOptions(tiered_fp16="launch", tiered_merge="launch"),
                     DecodeOptions(tiered_fp16="merge", tiered_merge="launch"), DecodeOptions(tiered_merge="last"),
-                    DecodeOptions(tiered_merge="one")):
+                    DecodeOptions(tiered_merge="one"), DecodeOptions(tiered_merge="packed")):
         out = tiered_decode(q, stores, *index, layer=1, options=options)
         cuda.synchronize()
         assert not np.isnan(out.copy_to_host()).any()

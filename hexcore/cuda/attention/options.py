@@ -16,7 +16,7 @@ from ..launch import PATHS
 PREFETCH = ("quantized", "all", "none")
 ITEM_CALLS = ("call", "inline")
 TIERED_FP16 = ("launch", "merge")
-TIERED_MERGE = ("launch", "last", "one")
+TIERED_MERGE = ("launch", "last", "one", "packed")
 MAX_REGISTERS = 255  # registers per thread a kernel can have on any CUDA GPU (ptxas's --maxrregcount)
 
 
@@ -187,8 +187,8 @@ class DecodeOptions:
       "launch" (a merge launch after the pools' launches), "last" (the last pool's launch:
       its last CTA of each (sequence, KV head, head group) merges every pool's partials; with
       ``dependent_launch`` the pools' launches overlap, each letting the next start as soon as
-      it starts), "one" (below) or None (the default, with dependent launches): "one" where
-      the step has at most ``TIERED_ONE_MAX_ITEMS[pools]`` (sequence, KV head, head group)
+      it starts), "one", "packed" (below) or None (the default, with dependent launches):
+      "one" where the step has at most ``TIERED_ONE_MAX_ITEMS[pools]`` (sequence, KV head, head group)
       items (16 with two pools, 64 with three), else "last" where it is short and narrow (at
       most ``TIERED_LAST_MAX_ITEMS`` items, and they times its longest sequence's blocks at
       most ``TIERED_LAST_MAX_BLOCKS`` per SM), else "launch"; "launch" with plain launches.
@@ -210,6 +210,12 @@ class DecodeOptions:
       H200 (thirty-fifth session, 32/8 heads) against the default before it: int2-aged B=1
       32k 22.6 -> 20.6 us, B=2 8k -25%, B=8 4k -19%, B=1 128k -4%; int4-aged B=1 32k 20.0 ->
       18.4 us, B=1 128k -11%, B=2 8k even, B=8 4k +5%; 10-110% slower at 128-512 items.
+      "packed": one launch as "one", but its grid is the last pool's splits alone (the
+      launch that pool would have at ``max_registers``, None: 128) and each CTA also runs
+      the younger pools' slots that fall to it, one after the other
+      (``tiered_kernels.one_launch_kernel``, ``packed``): no CTA and no launch per young
+      pool, for steps whose last pool fills the SMs. Built in the thirty-sixth session
+      and not yet timed on a GPU: explicit only.
     - ``cluster_merge``: whether a prepared grid decode whose items have 2 to 8 splits
       (``kernel.MAX_CLUSTER``) launches each item's splits as one thread block cluster that
       merges through distributed shared memory (``kernel.decode_kernel``, ``cluster``)

@@ -225,7 +225,7 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
                           cfg.group_size) for store in stores]
     items = batch * cfg.num_kv_heads * shapes[0].head_groups
     mode = options.tiered_mode(dependent_launches(options), items, items * longest_blocks / policy_sms(), n)
-    one = mode == "one" and 1 < n <= ONE_LAUNCH_POOLS  # (more: "last")
+    one = mode in ("one", "packed") and 1 < n <= ONE_LAUNCH_POOLS  # (more: "last")
 
     def make(p: int, pool_options: DecodeOptions) -> Launch:  # pool p's own launch: its split count
         nonlocal out
@@ -234,7 +234,8 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
         return launch
 
     if one:  # (options from here with the one kernel's register cap)
-        launches, options = _one_launch_pools(make, shapes, options, seq_lens, -(-longest[-1] // bs))
+        pools = _packed_pools if mode == "packed" else _one_launch_pools
+        launches, options = pools(make, shapes, options, seq_lens, -(-longest[-1] // bs))
     else:
         launches = [make(p, options) for p in range(n)]
     merging_last = mode != "launch"
@@ -249,7 +250,7 @@ def tiered_decode_launches(q, stores: list, tables: list, counts: list, tail_len
         runs.append(_partials(launch, shape, options, sliced(part_o, bases[p] * head_dim),
                               sliced(part_ml, bases[p] * 2), total, merging))
     if one:
-        return [_one_launch(runs, shapes, options, seq_lens, counters)], out
+        return [_one_launch(runs, shapes, options, seq_lens, counters, mode == "packed")], out
     if merging_last:
         return runs, out
     return _with_merge_launch(runs, shapes, options, seq_lens, (part_o, part_ml, flat(out), seq_lens, total)), out
@@ -311,10 +312,7 @@ def _one_grid(make, shapes: list, options: DecodeOptions, seq_lens, last_blocks:
     the last pool gets those (int4-aged at 32 x 32/8 4k: 256 items of 2 + 1 CTAs, 768; one
     INT4 split, 512), the younger pools keeping theirs (then possibly longer)."""
     n = len(shapes)
-    fixed = options.split_blocks
-    if fixed is None and last_blocks > 0:
-        fixed = max(last.args[SPLIT_BLOCKS_ARG], options.min_split_blocks)
-    young = [make(p, options if fixed is None else _fixed_splits(options, fixed)) for p in range(n - 1)]
+    young = _young_pools(make, n, options, last, last_blocks)
     splits, items, extra = last.grid[0], last.grid[1] * last.grid[2], sum(y.grid[0] for y in young)
     probe = _one_launch([*young, last], shapes, options, seq_lens, last.args[COUNTERS_ARG])  # its kernel, types
     slots = resident_slots(probe, options)
@@ -324,6 +322,30 @@ def _one_grid(make, shapes: list, options: DecodeOptions, seq_lens, last_blocks:
     return [*young, last], options, -(-items * (last.grid[0] + extra) // max(1, slots))
 
 
+def _young_pools(make, n: int, options: DecodeOptions, last: Launch, last_blocks: int) -> list:
+    """The launches of pools ``0 .. n - 2`` (``make(p, options)``) in runs no shorter than
+    the splits of ``last`` (the last pool's launch; its longest sequence ``last_blocks``
+    blocks), or of ``options.split_blocks`` where set."""
+    fixed = options.split_blocks
+    if fixed is None and last_blocks > 0:
+        fixed = max(last.args[SPLIT_BLOCKS_ARG], options.min_split_blocks)
+    return [make(p, options if fixed is None else _fixed_splits(options, fixed)) for p in range(n - 1)]
+
+
+def _packed_pools(make, shapes: list, options: DecodeOptions, seq_lens, last_blocks: int) -> tuple:
+    """tiered_merge "packed": ``(launches, options)`` as ``_one_launch_pools`` gives them, for
+    a grid of the last pool's splits alone (``_one_launch(packed=True)``): the one kernel at
+    ``max_registers``, else 128 (four CTAs per SM: the packed grid is for steps whose last
+    pool fills the SMs); the last pool split by the policy at that cap (its CTAs also run the
+    younger pools' slots, which the policy does not price), the younger pools in runs no
+    shorter than its splits (``_young_pools``: at B=64 x 32/8 4k int2-aged one FP16 and one
+    INT4 slot a row beside one INT2 split)."""
+    if options.max_registers is None:
+        options = dataclasses.replace(options, max_registers=GRID_REGISTERS)
+    last = make(len(shapes) - 1, options)
+    return [*_young_pools(make, len(shapes), options, last, last_blocks), last], options
+
+
 def _fixed_splits(options: DecodeOptions, split_blocks: int) -> DecodeOptions:
     # options that split every item in runs of split_blocks; with ctas_per_sm set (to any
     # value: a fixed split count prices nothing), so that no pool kernel is compiled only to
@@ -331,18 +353,19 @@ def _fixed_splits(options: DecodeOptions, split_blocks: int) -> DecodeOptions:
     return dataclasses.replace(options, split_blocks=split_blocks, ctas_per_sm=options.ctas_per_sm or 1)
 
 
-def _one_launch(runs: list, shapes: list, options: DecodeOptions, seq_lens, counters) -> Launch:
+def _one_launch(runs: list, shapes: list, options: DecodeOptions, seq_lens, counters, packed: bool = False) -> Launch:
     # tiered_merge "one": the pools' partials launches `runs` (slots in the order last pool,
     # then pool 0, 1, ...) as one launch of tiered_kernels.one_launch_kernel, at the cap their
-    # splits were sized for
+    # splits were sized for; "packed": a grid of the last pool's splits, each CTA running the
+    # slots that fall to it
     last, rest = runs[-1], runs[:-1]
     order = (shapes[-1], *shapes[:-1])
     kernel = one_launch_kernel(order, options.max_registers, options.l2_prefetch, options.joint_softmax,
-                               dependent_launches(options))
+                               dependent_launches(options), packed)
     args = list(last.args)
     args[COUNTERS_ARG] = counters
     own = [tuple(run.args[i] for i in OWN_ARGS) for run in (rest * 2)[:2]]  # two pools: pool 0's twice (unused)
-    grid = (sum(run.grid[0] for run in runs), *last.grid[1:])
+    grid = (last.grid[0] if packed else sum(run.grid[0] for run in runs), *last.grid[1:])
     return Launch(kernel, grid, last.block, (*args, seq_lens, last.grid[0], rest[0].grid[0], *own[0], *own[1]))
 
 

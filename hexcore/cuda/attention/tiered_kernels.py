@@ -22,7 +22,10 @@ slots of a row into ``out`` is one of:
   of a row are every pool's splits (the item of the pool its slot falls in), the last of
   the row merging as above. Its items share one shared-memory ring (``decode_item_function
   (ring_arg=True)``): each item's own would add up to more than a CTA may have (ptxas,
-  sm_90, int2-aged D128: 103 KB against 48 KB).
+  sm_90, int2-aged D128: 103 KB against 48 KB). With ``packed`` (``tiered_merge``
+  "packed") the grid is the last pool's splits only and each CTA also runs the younger
+  pools' slots that fall to it (slot ``x``, ``x + W``, ... for a grid ``W`` wide), one
+  after the other: no CTA per young item.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ import functools
 
 from numba import cuda, int32, uint32
 
-from ..device import SHARED_ALIGN16, SIMULATOR, add_acq_rel_i32, allow_dependent_grids, wait_prior_grids
+from ..device import (SHARED_ALIGN16, SIMULATOR, add_acq_rel_i32, allow_dependent_grids, device_function,
+                      wait_prior_grids)
 from .kernel import GRID_REGISTERS, decode_item_function, merge_function, ring_words
 from .shape import HEADS_PER_CTA, THREADS, DecodeShape
 
@@ -193,9 +197,11 @@ def last_merge_function(H: int, G: int, D: int, wait: bool):
     return merge_if_last
 
 
-@functools.cache
+_ONE_LAUNCH_KERNELS: dict = {}  # one_launch_kernel's, by its arguments however they are passed
+
+
 def one_launch_kernel(shapes: tuple, max_registers: int | None = None, l2_prefetch: str = "none",
-                      joint_softmax: bool = True, dependent: bool = False):
+                      joint_softmax: bool = True, dependent: bool = False, packed: bool = False):
     """``kernel[(total, H * head_groups, B), THREADS](<pool a's partials arguments>, seq_lens,
     n_a, n_b, <pool b's own arguments>, <pool c's own arguments>)``: ``tiered_merge`` "one",
     every pool's items in one grid, merged by the last CTA of each (sequence, KV head, head
@@ -212,17 +218,37 @@ def one_launch_kernel(shapes: tuple, max_registers: int | None = None, l2_prefet
     partial arrays starting at its first slot; ``tiered.OWN_ARGS``); ``q``, ``tail_slots``,
     ``out``, ``counters``, ``layer`` and ``scale`` are shared. Two pools: pass pool b's
     arguments as pool c's too (that branch is compiled out). ``seq_lens`` int32 ``[B]``: each
-    sequence's whole length (zeros in ``out`` where it is 0)."""
+    sequence's whole length (zeros in ``out`` where it is 0).
+
+    ``packed``: the grid ``(W, H * head_groups, B)`` is ``W`` CTAs a row (the last pool's
+    splits, ``n_a``), and CTA ``x`` runs slots ``x, x + W, x + 2W, ...`` below ``total`` in
+    turn (its items read their thread index volatile, as in a loop: ``fused_merge_kernel``),
+    then counts itself done; the last of the row merges."""
+    key = (tuple(shapes), max_registers, l2_prefetch, joint_softmax, dependent, packed)
+    if key in _ONE_LAUNCH_KERNELS:
+        return _ONE_LAUNCH_KERNELS[key]
     if len(shapes) not in (2, 3):
         raise ValueError(f"one_launch_kernel: expected two or three pools' shapes, got {len(shapes)}")
     three = len(shapes) == 3
-    item_a, item_b, item_c = (decode_item_function(s, l2_prefetch, joint_softmax, partials=True, ring_arg=True)
+    item_a, item_b, item_c = (decode_item_function(s, l2_prefetch, joint_softmax, partials=True, ring_arg=True,
+                                                   volatile_tid=packed)
                               for s in (*shapes, shapes[-1])[:3])
+    PACKED = packed
     RING_WORDS = max(ring_words(s) for s in shapes)
     merge_if_last = last_merge_function(shapes[0].H, shapes[0].G, shapes[0].D, False)
     HG = shapes[0].head_groups
     cap = GRID_REGISTERS if max_registers is None else max_registers
     options = {} if SIMULATOR else {"max_registers": cap}
+
+    @device_function
+    def slot_item(x, n_a, n_b, h, hg, b, ring, args_a, args_b, args_c):
+        # slot x of row (b, h, hg): the item of the pool it falls in (args_p: its arguments)
+        if x < n_a:
+            item_a(*args_a, x, h, hg, b, ring)
+        elif not three or x < n_a + n_b:
+            item_b(*args_b, x - n_a, h, hg, b, ring)
+        else:
+            item_c(*args_c, x - n_a - n_b, h, hg, b, ring)
 
     @cuda.jit(**options)
     def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, pool_lens, tail_slots, out,
@@ -235,21 +261,25 @@ def one_launch_kernel(shapes: tuple, max_registers: int | None = None, l2_prefet
             wait_prior_grids()
         x, h, hg, b = cuda.blockIdx.x, cuda.blockIdx.y // HG, cuda.blockIdx.y % HG, cuda.blockIdx.z
         ring = cuda.shared.array(RING_WORDS, uint32, alignment=SHARED_ALIGN16)  # every item's, one array
-        if x < n_a:
-            item_a(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, pool_lens, tail_slots,
-                   out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, total, scale, x, h, hg,
-                   b, ring)
-        elif not three or x < n_a + n_b:
-            item_b(b_pool, b_k_codes, b_v_codes, b_k_meta, b_v_meta, b_k_tails, b_v_tails, q, b_tables, b_lens,
-                   tail_slots, out, b_part_o, b_part_ml, counters, layer, b_num_blocks, b_max_seqs, b_split_blocks,
-                   total, scale, x - n_a, h, hg, b, ring)
+        args_a = (pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, pool_lens, tail_slots,
+                  out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, total, scale)
+        args_b = (b_pool, b_k_codes, b_v_codes, b_k_meta, b_v_meta, b_k_tails, b_v_tails, q, b_tables, b_lens,
+                  tail_slots, out, b_part_o, b_part_ml, counters, layer, b_num_blocks, b_max_seqs, b_split_blocks,
+                  total, scale)
+        args_c = (c_pool, c_k_codes, c_v_codes, c_k_meta, c_v_meta, c_k_tails, c_v_tails, q, c_tables, c_lens,
+                  tail_slots, out, c_part_o, c_part_ml, counters, layer, c_num_blocks, c_max_seqs, c_split_blocks,
+                  total, scale)
+        if PACKED:
+            while x < total:
+                slot_item(x, n_a, n_b, h, hg, b, ring, args_a, args_b, args_c)
+                x += cuda.gridDim.x
+                cuda.syncthreads()  # the ring free for the next item
         else:
-            item_c(c_pool, c_k_codes, c_v_codes, c_k_meta, c_v_meta, c_k_tails, c_v_tails, q, c_tables, c_lens,
-                   tail_slots, out, c_part_o, c_part_ml, counters, layer, c_num_blocks, c_max_seqs, c_split_blocks,
-                   total, scale, x - n_a - n_b, h, hg, b, ring)
+            slot_item(x, n_a, n_b, h, hg, b, ring, args_a, args_b, args_c)
         merge_if_last(part_o, part_ml, out, counters, seq_lens, total)
         if dependent:
             allow_dependent_grids()
 
     kernel.waits_for_prior_grids = dependent
+    _ONE_LAUNCH_KERNELS[key] = kernel
     return kernel

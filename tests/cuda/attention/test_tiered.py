@@ -23,12 +23,13 @@ CONFIG = KVCacheConfig(num_layers=1, num_kv_heads=H, head_dim=D, block_size=BS, 
 SMALL2 = KVFormat("small2", (AgeTier(0, 4, 4), AgeTier(64, 2, 2)), sink_blocks=1, fitted_keys=True)
 FORMATS = {"int4-aged": "int4-aged", "small2": SMALL2}
 # what merges the pools: a merge launch with the FP16 pool its own launch or inside the merge
-# launch, the last pool's launch, or every pool in one launch (DecodeOptions.tiered_fp16,
-# tiered_merge)
+# launch, the last pool's launch, every pool in one launch, or in one launch of the last pool's
+# CTAs (DecodeOptions.tiered_fp16, tiered_merge)
 MERGES = {"launch": DecodeOptions(tiered_fp16="launch", tiered_merge="launch"),
           "merge": DecodeOptions(tiered_fp16="merge", tiered_merge="launch"),
           "last": DecodeOptions(tiered_merge="last"),
-          "one": DecodeOptions(tiered_merge="one")}
+          "one": DecodeOptions(tiered_merge="one"),
+          "packed": DecodeOptions(tiered_merge="packed")}
 
 
 def run_format(fmt, seed, lengths, fork_at=None, config=CONFIG):
@@ -97,7 +98,8 @@ def check_format(fmt, seed, lengths, fork_at, config=CONFIG):
     chain, and tiered_decode against float64 attention over tiered_kv, merged each way
     (``MERGES``): the FP16 pool decoded by its own launch and inside the merge launch
     bit-identical (the same items); the last pool's launch merging, and every pool in one
-    launch, sum the same partials in another order; so does the default's choice."""
+    launch (or in the last pool's CTAs), sum the same partials in another order; so does the
+    default's choice."""
     print(f"seed {seed}")
     cache, stores, seqs, rows = run_format(fmt, seed, lengths, fork_at, config)
     fmt, BS, D, GROUP = cache.format, config.block_size, config.head_dim, config.group_size
@@ -125,8 +127,8 @@ def check_format(fmt, seed, lengths, fork_at, config=CONFIG):
             for options in [*MERGES.values(), DecodeOptions()]]  # (and the default's choice among them)
     keys, values = zip(*(ref.tiered_kv(*rows[int(s)], fmt, BS, GROUP) for s in ids))
     want = ref.decode_attention(q, list(keys), list(values), D ** -0.5)
-    assert all(ref.relative_l2(outs[i], want) < 2e-3 for i in (0, 2, 3, 4))
-    assert any(np.array_equal(outs[4].view(np.uint16), outs[i].view(np.uint16)) for i in range(4))  # one of them
+    assert all(ref.relative_l2(outs[i], want) < 2e-3 for i in (0, 2, 3, 4, 5))
+    assert any(np.array_equal(outs[5].view(np.uint16), outs[i].view(np.uint16)) for i in range(5))  # one of them
     assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
 
 
@@ -143,12 +145,12 @@ def test_every_block_holds_the_reference_chain_and_decode_matches_gpu(name, seed
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("where", ["last", "one"])
+@pytest.mark.parametrize("where", ["last", "one", "packed"])
 def test_overlapped_pool_launches_give_the_eager_bits_layer_after_layer(where, seed):
     """``tiered_merge`` "last" as a plan runs it on sm_90: the pools' launches overlapping
     (programmatic dependent launches: each lets the next start as it starts, the last pool's
     merging CTA waits for the one before it); "one": each layer's one launch overlapping the
-    last layer's (it waits for it first); twenty layers enqueued back to back with no
+    last layer's (it waits for it first), "packed" too; twenty layers enqueued back to back with no
     synchronisation, each against the plain (eager) launches' bits, the workspace poisoned
     (NaN) between: a merge that read a slot before its pool wrote it, or the next layer's
     first pool overwriting slots a merge still reads, would differ. (On a GPU older than
@@ -401,9 +403,9 @@ def test_the_default_runs_one_launch_then_the_last_pool_merges_where_the_step_is
     assert kinds(three + 1, 2, DecodeOptions(), ("fp16", "int4", "int2"))[-1] == "fused_merge_kernel"  # (> most)
 
 
-@pytest.mark.parametrize("where", ["last", "one"])
+@pytest.mark.parametrize("where", ["last", "one", "packed"])
 def test_the_last_pools_merge_reads_only_slots_written_in_this_launch(where, seed):
-    """``tiered_merge`` "last" (and "one") with one-block splits: sequence 0 has six blocks in the last
+    """``tiered_merge`` "last" (and "one", "packed") with one-block splits: sequence 0 has six blocks in the last
     pool, sequence 1 none (its five extra splits there are empty partials, which the merge
     reads too); the workspace poisoned (NaN) before: every slot the merge reads must be
     written by this decode, and the output equals a merge launch's to rounding."""
@@ -446,7 +448,7 @@ def test_each_pool_reads_with_its_own_store_sizes(seed):
     for split_blocks in (None, 1):
         want = tiered_decode(q, stores, *args, layer=1, options=dataclasses.replace(
             MERGES["launch"], split_blocks=split_blocks)).copy_to_host()
-        for where in ("last", "one"):
+        for where in ("last", "one", "packed"):
             got = tiered_decode(q, stores, *args, layer=1, options=dataclasses.replace(
                 MERGES[where], split_blocks=split_blocks)).copy_to_host()
             assert np.abs(got.astype(np.float32) - want).max() < 2e-3, (where, split_blocks)
@@ -546,6 +548,50 @@ def test_one_launch_fits_one_wave_where_fewer_last_pool_splits_can(monkeypatch):
         assert launch.grid[0] == x and np.abs(got.astype(np.float32) - want).max() < 2e-3, (slots, launch.grid)
 
 
+def test_packed_runs_the_younger_pools_slots_in_the_last_pools_ctas(seed):
+    """``tiered_merge`` "packed": one launch of the packed ``one_launch_kernel`` at 128
+    registers (or ``max_registers``) whose grid is the last pool's own launch's at that cap,
+    the younger pool's slots (runs no shorter than the last pool's splits) run by those
+    CTAs; where they outnumber the CTAs a row (two FP16 pools in runs of two blocks: the
+    younger's up to seven blocks with the tail, the last's two), each CTA runs several in
+    turn, and the output equals a merge launch's to rounding, the workspace poisoned (NaN)
+    before (every slot merged was written by this launch)."""
+    from hexcore.cuda.attention import launcher, tiered
+    from hexcore.cuda.attention.kernel import GRID_REGISTERS
+    from hexcore.cuda.attention.shape import DecodeShape
+    from hexcore.cuda.attention.tiered import tiered_decode_launches
+    from hexcore.cuda.attention.tiered_kernels import one_launch_kernel
+
+    stores, tables, counts, index = long_index(batch=32, fp16_blocks=16, int4_blocks=64)
+    q = np.zeros((32, 2, D), np.float16)
+    shapes = [DecodeShape(store.config.kv_dtype.bits, H, D, BS, 2, GROUP) for store in stores]
+    dependent = launcher.dependent_launches(DecodeOptions())
+    for cap in (None, tiered.ONE_LAUNCH_UNCAPPED):
+        (launch,), _ = tiered_decode_launches(q, stores, tables, counts, *index,
+                                              options=DecodeOptions(tiered_merge="packed", max_registers=cap))
+        assert launch.kernel is one_launch_kernel((shapes[1], shapes[0]), cap or GRID_REGISTERS, "none", True,
+                                                  dependent, packed=True), cap
+        (_, last, _), _ = tiered_decode_launches(q, stores, tables, counts, *index, options=DecodeOptions(
+            tiered_merge="launch", tiered_fp16="launch", max_registers=cap or GRID_REGISTERS))
+        assert launch.grid == last.grid and launch.args[22:24] == (last.grid[0], 1), (launch.grid, last.grid)
+    rng = np.random.default_rng(seed)
+    stores = random_fp16_stores(rng, 1, ((12, 2), (4, 2)))
+    tables = [np.array([np.arange(6), np.arange(6, 12)], np.int32), np.array([[0, 1], [2, 3]], np.int32)]
+    counts = [np.array([6, 4], np.int32), np.array([2, 1], np.int32)]
+    args = (tables, counts, np.array([3, 5], np.int32), np.zeros(2, np.int32), np.array([0, 1], np.int32))
+    q = rng.standard_normal((2, 2, D)).astype(np.float16)
+    want = tiered_decode(q, stores, *args, options=dataclasses.replace(MERGES["launch"], split_blocks=2))
+    for part_o, part_ml, _ in tiered._workspace._arrays.values():
+        part_o.copy_to_device(np.full(part_o.shape, np.nan, np.float32))
+        part_ml.copy_to_device(np.full(part_ml.shape, np.nan, np.float32))
+    packed = DecodeOptions(tiered_merge="packed", split_blocks=2)
+    (launch,), _ = tiered_decode_launches(q, stores, *args, options=packed)
+    assert launch.grid[0] == launch.args[22] == 1 and launch.args[23] == 4, (launch.grid, launch.args[22:24])
+    got = tiered_decode(q, stores, *args, options=packed).copy_to_host()
+    assert np.isfinite(got).all()
+    assert np.abs(got.astype(np.float32) - want.copy_to_host()).max() < 2e-3
+
+
 def one_kernel_slots(slots: int, launch, options) -> int:
     """``resident_slots`` standing in for a GPU's: ``slots``, asked only of the one kernel."""
     assert launch.kernel.py_func.__qualname__.startswith("one_launch_kernel"), launch.kernel
@@ -607,7 +653,7 @@ def test_a_plans_launches_are_dependent_launches_where_the_grid_decodes_are(wher
         outs.append(plan.run(1, cuda.to_device(q), cuda.to_device(np.full(q.shape, np.nan, np.float16))).copy_to_host())
         kinds = [(prepared.dependent, prepared.as_launch().kernel.waits_for_prior_grids)
                  for prepared, _ in plan._launches]
-        assert (len(kinds) == 1 if where == "one" else len(kinds) >= 2), kinds
+        assert (len(kinds) == 1 if where in ("one", "packed") else len(kinds) >= 2), kinds
         assert all(k == (dependent is None,) * 2 for k in kinds), kinds
     assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
 
