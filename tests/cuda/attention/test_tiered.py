@@ -477,35 +477,28 @@ def test_one_launch_runs_every_pools_splits_at_one_cap(monkeypatch):
     of one pool, or of four, runs the pools' merging launches (``pool_kernel``)."""
     from hexcore.cuda.attention import launcher, tiered
     from hexcore.cuda.attention.kernel import GRID_REGISTERS
-    from hexcore.cuda.attention.shape import DecodeShape
     from hexcore.cuda.attention.tiered import tiered_decode_launches
-    from hexcore.cuda.attention.tiered_kernels import one_launch_kernel
 
-    stores, tables, counts, index = long_index(batch=32, fp16_blocks=16, int4_blocks=64)
-    q = np.zeros((32, 2, D), np.float16)
-    shapes = [DecodeShape(store.config.kv_dtype.bits, H, D, BS, 2, GROUP) for store in stores]
-    dependent = launcher.dependent_launches(DecodeOptions())
     for cap in (None, launcher.UNCAPPED_REGISTERS):
-        (launch,), _ = tiered_decode_launches(q, stores, tables, counts, *index,
-                                              options=DecodeOptions(tiered_merge="one", max_registers=cap))
-        want = one_launch_kernel((shapes[1], shapes[0]), cap or GRID_REGISTERS, "none", True, dependent)
-        assert launch.kernel is want, cap
-        (young, last, _), _ = tiered_decode_launches(q, stores, tables, counts, *index, options=DecodeOptions(
-            tiered_merge="launch", tiered_fp16="launch", max_registers=cap or GRID_REGISTERS))
+        launch, young, last = one_launch_case("one", cap)
+        assert launch.kernel is one_kernel("one", cap or GRID_REGISTERS), cap
         assert young.grid[0] == 4 and last.grid[0] == 4 and last.args[18] == 16, (young.grid, last.grid)  # alone
         assert launch.grid == (last.grid[0] + 1, *last.grid[1:]), cap
         assert launch.args[22:24] == (last.grid[0], 1)  # n_a (the last pool), n_b
     # one item of one split: the simulator's one-CTA wave takes the uncapped kernel for it, so
     # the one kernel runs at 168 unless 128 makes fewer waves of its two CTAs
     few = long_index(batch=1, fp16_blocks=1, int4_blocks=2)
+    q = np.zeros((1, 2, D), np.float16)
     for slots_168, slots_128, cap in ((None, None, tiered.ONE_LAUNCH_UNCAPPED), (2, 2, tiered.ONE_LAUNCH_UNCAPPED),
                                       (1, 1, tiered.ONE_LAUNCH_UNCAPPED), (1, 2, GRID_REGISTERS)):
         if slots_168 is not None:
             slots = {tiered.ONE_LAUNCH_UNCAPPED: slots_168, GRID_REGISTERS: slots_128}
             monkeypatch.setattr(tiered, "resident_slots", lambda launch, options: slots[options.max_registers])
-        (launch,), _ = tiered_decode_launches(q[:1], *few[:3], *few[3], options=DecodeOptions(tiered_merge="one"))
-        assert launch.kernel is one_launch_kernel((shapes[1], shapes[0]), cap, "none", True, dependent), slots_168
+        (launch,), _ = tiered_decode_launches(q, *few[:3], *few[3], options=DecodeOptions(tiered_merge="one"))
+        assert launch.kernel is one_kernel("one", cap), slots_168
     monkeypatch.undo()
+    _, tables, counts, index = long_index(batch=32, fp16_blocks=16, int4_blocks=64)
+    q = np.zeros((32, 2, D), np.float16)
     for kinds in (("int4",), ("fp16", "int4", "int2", "int4")):
         pools = [DeviceKVStore(dataclasses.replace(CONFIG, kv_dtype=kind), num_blocks=1, max_seqs=32) for kind in kinds]
         launches, _ = tiered_decode_launches(q, pools, tables[-1:] * len(kinds), counts[-1:] * len(kinds), *index,
@@ -556,23 +549,13 @@ def test_packed_runs_the_younger_pools_slots_in_the_last_pools_ctas(seed):
     younger's up to seven blocks with the tail, the last's two), each CTA runs several in
     turn, and the output equals a merge launch's to rounding, the workspace poisoned (NaN)
     before (every slot merged was written by this launch)."""
-    from hexcore.cuda.attention import launcher, tiered
+    from hexcore.cuda.attention import tiered
     from hexcore.cuda.attention.kernel import GRID_REGISTERS
-    from hexcore.cuda.attention.shape import DecodeShape
     from hexcore.cuda.attention.tiered import tiered_decode_launches
-    from hexcore.cuda.attention.tiered_kernels import one_launch_kernel
 
-    stores, tables, counts, index = long_index(batch=32, fp16_blocks=16, int4_blocks=64)
-    q = np.zeros((32, 2, D), np.float16)
-    shapes = [DecodeShape(store.config.kv_dtype.bits, H, D, BS, 2, GROUP) for store in stores]
-    dependent = launcher.dependent_launches(DecodeOptions())
     for cap in (None, tiered.ONE_LAUNCH_UNCAPPED):
-        (launch,), _ = tiered_decode_launches(q, stores, tables, counts, *index,
-                                              options=DecodeOptions(tiered_merge="packed", max_registers=cap))
-        assert launch.kernel is one_launch_kernel((shapes[1], shapes[0]), cap or GRID_REGISTERS, "none", True,
-                                                  dependent, packed=True), cap
-        (_, last, _), _ = tiered_decode_launches(q, stores, tables, counts, *index, options=DecodeOptions(
-            tiered_merge="launch", tiered_fp16="launch", max_registers=cap or GRID_REGISTERS))
+        launch, _, last = one_launch_case("packed", cap)
+        assert launch.kernel is one_kernel("packed", cap or GRID_REGISTERS), cap
         assert launch.grid == last.grid and launch.args[22:24] == (last.grid[0], 1), (launch.grid, last.grid)
     rng = np.random.default_rng(seed)
     stores = random_fp16_stores(rng, 1, ((12, 2), (4, 2)))
@@ -590,6 +573,35 @@ def test_packed_runs_the_younger_pools_slots_in_the_last_pools_ctas(seed):
     got = tiered_decode(q, stores, *args, options=packed).copy_to_host()
     assert np.isfinite(got).all()
     assert np.abs(got.astype(np.float32) - want.copy_to_host()).max() < 2e-3
+
+
+def one_launch_case(merge: str, cap: int | None) -> tuple:
+    """``(launch, young, last)`` over ``long_index(32, 16, 64)`` (an FP16 and an INT4 pool,
+    32 sequences): the one launch ``tiered_merge`` ``merge`` ("one" or "packed") makes with
+    ``max_registers`` ``cap``, and the FP16 and INT4 pools' own partials launches at that
+    cap (None: 128)."""
+    from hexcore.cuda.attention.kernel import GRID_REGISTERS
+    from hexcore.cuda.attention.tiered import tiered_decode_launches
+
+    stores, tables, counts, index = long_index(batch=32, fp16_blocks=16, int4_blocks=64)
+    q = np.zeros((32, 2, D), np.float16)
+    (launch,), _ = tiered_decode_launches(q, stores, tables, counts, *index,
+                                          options=DecodeOptions(tiered_merge=merge, max_registers=cap))
+    (young, last, _), _ = tiered_decode_launches(q, stores, tables, counts, *index, options=DecodeOptions(
+        tiered_merge="launch", tiered_fp16="launch", max_registers=cap or GRID_REGISTERS))
+    return launch, young, last
+
+
+def one_kernel(merge: str, cap: int):
+    """The ``one_launch_kernel`` of ``tiered_merge`` ``merge`` at ``cap`` for this module's
+    (INT4, FP16) pools in slot order, with the default's launch kind."""
+    from hexcore.cuda.attention import launcher
+    from hexcore.cuda.attention.shape import DecodeShape
+    from hexcore.cuda.attention.tiered_kernels import one_launch_kernel
+
+    int4, fp16 = (DecodeShape(bits, H, D, BS, 2, GROUP) for bits in (4, 16))
+    dependent = launcher.dependent_launches(DecodeOptions())
+    return one_launch_kernel((int4, fp16), cap, "none", True, dependent, merge == "packed")
 
 
 def one_kernel_slots(slots: int, launch, options) -> int:
