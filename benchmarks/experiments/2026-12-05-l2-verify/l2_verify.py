@@ -30,13 +30,14 @@ call's sample must verify clean (``mismatches`` 0). One-layer stores; llama-3-8b
 import os
 import sys
 
-import numpy as np
-from numba import cuda
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))  # the repo root
+import numpy as np  # noqa: E402
+from numba import cuda  # noqa: E402
 
-from benchmarks.gpu_common import QUEUE_NS, fill_store, save, time_gpu
-from hexcore import KVCacheConfig
-from hexcore.cuda import DecodePlan, DeviceKVStore
-from hexcore.cuda.integrity import checksum_launch
+from benchmarks.gpu_common import QUEUE_NS, fill_store, save, time_gpu  # noqa: E402
+from hexcore import KVCacheConfig  # noqa: E402
+from hexcore.cuda import DecodePlan, DeviceKVStore  # noqa: E402
+from hexcore.cuda.integrity import checksum_launch  # noqa: E402
 
 D, BS, EVERY = 128, 32, 16
 SPLIT_BLOCKS_ARG = 18  # the decode kernel's split length argument (tiered.DECODE_ARGS)
@@ -77,7 +78,7 @@ def rows_for(batch: int, num_q_heads: int, num_kv_heads: int, ctx: int, dtype: s
     bad = cuda.device_array(len(store.guard_offsets), np.uint32)
     checksum_launch(store, every, sums, cuda.device_array((store.num_blocks, 1), np.uint32), bad, "record").run(0)
     late = last_read(host_tables, split_blocks)
-    samples = {"last-read": late, "spread": spread(host_tables, late.shape[0])}
+    samples = {"last-read": late, "spread": spread(host_tables, late.shape[0])}  # (the row says each count)
     flags = cuda.to_device(np.zeros(2, np.uint32))
     found = cuda.device_array((16, 2), np.int32)
     verify = {name: checksum_launch(store, ids, sums, cuda.device_array((ids.shape[0], 1), np.uint32), bad, "verify",
@@ -112,5 +113,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.getcwd())
     main(sys.argv[1:])

@@ -3,7 +3,7 @@
 # lent this session): DecodeOptions(tiered_merge="packed") (README.md) on the H200. First
 # its GPU tests (test_tiered: the reference at llama-3-8b head shapes with every way of
 # merging, twenty overlapped layers of a plan), then int4-aged / int2-aged at eight rows
-# (the thirty-fifth session's and 128 x 2k), the default beside "packed" at 128 registers
+# (seven of the thirty-fifth session's, 128 x 2k), the default beside "packed" at 128 registers
 # and at 168 (each shape's variants back to back, in that order; a second round without the
 # 168 cap), and plain INT4 / INT2 at the same rows. SKIP_TESTS=1: no tests (the whole GPU
 # check of this tree runs them).

@@ -148,7 +148,7 @@ class DecodeOptions:
       grid launch it stands for (128, or none where that one runs uncapped: 2-3 points off its
       B=1 ratio, twenty-second session), the compiler's choice with the item called (at 128 that one spills about 900
       bytes per thread); for a format by age's one launch (``tiered_merge`` "one") 168 or
-      128 (below). 255 means no cap.
+      128 (below), for its packed launch ("packed") 128. 255 means no cap.
     - ``l2_prefetch``: which sealed blocks a warp asks L2 for one block ahead of its copies
       (INT4/INT2 blocks are copied one chunk ahead into shared memory anyway): "quantized",
       "all" (FP16 blocks too) or "none".
@@ -214,8 +214,9 @@ class DecodeOptions:
       launch that pool would have at ``max_registers``, None: 128) and each CTA also runs
       the younger pools' slots that fall to it, one after the other
       (``tiered_kernels.one_launch_kernel``, ``packed``): no CTA and no launch per young
-      pool, for steps whose last pool fills the SMs. Built in the thirty-sixth session
-      and not yet timed on a GPU: explicit only.
+      pool, for steps whose last pool fills the SMs. Explicit only: on an H100 (thirty-
+      sixth session) 0-4% faster than the default at B=64 x 32/8 4k and B=128 2k, up to 11%
+      slower at B=32 1k-4k (``benchmarks/RESULTS.md``).
     - ``cluster_merge``: whether a prepared grid decode whose items have 2 to 8 splits
       (``kernel.MAX_CLUSTER``) launches each item's splits as one thread block cluster that
       merges through distributed shared memory (``kernel.decode_kernel``, ``cluster``)
@@ -289,8 +290,9 @@ class DecodeOptions:
         """What merges the ``pools`` pools of a format by age (``tiered_merge``, None
         resolved) in a step of ``items`` (sequence, KV head, head group) items and
         ``blocks_per_sm`` (items times the longest sequence's blocks, per SM) whose launches
-        are dependent ones or not (``dependent``): "one", "last" or "launch". (The caller
-        runs "one" as "last" for a number of pools its one launch does not take.)"""
+        are dependent ones or not (``dependent``): "one", "last" or "launch" (or "packed"
+        where ``tiered_merge`` says so). (The caller runs "one" and "packed" as "last" for a
+        number of pools its one launch does not take.)"""
         if self.tiered_merge is not None:
             return self.tiered_merge
         if dependent and items <= TIERED_ONE_MAX_ITEMS.get(pools, 0):
