@@ -146,6 +146,12 @@ def without_merge(plan, cfg: KVCacheConfig, num_q_heads: int, options=None):
     return prepare_decode(launch._replace(kernel=kernel), o)
 
 
+def case_for(dtype: str):
+    """The case function of ``dtype``: ``tiered_case`` for a format by age (``-aged``) or a
+    ``+merge`` dtype, else ``decode_case``."""
+    return tiered_case if dtype.endswith(("-aged", "+merge")) else decode_case
+
+
 def tiered_case(name: str, batch: int, num_q_heads: int, num_kv_heads: int, ctx: int, options=None):
     """(run, bytes, stores, info) for a format by age (``hexcore.quant.FORMATS``, e.g.
     int2-aged): a store per pool holding each sequence's blocks of that kind (``ctx``
@@ -293,7 +299,7 @@ def rows_for(shape, dtypes=("fp16", "int4", "int2"), variants=None, peers=True, 
             print(f"SDPA peer skipped: {type(exc).__name__}: {exc}")
     for dtype in dtypes:
         for name, options in (variants or {"": None}).items():
-            case = tiered_case if dtype.endswith(("-aged", "+merge")) else decode_case
+            case = case_for(dtype)
             if isinstance(options, VerifySample) and case is tiered_case:
                 continue  # (the verify variant is the grid decode kernel's)
             run, nbytes, store, info = case(dtype, *shape, options=options)

@@ -35,12 +35,11 @@ def main(argv: list[str]) -> None:
     if "--lineinfo" in argv:
         argv = [a for a in argv if a != "--lineinfo"]
         with_lineinfo()
-    from benchmarks.bench_decode import SHAPES, decode_case, tiered_case
+    from benchmarks.bench_decode import SHAPES, case_for
 
     dtype = argv[0] if argv else "fp16"
     shape = SHAPES[int(argv[1]) if len(argv) > 1 else 0]
-    case = tiered_case if dtype.endswith(("-aged", "+merge")) else decode_case  # (as bench_decode picks)
-    run, nbytes, _store, info = case(dtype, *shape)
+    run, nbytes, _store, info = case_for(dtype)(dtype, *shape)
     for _ in range(3):
         run()
     cuda.synchronize()
