@@ -16,7 +16,12 @@ back-to-back steps, index copy included) without verification, and with
 each step, capacity = the largest sample; ``share``: the blocks checked a step over the
 blocks the step reads, the floor of ``overhead`` for a bandwidth-bound step). Every block's
 digest is recorded first; after the timed steps ``verify_results()`` must report nothing
-(``false_alarms`` = 0).
+(``false_alarms`` = 0). Then whole layers in turn (``FaultTolerantKVCache(decode_layers=k)``):
+the same step with ``verify_heads`` (every block's head digests recorded first) and
+``verify_layers`` k, each step decoding k of the 32 layers with the verify variant (every
+block they read checked: each (block, layer) once in 32 / k steps, i.e. 1-in-16 at k = 2),
+all 32 / k phases captured by ``warmup`` and timed over whole rounds (``inner`` = 32 / k
+steps, or 16 for the others).
 """
 
 from __future__ import annotations
@@ -132,17 +137,18 @@ def gpu_rows() -> list[dict]:
     return rows
 
 
-def graph_rows(every=(16, 32, 64), dtypes=("fp16", "int4"), batch: int = 64, ctx: int = 4096,
-               backend: str = "auto") -> list[dict]:
+def graph_rows(every=(16, 32, 64), dtypes=("fp16", "int4", "int2"), batch: int = 64, ctx: int = 4096,
+               backend: str = "auto", layers=(2, 1)) -> list[dict]:
     """GPU time of a 32-layer DecodeGraph step at ``batch`` x ``ctx`` with and without
-    sampled verification riding inside it (1-in-N for N in ``every``)."""
+    sampled verification riding inside it (1-in-N for N in ``every``), and with k whole
+    layers a step checked inside the decode (k in ``layers``)."""
     import warnings
 
     from numba import cuda
 
     from benchmarks.gpu_common import fill_store, time_gpu
     from hexcore.cuda import DecodeGraph
-    from hexcore.cuda.integrity import checksum_launch
+    from hexcore.cuda.integrity import checksum_launch, record_head_sums
 
     rows = []
     HQ = 32
@@ -158,6 +164,8 @@ def graph_rows(every=(16, 32, 64), dtypes=("fp16", "int4"), batch: int = 64, ctx
         every_block = np.arange(num_blocks, dtype=np.int32)
         checksum_launch(store, every_block, sums, cuda.device_array((num_blocks, L), np.uint32),
                         cuda.device_array(len(store.guard_offsets), np.uint32), "record").run(0)
+        heads = cuda.device_array((num_blocks, L, H), np.uint32)
+        record_head_sums(store, every_block, heads)
         cuda.synchronize()
         sealed = np.unique(tables[:, :ctx // BS])
         data = [rng.standard_normal((L, batch, h, D)).astype(np.float16) for h in (HQ, H, H)]
@@ -171,7 +179,7 @@ def graph_rows(every=(16, 32, 64), dtypes=("fp16", "int4"), batch: int = 64, ctx
             return graph
 
         plain = make()
-        s_off = time_gpu(lambda: plain.step(tables, lens, slots))
+        s_off = time_gpu(lambda: plain.step(tables, lens, slots), inner=16)
         for n in every:
             samples = [sealed[(sealed + call) % n == 0].astype(np.int32) for call in range(1, n + 1)]
             capacity = max(len(x) for x in samples)
@@ -182,7 +190,7 @@ def graph_rows(every=(16, 32, 64), dtypes=("fp16", "int4"), batch: int = 64, ctx
                 turn[0] += 1
                 graph.step(tables, lens, slots, verify_blocks=samples[turn[0] % n])
 
-            s_on = time_gpu(step)
+            s_on = time_gpu(step, inner=16)
             results = graph.verify_results()
             rows.append(dict(op=f"graph step + verify 1-in-{n} {dtype}", backend=graph.backend,
                              items=f"B={batch} ctx={ctx} L={L}: {capacity} of {sealed.size} blocks a step",
@@ -190,7 +198,23 @@ def graph_rows(every=(16, 32, 64), dtypes=("fp16", "int4"), batch: int = 64, ctx
                              share=float(np.mean([len(x) for x in samples])) / sealed.size, steps_checked=turn[0],
                              false_alarms=results.mismatches + results.guard_words))
             del graph
-        del plain, store, sums
+        for k in layers:
+            graph = make(verify_sums=sums, max_verify_blocks=1, verify_heads=heads, verify_layers=k)
+            graph.warmup(batch, ctx)
+            turn = [0]
+
+            def layered_step():
+                turn[0] += 1
+                graph.step(tables, lens, slots)
+
+            s_on = time_gpu(layered_step, inner=L // k)
+            results = graph.verify_results()
+            rows.append(dict(op=f"graph step + {k} whole layer(s) a step in the decode {dtype}", backend=graph.backend,
+                             items=f"B={batch} ctx={ctx} L={L}: every block of {k} layers a step (1-in-{L // k})",
+                             off_us=s_off * 1e6, on_us=s_on * 1e6, overhead=s_on / s_off - 1, share=k / L,
+                             steps_checked=turn[0], false_alarms=results.mismatches + results.guard_words))
+            del graph
+        del plain, store, sums, heads
     return rows
 
 

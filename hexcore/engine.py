@@ -45,7 +45,8 @@ from .host.prefix import DEFAULT_PRIORITY, as_tokens
 from .host.speculative import SpeculativeAllocator, next_sealers
 
 SPECULATIVE_OPTIONS = ("ring", "capacity", "reserve_floor", "max_reserved")  # SpeculativeAllocator's keywords
-FAULT_OPTIONS = ("policy", "sample_every", "scrub_blocks", "metrics", "max_verify_blocks")  # fault_tolerance's
+FAULT_OPTIONS = ("policy", "sample_every", "scrub_blocks", "metrics", "decode_layers",  # fault_tolerance's
+                 "max_verify_blocks")
 
 
 class Engine:
@@ -74,10 +75,11 @@ class Engine:
         ``fault_tolerance``, ``batch_buckets``, ``backend``, ``metrics`` (HexcoreConfigError),
         truncation or the prefill attention helpers; ``pool_blocks`` only with a format.
     fault_tolerance : ``True`` or a dict of :class:`~hexcore.FaultTolerantKVCache` options
-        (``policy``, ``sample_every``, ``scrub_blocks``, ``metrics``) and the graph's
-        ``max_verify_blocks`` (default 1024): ``engine.faults`` records every seal's digest
-        and each step checks the policy's sample of its blocks inside the step's launches
-        (``FaultTolerantKVCache.graph_step``); :meth:`check` reads the outcome. ``False``
+        (``policy``, ``sample_every``, ``scrub_blocks``, ``metrics``, ``decode_layers``) and
+        the graph's ``max_verify_blocks`` (default 1024): ``engine.faults`` records every
+        seal's digest and each step checks the policy's sample of its blocks inside the
+        step's launches, or with ``decode_layers`` that many whole layers in turn inside the
+        decode (``FaultTolerantKVCache.graph_step``); :meth:`check` reads the outcome. ``False``
         (the default): ``engine.faults`` is None and the steps are unchanged.
     """
 

@@ -24,6 +24,11 @@ the record and the verification ride inside the captured step, no launch of thei
     ...                                    # seals' digests and checks the sample on the device
     ft.check_graph(graph)                  # after reading out: one 8-byte read; raises as verify
 
+With ``decode_layers=k`` the cache also records per-head digests at seal, and its graphs
+check whole layers in turn inside the decode itself (k layers a step, every sealed block
+each of them reads), instead of sending a sample to a checksum launch: every (block,
+layer) is checked once in ``ceil(L / k)`` steps by the kernel that reads it anyway.
+
 Rules: records and checks run on the stream given (default: the default stream), after
 the seals they follow; the results are read back, so ``verify``, ``scrub``,
 ``check_graph`` and ``migrate_sequence`` synchronise. ``prepare_verify`` gives the
@@ -116,10 +121,14 @@ class FaultTolerantKVCache:
     sample_every : int in [1, 2**20].
     scrub_blocks : int >= 1, blocks checked by one :meth:`scrub` call.
     metrics : an optional ``MetricsCollector``: ``migrate_sequence`` is recorded as an op.
+    decode_layers : int in [0, L]: layers each graph step checks inside its decode, in turn
+        (0: graph steps send the policy's sample to a checksum launch instead). With it,
+        every record also takes the per-head digests ``head_sums`` (device uint32
+        ``[num_blocks, L, H]``) the decode checks against.
     """
 
     def __init__(self, cache: PagedKVCache, store, *, policy: str = "always", sample_every: int = 16,
-                 scrub_blocks: int = 1024, metrics=None):
+                 scrub_blocks: int = 1024, metrics=None, decode_layers: int = 0):
         from numba import cuda
 
         from .cuda.store import DeviceKVStore
@@ -136,12 +145,17 @@ class FaultTolerantKVCache:
                 f"{'' if store.config == cache.config else ' and another config'}")
         self.policy, self.sample_every = _checked_policy(policy), as_int("sample_every", sample_every, 1, 1 << 20)
         self.scrub_blocks = as_int("scrub_blocks", scrub_blocks, 1)
+        self.decode_layers = as_int("decode_layers", decode_layers, 0, cache.config.num_layers)
         self.metrics = as_collector("metrics", metrics)
         self.cache, self.store, self.config = cache, store, cache.config
         L = self.config.num_layers
         # sums: [block_id, layer] -> digest recorded at seal (device); recorded: [block_id] -> bool
         self.sums = cuda.to_device(np.zeros((cache.num_blocks, L), np.uint32))
         self.recorded = np.zeros(cache.num_blocks, bool)
+        self.head_sums = None if not self.decode_layers else cuda.to_device(
+            np.zeros((cache.num_blocks, L, self.config.num_kv_heads), np.uint32))
+        self._layer_checks = 0  # (block, layer) checks inside decodes not yet counted as whole blocks
+        self._table_count = 0  # distinct blocks of the last graph step's tables (less its seals)
         self._out = cuda.device_array((cache.num_blocks, L), np.uint32)  # [item, layer] launch results
         self._guard_bad = cuda.device_array(len(store.guard_offsets), np.uint32)
         self._bad: dict[int, list] = {}  # block_id -> layers: found corrupted (quarantined), not yet migrated
@@ -167,7 +181,15 @@ class FaultTolerantKVCache:
         ids = self._block_ids(block_ids)
         if ids.size:
             self._launch(ids, "record", stream)
+            self._record_heads(ids, stream)
             self._mark_recorded(ids)
+
+    def _record_heads(self, ids, stream) -> None:
+        """The head digests of ``ids`` (host int32, in range), with ``decode_layers`` only."""
+        if self.head_sums is not None and ids.size:
+            from .cuda.integrity import record_head_sums
+
+            record_head_sums(self.store, np.ascontiguousarray(ids, np.int32), self.head_sums, stream)
 
     def _mark_recorded(self, ids) -> None:
         self.recorded[ids] = True
@@ -243,7 +265,9 @@ class FaultTolerantKVCache:
         digests and verifies sampled blocks inside each step (``verify_sums=self.sums``).
         ``max_verify_blocks``: block ids one step may verify (at least the policy's sample
         of the largest batch: about ``B * blocks_per_seq / sample_every``, all of them with
-        ``"always"``); ``kwargs``: DecodeGraph's others (``batch_buckets``, ``backend``...)."""
+        ``"always"``); ``kwargs``: DecodeGraph's others (``batch_buckets``, ``backend``...).
+        With ``decode_layers`` the graph checks that many layers a step inside its decode
+        (``verify_heads=self.head_sums``) and its steps sample no blocks."""
         from .cuda.steps import DecodeGraph
 
         unknown = sorted(str(key) for key in kwargs if key not in GRAPH_OPTIONS)
@@ -251,7 +275,8 @@ class FaultTolerantKVCache:
             raise HexcoreInvalidArgumentError(f"decode_graph: unknown option(s) {unknown}; expected some of "
                                               f"{list(GRAPH_OPTIONS)}")
         return DecodeGraph(self.store, num_q_heads, self.cache.max_blocks_per_seq, verify_sums=self.sums,
-                           max_verify_blocks=max_verify_blocks, **kwargs)
+                           max_verify_blocks=max_verify_blocks, verify_heads=self.head_sums,
+                           verify_layers=self.decode_layers, **kwargs)
 
     def sample_step(self, result) -> np.ndarray:
         """The block ids a graph step of ``result`` (a ``StepResult``) would verify now by the
@@ -285,7 +310,11 @@ class FaultTolerantKVCache:
         return self._graph_call(graph.load, graph, result, fork_src, fork_dst, stream)
 
     def _graph_call(self, call, graph, result, fork_src, fork_dst, stream):
-        ids, known = self._sample(result, self._calls + 1)
+        if graph.phases:  # whole layers in the decode: no sample; unrecorded blocks recorded first
+            ids, known, unrecorded = self._table_blocks(result)
+            self._record_now(unrecorded, stream)
+        else:
+            ids, known = self._sample(result, self._calls + 1)
         if ids.size > graph.max_verify_blocks:
             raise HexcoreInvalidArgumentError(
                 f"graph: the policy samples {ids.size} blocks, more than its max_verify_blocks "
@@ -295,6 +324,12 @@ class FaultTolerantKVCache:
                     stream=stream, verify_blocks=ids, **seals)
         self._calls += 1  # (after the call: bad input changed nothing)
         self._graph_known.update(known)
+        if graph.phases:
+            self._mark_recorded(unrecorded)
+            ids, phase = ids[:0], (graph.phase - 1) % graph.phases  # (the step just run)
+            self._layer_checks += self._table_count * len(graph.checked_layers(phase))
+            self._stats["blocks_verified"] += self._layer_checks // self.config.num_layers
+            self._layer_checks %= self.config.num_layers
         self._stats["blocks_verified"] += int(ids.size) + len(known)
         if result.num_sealed:
             self._mark_recorded(result.seal_blocks)
@@ -357,7 +392,9 @@ class FaultTolerantKVCache:
             if not np.array_equal(self._launch(dst, "record", stream), before):  # the copies' digests
                 raise HexcoreCorruptionError(f"migrate_sequence: the copy of seq {seq_id}'s blocks did not verify; "
                                              "its table is unchanged")
+            self._record_heads(dst, stream)
             self.recorded[dst] = self.recorded[src]
+        self._record_heads(new[~healthy], stream)  # (what a lost block holds until its refill: no false alarm)
         cache.replace_blocks(seq_id, new)
         for b in old[~healthy].tolist():
             self._bad.pop(b, None)
@@ -493,6 +530,28 @@ class FaultTolerantKVCache:
             known = self.cache.block_states()[ids] == BlockState.QUARANTINED
             known |= np.isin(ids, list(self._lost) + list(self._bad))
         return ids[~known & self.recorded[ids]], ids[known].tolist()
+
+    def _table_blocks(self, result) -> tuple:
+        """(no ids, known-bad ids, unrecorded ids) of a step's tables, less its own seals;
+        ``_table_count``: how many distinct blocks that is."""
+        _step_result(result)
+        self._stamp += 1
+        n = _sample_tables(result.block_tables, result.seq_lens, self.config.block_size,
+                           np.ascontiguousarray(result.seal_blocks), self._stamps, self._stamp, 0, 1, self._sampled)
+        ids = self._sampled[:n]
+        self._table_count = n
+        known = np.zeros(n, bool)
+        if self.cache.num_quarantined_blocks or self._lost or self._bad:
+            known = self.cache.block_states()[ids] == BlockState.QUARANTINED
+            known |= np.isin(ids, list(self._lost) + list(self._bad))
+        return ids[:0].copy(), ids[known].tolist(), ids[~known & ~self.recorded[ids]].copy()
+
+    def _record_now(self, ids, stream) -> None:
+        """Launch the records of ``ids`` (digests and head digests) without marking them
+        recorded (the caller does, once its step is accepted)."""
+        if ids.size:
+            self._launch(ids, "record", stream)
+            self._record_heads(ids, stream)
 
     def _own_graph(self, graph) -> None:
         """Raise unless ``graph`` is a DecodeGraph verifying against ``self.sums``."""

@@ -541,6 +541,144 @@ def test_graph_verification_refuses_bad_input_and_changes_nothing(seed):
     assert rig.graph.prepared == ()
 
 
+# -- whole layers in turn, checked inside the decode (decode_layers) -------------------
+@pytest.mark.parametrize("path", [True, "load"])
+def test_layers_in_turn_change_no_output_and_find_a_flip_in_its_layers_turn(seed, path):
+    """decode_layers=1 over 2 layers: outputs and store bytes equal a plain graph's over
+    steps that seal (graph_step and the per-layer engine path, whose checked layer records
+    its own seals' head digests first); no false alarm; a flip in layer 1 is found by the
+    next step of phase 1, not by one of phase 0."""
+    runs = []
+    for verify in (False, path):
+        rig = GraphRig(seed, verify, lens=(31, 20), decode_layers=1 if verify else 0)
+        outs = [rig.step()[0] for _ in range(3)]  # step 1 seals a's tail (phase 0 checks layer 0 of it)
+        if verify:
+            assert rig.graph.phases == 2 and rig.graph.phase == 1
+            rig.ft.check_graph(rig.graph)  # no false alarm
+            assert rig.ft.stats()["blocks_verified"] == (2 + 3 + 3) // 2  # blocks read (less the step's seal) / L
+        runs.append((outs, rig.store.pool.copy_to_host(), rig))
+    for x, y in zip(runs[0][0], runs[1][0]):
+        assert np.array_equal(x.view(np.uint16), y.view(np.uint16))
+    assert np.array_equal(runs[0][1], runs[1][1])
+    rig = runs[1][2]
+    a, b = rig.seq_ids
+    bad = int(rig.cache.block_table(a)[1])  # sealed by the graph's step 1
+    rig.ft.flip_bit("k_codes", 1, bad, 40, 3)
+    rig.step()  # phase 1: layer 1 checked
+    with pytest.raises(HexcoreCorruptionError, match=rf"blocks {bad} \(layers \[1\]\)"):
+        rig.ft.check_graph(rig.graph)
+    assert rig.cache.is_quarantined(bad)
+    other = int(rig.cache.block_table(b)[0])
+    rig.ft.flip_bit("v_meta", 1, other, 2, 0)
+    rig.step()  # phase 0: layer 1 not checked (block bad still reported: known)
+    assert rig.ft.try_check_graph(rig.graph) is Status.CORRUPTED
+    assert rig.ft.last_report.block_ids == [bad]
+    rig.step()  # phase 1
+    assert rig.ft.try_check_graph(rig.graph) is Status.CORRUPTED
+    assert sorted(rig.ft.last_report.block_ids) == sorted([bad, other])
+    assert rig.ft.stats()["corruptions_found"] == 2
+    rig.ft.check_invariants()
+
+
+def test_layers_in_turn_record_unrecorded_blocks_and_lost_ones_raise_no_alarm(seed):
+    """A sequence sealed outside the cache's records is recorded by the first graph step
+    that reads it (no false alarm); after a migration the lost block's replacement is
+    reported as lost, not found corrupted, until its refill."""
+    from tests.cuda.steps.test_graph import prefill
+
+    rig = GraphRig(seed, True, lens=(40,), cfg=CFG, decode_layers=2, max_seqs=4)
+    c = rig.cache.add_sequence()
+    prefill(rig.cache, rig.store, c, 33, rig.rng)  # two blocks, never recorded
+    rig.seq_ids.append(c)
+    assert not rig.ft.recorded[rig.cache.block_table(c)].any()
+    rig.step()
+    rig.ft.check_graph(rig.graph)
+    assert rig.ft.recorded[rig.cache.block_table(c)].all()
+    a = rig.seq_ids[0]
+    bad = int(rig.cache.block_table(a)[0])
+    rig.ft.flip_byte("k_meta", 0, bad, 5)
+    rig.step()
+    with pytest.raises(HexcoreCorruptionError, match=rf"blocks {bad}"):
+        rig.ft.check_graph(rig.graph)
+    moved = rig.ft.migrate_sequence(a)
+    (_, lost, _), = moved["lost"]
+    for _ in range(2):
+        rig.step()
+        assert rig.ft.try_check_graph(rig.graph) is Status.CORRUPTED
+        assert rig.ft.last_report.block_ids == [lost] and rig.ft.last_report.layers == {lost: "lost"}
+    assert not rig.cache.is_quarantined(lost) and rig.ft.stats()["corruptions_found"] == 1
+    k, v = (rig.rng.standard_normal((CFG.num_layers, BS, 1, 64)).astype(np.float16) for _ in range(2))
+    rig.ft.refill(a, 0, k, v)  # (its recomputed K/V: here any)
+    rig.step()
+    rig.ft.check_graph(rig.graph)
+
+
+def test_layers_in_turn_refuse_bad_input(seed):
+    from hexcore.cuda import DecodeGraph
+    from numba import cuda
+
+    rig = GraphRig(seed, True, cfg=CFG, decode_layers=1)
+    store, cache = rig.store, rig.cache
+    for value in (3, -1, 1.5, "1"):
+        with pytest.raises(HexcoreInvalidArgumentError, match="decode_layers"):
+            FaultTolerantKVCache(cache, store, decode_layers=value)
+    heads = cuda.to_device(np.zeros((store.num_blocks, 2, 1), np.uint32))
+    sums = cuda.to_device(np.zeros((store.num_blocks, 2), np.uint32))
+    for kwargs, text in (({"verify_heads": heads, "verify_layers": 1}, "needs verify_sums"),
+                         ({"verify_sums": sums, "verify_heads": heads}, "verify_layers: expected an int in \\[1, 2\\]"),
+                         ({"verify_sums": sums, "verify_layers": 1}, "verify_layers: expected an int in \\[1, 2\\]"),
+                         ({"verify_sums": sums, "verify_heads": heads, "verify_layers": 3}, "verify_layers"),
+                         ({"verify_sums": sums, "verify_heads": heads.copy_to_host(), "verify_layers": 1},
+                          "verify_heads: expected a device array"),
+                         ({"verify_sums": sums, "verify_heads": sums, "verify_layers": 1}, "verify_heads")):
+        with pytest.raises(HexcoreInvalidArgumentError, match=text):
+            DecodeGraph(store, 1, cache.max_blocks_per_seq, backend="eager", **kwargs)
+    rig.step()
+    step = rig.graph._steps[next(iter(rig.graph._steps))]
+    for phase in (2, -1, None, 0.5):
+        with pytest.raises(HexcoreInvalidArgumentError, match="phase"):
+            step.enqueue_all(0, phase=phase)
+    plain = DecodeGraph(store, 1, cache.max_blocks_per_seq, batch_buckets=(2,), backend="eager")
+    plain.warmup(2, 40)
+    with pytest.raises(HexcoreInvalidArgumentError, match="checks no layers in turn"):
+        plain._steps[next(iter(plain._steps))].at(0)
+    assert plain.phase is None and plain.checked_layers(None) == range(0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", "driver"])
+@pytest.mark.parametrize("dtype", ["fp16", "int4", "int2"])
+def test_layers_in_turn_in_captured_graphs_gpu(dtype, backend, seed):
+    """Captured per phase and replayed: outputs and store bytes equal a plain graph's, no
+    false alarm over two rounds with seals; then a flip in layer 2 is found within a round,
+    named with its layer, and only at the step of that layer's phase."""
+    if backend == "torch":
+        pytest.importorskip("torch")
+    cfg = KVCacheConfig(num_layers=4, num_kv_heads=8, head_dim=128, block_size=16, kv_dtype=dtype)
+    kwargs = dict(lens=(95, 40, 300), cfg=cfg, num_q_heads=32, buckets=(4,), backend=backend, num_blocks=64,
+                  max_seqs=8, max_verify_blocks=64)
+    runs = []
+    for layers in (0, 2):
+        rig = GraphRig(seed, bool(layers), decode_layers=layers, **kwargs)
+        outs = [rig.step()[0] for _ in range(8)]  # a seals at step 1; phases 0, 1 captured, then replayed
+        if layers:
+            assert len(rig.graph.captured) == 2, rig.graph.captured
+            rig.ft.check_graph(rig.graph)
+        runs.append((outs, rig.store.pool.copy_to_host(), rig))
+    for x, y in zip(runs[0][0], runs[1][0]):
+        assert np.array_equal(x.view(np.uint16), y.view(np.uint16))
+    assert np.array_equal(runs[0][1], runs[1][1])
+    rig = runs[1][2]
+    bad = int(rig.cache.block_table(rig.seq_ids[2])[4])
+    rig.ft.flip_bit("v_codes", 2, bad, 1000, 1)
+    assert rig.graph.phase == 0
+    rig.step()  # layers 0, 1
+    assert rig.ft.try_check_graph(rig.graph) is Status.OK
+    rig.step()  # layers 2, 3
+    with pytest.raises(HexcoreCorruptionError, match=rf"blocks {bad} \(layers \[2\]\)"):
+        rig.ft.check_graph(rig.graph)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["torch", "driver"])
 @pytest.mark.parametrize("dtype", ["fp16", "int4"])

@@ -26,8 +26,9 @@ the reader does, after reading a non-zero count. Empty ``flags`` (the default) t
 
 Head digests (``hexcore.host.checksum``, "The head digest": per (block, layer, KV head),
 order-free): ``head_record_launch`` records them into ``head_sums`` uint32 ``[num_blocks, L,
-H]``, grid ``(n, L, ceil(H / W))``, ``W = min(WARPS, H)`` warps a CTA, warp ``w`` of CTA ``(i,
-layer, y)`` taking head ``y * W + w`` of block ``block_ids[i]`` (lane ``j`` sums the terms of
+H]``, grid ``(n, L, ceil(H / W))`` (or ``(n, 1, ...)`` for one layer), ``W = min(WARPS, H)`` warps
+a CTA, warp ``w`` of CTA ``(i, layer, y)`` taking head ``y * W + w`` of block ``block_ids[i]``
+(lane ``j`` sums the terms of
 16-byte chunks ``j, j + 32, ...`` of each segment, the warp adds the lanes' sums). The
 decode kernel checks sampled blocks against them as it reads them (``attention/kernel.py``,
 ``verify``); ``head_key``, ``head_mix`` and ``head_add`` are the device functions both use.
@@ -44,7 +45,7 @@ from ..config import KVCacheConfig
 from ..errors import HexcoreInvalidArgumentError
 from .._checks import as_int
 from ..host.checksum import FNV32_BASIS, FNV32_PRIME, HEAD_K1, HEAD_K2, HEAD_M1, HEAD_M2, LANES, canary_word
-from .arrays import checked, checked_ids, checked_store, device_only
+from .arrays import checked, checked_ids, checked_layer, checked_store, device_only
 from .device import load_u32x4, shfl_xor_u32
 from .device_layout import code_offset, key_meta_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch
@@ -142,10 +143,11 @@ def _head_record_kernel(cfg: KVCacheConfig):
     W = _head_warps(cfg)
 
     @cuda.jit
-    def kernel(pool, k_at, v_at, km_at, vm_at, block_ids, num_blocks, head_sums):
+    def kernel(pool, k_at, v_at, km_at, vm_at, block_ids, num_blocks, head_sums, first_layer):
         # pool: the store's uint32 words; *_at: word offsets of its arrays; block_ids [n]
-        # int32 (ids outside [0, num_blocks) skipped); head_sums [num_blocks, L, H] uint32
-        layer = cuda.blockIdx.y
+        # int32 (ids outside [0, num_blocks) skipped); head_sums [num_blocks, L, H] uint32;
+        # layers first_layer + blockIdx.y
+        layer = first_layer + cuda.blockIdx.y
         h = cuda.blockIdx.z * W + cuda.threadIdx.x // LANES
         lane = cuda.threadIdx.x % LANES
         block = block_ids[cuda.blockIdx.x]
@@ -172,32 +174,35 @@ def _head_warps(cfg: KVCacheConfig) -> int:
     return min(WARPS, cfg.num_kv_heads)
 
 
-def head_record_launch(store: DeviceKVStore, block_ids, head_sums) -> Launch:
+def head_record_launch(store: DeviceKVStore, block_ids, head_sums, layer: int | None = None) -> Launch:
     """Validate a head-digest RECORD launch: ``head_sums[block, layer, h]`` = the head digest
     of every (layer, KV head) of each block of ``block_ids`` (int32 ``[n]``; host ids are
     range-checked, device ids outside the store -- -1 padding -- are skipped).
-    ``head_sums``: device uint32 ``[num_blocks, L, H]``."""
+    ``head_sums``: device uint32 ``[num_blocks, L, H]``; ``layer``: an int in [0, L) to
+    record that layer only (a step sealing layer by layer), or None for all."""
     cfg = checked_store(store).config
     ids = checked_ids(block_ids, "block_ids", None, store.num_blocks)
     L, H = cfg.num_layers, cfg.num_kv_heads
     head_sums = checked(head_sums, "head_sums", np.uint32, (store.num_blocks, L, H), align=4, output=True)
+    first, layers = (0, L) if layer is None else (checked_layer(layer, L)[0], 1)
     offsets = store.word_offsets
     W = _head_warps(cfg)
-    return Launch(_head_record_kernel(cfg), (ids.shape[0], L, -(-H // W)), W * LANES, (
+    return Launch(_head_record_kernel(cfg), (ids.shape[0], layers, -(-H // W)), W * LANES, (
         store.pool, offsets["k_codes"], offsets["v_codes"], offsets.get("k_meta", 0), offsets.get("v_meta", 0), ids,
-        store.num_blocks, head_sums))
+        store.num_blocks, head_sums, first))
 
 
-def prepare_head_record(store: DeviceKVStore, block_ids, head_sums) -> PreparedLaunch:
+def prepare_head_record(store: DeviceKVStore, block_ids, head_sums, layer: int | None = None) -> PreparedLaunch:
     """``head_record_launch`` bound to fixed device buffers (capture-safe, as
     :func:`prepare_checksum`); rows of ``block_ids`` set to -1 are padding."""
     device_only(block_ids=block_ids, head_sums=head_sums)
-    return head_record_launch(store, block_ids, head_sums).prepare()
+    return head_record_launch(store, block_ids, head_sums, layer).prepare()
 
 
-def record_head_sums(store: DeviceKVStore, block_ids, head_sums, stream=None) -> None:
-    """Record the head digests of ``block_ids`` into ``head_sums`` (enqueued on ``stream``)."""
-    head_record_launch(store, block_ids, head_sums).run(resolve_stream(stream, block_ids, head_sums))
+def record_head_sums(store: DeviceKVStore, block_ids, head_sums, stream=None, layer: int | None = None) -> None:
+    """Record the head digests of ``block_ids`` into ``head_sums`` (enqueued on ``stream``;
+    ``layer`` as :func:`head_record_launch`)."""
+    head_record_launch(store, block_ids, head_sums, layer).run(resolve_stream(stream, block_ids, head_sums))
 
 
 @functools.cache

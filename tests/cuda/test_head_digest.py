@@ -34,6 +34,20 @@ def test_record_kernel_matches_cpu(rng, kv_dtype):
         assert np.array_equal(got[block], want), (kv_dtype, block)
 
 
+@pytest.mark.parametrize("kv_dtype", ["fp16", "int2"])
+def test_record_of_one_layer_leaves_the_others(rng, kv_dtype):
+    cfg = KVCacheConfig(num_layers=3, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype=kv_dtype)
+    store = random_store(cfg, rng)
+    head_sums = cuda.to_device(np.full((5, 3, 2), 7, np.uint32))
+    integrity.prepare_head_record(store, cuda.to_device(np.array([4, -1, 1], np.int32)), head_sums, layer=2).run(0)
+    got = head_sums.copy_to_host()
+    for block in range(5):
+        want = np.full((3, 2), 7, np.uint32)
+        if block in (1, 4):
+            want[2] = cpu_head_digests(store, block)[2]
+        assert np.array_equal(got[block], want), (kv_dtype, block)
+
+
 def test_record_bad_arguments_raise_typed_errors(rng):
     cfg = KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="int4")
     store = DeviceKVStore(cfg, 5, 2)
@@ -45,6 +59,9 @@ def test_record_bad_arguments_raise_typed_errors(rng):
             integrity.head_record_launch(store, ids, sums)
     with pytest.raises(HexcoreInvalidArgumentError, match="head_sums"):
         integrity.prepare_head_record(store, cuda.to_device(np.zeros(1, np.int32)), np.zeros((5, 2, 2), np.uint32))
+    for layer in (2, -1, True, 0.5):
+        with pytest.raises(HexcoreInvalidArgumentError, match="layer"):
+            integrity.head_record_launch(store, np.array([0], np.int32), good, layer=layer)
 
 
 # -- the decode kernel's verify variant -----------------------------------------------

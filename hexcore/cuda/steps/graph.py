@@ -16,8 +16,11 @@ them, and one graph launch::
 With ``verify_sums`` (``FaultTolerantKVCache.sums``: the digests recorded at seal) a step
 also records the digests of the blocks it seals and verifies the blocks given as
 ``verify_blocks``: two checksum launches captured with the step, ids carried in the same
-index copy, nothing read back until ``verify_results()`` (``verify.py``). Without it the
-graph is exactly what it was.
+index copy, nothing read back until ``verify_results()`` (``verify.py``). With
+``verify_heads`` and ``verify_layers`` k as well, step ``n`` decodes layers ``[p * k, (p +
+1) * k)``, ``p = n % ceil(L / k)``, with the decode kernel's verify variant, which checks every
+sealed block it reads against its head digests (recorded by the step at seal): whole layers
+in turn, one captured graph per phase. Without them the graph is exactly what it was.
 
 The context bucket (next power of two >= the longest sequence, at least one block)
 sizes the decode grid, so B=1 at 4k does not launch the splits of 128k. A bucket
@@ -43,7 +46,7 @@ from ..streams import resolve_stream, torch_current_stream, torch_stream
 from ..write import append, seal
 from .capture import DriverGraph, TorchGraph, choose_backend
 from .indices import NO_IDS, Staging, StepIndices, check_step
-from .step import MAX_BATCH, MAX_TABLE_WIDTH, DecodeStep, StepBuffers
+from .step import MAX_BATCH, MAX_TABLE_WIDTH, DecodeStep, PhaseStep, StepBuffers
 from .verify import MAX_CAPACITY, StepVerify, VerifyResults
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -75,11 +78,15 @@ class DecodeGraph:
     its ``verify_blocks`` against them), or None (no verification); ``max_verify_blocks``:
     block ids one step may verify (an int in [1, 2**20]; a row of that many ids in every
     bucket's index buffer, and the captured checksum grid, are sized by it).
+    ``verify_heads``: device uint32 ``[num_blocks, L, H]``, the recorded head digests
+    (``FaultTolerantKVCache.head_sums``), with ``verify_layers``: layers each step checks
+    inside its decode, in turn (an int in [1, L]; 0 without ``verify_heads``); needs
+    ``verify_sums``.
     """
 
     def __init__(self, store, num_q_heads: int, max_blocks_per_seq: int, batch_buckets=DEFAULT_BUCKETS,
                  scale: float | None = None, backend: str = "auto", options: DecodeOptions | None = None,
-                 verify_sums=None, max_verify_blocks: int = 1024):
+                 verify_sums=None, max_verify_blocks: int = 1024, verify_heads=None, verify_layers: int = 0):
         cfg = checked_store(store).config
         num_q_heads = _positive("num_q_heads", num_q_heads)
         check_q_heads(num_q_heads, cfg.num_kv_heads)
@@ -94,7 +101,10 @@ class DecodeGraph:
         checked_scale(scale, store.config.head_dim)  # (None stays None: each launch takes 1/sqrt(head_dim))
         options = resolved_options(options)
         max_verify_blocks = _positive("max_verify_blocks", max_verify_blocks, MAX_CAPACITY)
-        verify = None if verify_sums is None else StepVerify(store, verify_sums, max_verify_blocks)
+        if verify_sums is None and (verify_heads is not None or not isinstance(verify_layers, int) or verify_layers):
+            raise HexcoreInvalidArgumentError("verify_heads, verify_layers: checking layers in turn needs verify_sums")
+        verify = None if verify_sums is None else StepVerify(store, verify_sums, max_verify_blocks, verify_heads,
+                                                             verify_layers)
         self.store, self.num_q_heads, self.max_blocks_per_seq, self.scale = store, num_q_heads, max_blocks_per_seq, scale
         self.options = options
         self.batch_buckets = tuple(sorted({min(int(b), store.max_seqs) for b in batch_buckets}))
@@ -105,6 +115,7 @@ class DecodeGraph:
         self._graphs: dict = {}  # (bucket, context) -> DriverGraph | TorchGraph
         self._workspace, self._capture_stream, self._overflow = Workspace(), None, None
         self._verify = verify
+        self._steps_run = 0  # steps enqueued so far: the next one's phase
 
     @property
     def verify_sums(self):
@@ -125,8 +136,23 @@ class DecodeGraph:
         return self._verify.read(self._resolve(stream))
 
     @property
+    def phases(self) -> int:
+        """Steps in a round of whole-layer checks (``ceil(L / verify_layers)``); 0 without."""
+        return 0 if self._verify is None else self._verify.phases
+
+    @property
+    def phase(self) -> int | None:
+        """The phase of the next step (None without whole-layer checks)."""
+        return self._steps_run % self.phases if self.phases else None
+
+    def checked_layers(self, phase: int | None) -> range:
+        """The layers a step of ``phase`` decodes with the verify variant (none for None)."""
+        return self._verify.checked_layers(phase) if self.phases else range(0)
+
+    @property
     def captured(self) -> tuple:
-        """The (batch bucket, context bucket) pairs captured so far."""
+        """The (batch bucket, context bucket) pairs captured so far, with the phase as a
+        third entry when checking layers in turn."""
         return tuple(sorted(self._graphs))
 
     @property
@@ -179,8 +205,10 @@ class DecodeGraph:
         batch = indices.seq_lens.shape[0]
         resolved = self._resolve(stream)
         if batch > self.batch_buckets[-1]:
-            return self._eager_step(indices, resolved)
-        launches = self._load(indices, resolved)
+            out = self._eager_step(indices, resolved, self.phase)
+            self._steps_run += 1
+            return out
+        launches = self._load(indices, resolved, phase=self.phase)
         graph = self._graphs.get(launches.key)
         if graph is None:  # eager, and the warm-up of a capture (which must launch everything)
             eager = self.backend == "eager"
@@ -195,26 +223,32 @@ class DecodeGraph:
         else:
             with torch_stream(self._torch, stream, resolved):
                 graph.replay()
+        self._steps_run += 1
         return self._buckets[launches.key[0]].views(batch).out
 
     def load(self, block_tables, seq_lens, tail_slots, positions=None, seal_slots=None, seal_blocks=None,
-             fork_src=None, fork_dst=None, stream=None, verify_blocks=None) -> DecodeStep:
+             fork_src=None, fork_dst=None, stream=None, verify_blocks=None) -> DecodeStep | PhaseStep:
         """``step`` without the attention: copy the step's index arrays into its bucket's
         buffer and run its fork copies on ``stream``; returns the :class:`DecodeStep`
-        whose ``enqueue(layer, stream)`` an engine captures in its own graph (one per
-        ``key``). Same parameters as ``step``; batches above the largest bucket raise."""
+        (a :class:`PhaseStep` when checking layers in turn: this step's phase) whose
+        ``enqueue(layer, stream)`` an engine captures in its own graph (one per ``key``).
+        Same parameters as ``step``; batches above the largest bucket raise. Counts as a
+        step (the next one takes the next phase)."""
         indices = self._checked(block_tables, seq_lens, tail_slots, positions, seal_slots, seal_blocks, fork_src,
                                 fork_dst, verify_blocks)
         batch = indices.seq_lens.shape[0]
         if batch > self.batch_buckets[-1]:
             raise HexcoreInvalidArgumentError(f"seq_lens: batch {batch} exceeds the largest bucket "
                                               f"{self.batch_buckets[-1]} (step() runs such batches eagerly)")
-        return self._load(indices, self._resolve(stream))
+        launches = self._load(indices, self._resolve(stream), phase=self.phase)
+        self._steps_run += 1
+        return launches
 
     def warmup(self, batch: int, max_seq_len: int, stream=None) -> tuple:
         """Prepare and capture the step for ``batch`` sequences of up to ``max_seq_len``
-        tokens ahead of time (as an engine does at start-up); returns its key. Runs the
-        step once with every row padding, which changes nothing in the store."""
+        tokens ahead of time (as an engine does at start-up); returns its (batch bucket,
+        context bucket). Runs the step once with every row padding, which changes nothing
+        in the store (once per phase when checking layers in turn)."""
         batch = _positive("batch", batch, MAX_BATCH)
         max_seq_len = int_value("max_seq_len", max_seq_len)
         if batch > self.batch_buckets[-1] or not 1 <= max_seq_len <= self.capacity:
@@ -222,12 +256,13 @@ class DecodeGraph:
                                               f"in [1, {self.capacity}], got {batch}, {max_seq_len}")
         resolved = self._resolve(stream)
         padding = StepIndices(np.zeros((0, 1), np.int32), *(NO_IDS,) * 6, max_seq_len)
-        launches = self._load(padding, resolved, self._bucket(batch))
-        if launches.key not in self._graphs:
-            launches.enqueue_all(resolved.numba)
-            if self.backend != "eager":
-                self._graphs[launches.key] = self._capture(launches)
-        return launches.key
+        for phase in range(self.phases) if self.phases else (None,):
+            launches = self._load(padding, resolved, self._bucket(batch), phase)
+            if launches.key not in self._graphs:
+                launches.enqueue_all(resolved.numba)
+                if self.backend != "eager":
+                    self._graphs[launches.key] = self._capture(launches)
+        return launches.key[:2]
 
     # -- internals ------------------------------------------------------------------
     def _checked(self, block_tables, seq_lens, tail_slots, positions, seal_slots, seal_blocks, fork_src, fork_dst,
@@ -248,8 +283,8 @@ class DecodeGraph:
             bucket = self._buckets[size] = _Bucket(self, size)
         return bucket
 
-    def _load(self, indices: StepIndices, resolved, bucket=None) -> DecodeStep:
-        # copy a checked step into its bucket's index buffer, run its forks; its launches
+    def _load(self, indices: StepIndices, resolved, bucket=None, phase=None) -> DecodeStep | PhaseStep:
+        # copy a checked step into its bucket's index buffer, run its forks; its launches (of ``phase``)
         bucket = bucket or self._bucket(indices.seq_lens.shape[0])
         for name, ids in (("seal_slots", indices.seal_slots), ("fork_src", indices.fork_src)):
             if ids.shape[0] > bucket.size:
@@ -263,7 +298,7 @@ class DecodeGraph:
         bucket.staging.upload(indices, bucket.size, launches.width, resolved.handle)
         if indices.fork_src.shape[0]:
             bucket.buffers.fork(indices.fork_src.shape[0]).run(resolved.numba)
-        return launches
+        return launches.at(phase)
 
     def _capture(self, launches):
         if self.backend == "driver":
@@ -290,7 +325,7 @@ class DecodeGraph:
             self._overflow = (arrays, _as_views(self, arrays))
         return self._overflow
 
-    def _eager_step(self, indices: StepIndices, resolved):
+    def _eager_step(self, indices: StepIndices, resolved, phase):
         # a batch above the largest bucket: the eager launchers, on exact-size buffers
         tables, seq_lens, tail_slots, seal_slots, seal_blocks, fork_src, fork_dst, _, verify_blocks = indices
         (q, k, v, out), views = self._overflow_buffers(seq_lens.shape[0])
@@ -302,9 +337,11 @@ class DecodeGraph:
             seal(store, seal_slots, seal_blocks, stream=resolved)
         if self._verify is not None:
             self._verify.run_eager(seal_blocks, verify_blocks, resolved)
+        checked = self.checked_layers(phase)
         for layer in range(store.config.num_layers):
             paged_decode(q[layer], store, layer, tables, seq_lens, tail_slots, out=out[layer], scale=self.scale,
-                         stream=resolved, options=self.options)
+                         stream=resolved, options=self.options,
+                         verify=self._verify.decode_verify if layer in checked else None)
         return views.out
 
 

@@ -93,6 +93,20 @@ class StepBuffers:
             self._launches[key] = self.verify.prepare_record(self.rows["seal_blocks"][:count], out)
         return self._launches[key]
 
+    def head_record_launch(self, count: int, layer: int | None = None) -> PreparedLaunch:
+        """The head-digest record of the first ``count`` seal rows (of every layer, or
+        one), made once; ``count``: an int in [1, bucket]; only with a ``verify`` that
+        checks whole layers in turn (``head_sums``)."""
+        count = self._count(count, self.bucket, "head_record_launch")
+        if self.verify.head_sums is None:
+            raise HexcoreInvalidArgumentError("head_record_launch: these buffers' StepVerify has no head_sums")
+        if layer is not None:
+            layer = checked_layer(layer, self.store.config.num_layers)[0]
+        key = ("heads", count, layer)
+        if key not in self._launches:
+            self._launches[key] = self.verify.prepare_head_record(self.rows["seal_blocks"][:count], layer)
+        return self._launches[key]
+
     def verify_launch(self, count: int) -> PreparedLaunch:
         """The checksum VERIFY launch of the first ``count`` verify rows, made once (a graph
         verifies all ``C`` rows: padding rows are skipped by the kernel). ``count``: an int
@@ -164,6 +178,8 @@ class DecodeStep:
     ``max_seq_len`` (the context bucket) bounds every ``seq_lens`` entry and sizes the
     decode grid; the block tables are ``max_seq_len // block_size`` wide. ``key`` is
     ``(bucket, max_seq_len)``. Its buffers are ``self.buffers`` (a :class:`StepBuffers`).
+    With a verify that checks whole layers in turn (``phases`` > 0), ``phase`` (an int in
+    [0, phases)) picks the layers decoded by the verify variant; :meth:`at` binds one.
     """
 
     def __init__(self, store, buffers: StepBuffers, max_seq_len: int, scale: float | None, workspace: Workspace,
@@ -177,6 +193,7 @@ class DecodeStep:
         bs = cfg.block_size
         max_seq_len = as_int("max_seq_len", max_seq_len, bs, (buffers.max_blocks_per_seq + 1) * bs - 1)
         self.store, self.buffers, self.max_seq_len = store, buffers, max_seq_len
+        self._decode_args = (scale, options, workspace)
         self.key = (buffers.bucket, max_seq_len)
         self.width = max_seq_len // cfg.block_size
         self.block_tables = buffers.tables(self.width)
@@ -186,6 +203,10 @@ class DecodeStep:
         verify = buffers.verify is not None
         self._record = buffers.record_launch(buffers.bucket) if verify else None
         self._verify = buffers.verify_launch(buffers.verify.capacity) if verify else None
+        self.phases = buffers.verify.phases if verify else 0
+        self._heads = buffers.head_record_launch(buffers.bucket) if self.phases else None
+        self._checked: dict = {}  # layer -> its decode launch with the verify variant (made at first use)
+        self._at: dict = {}  # phase -> PhaseStep
         self._decode = []
         for layer in range(cfg.num_layers):
             launch, _ = decode_launch(buffers.q[layer], store, layer, self.block_tables, rows["seq_lens"],
@@ -194,59 +215,128 @@ class DecodeStep:
             self._decode.append(prepare_decode(launch, options))
         self._layers: dict = {}
 
-    def enqueue_all(self, stream=0, num_seals: int | None = None, num_verify: int | None = None) -> None:
+    def at(self, phase: int | None) -> DecodeStep | PhaseStep:
+        """This step bound to ``phase`` (a :class:`PhaseStep`, key ``(bucket, max_seq_len,
+        phase)``); itself for None (a step that checks no layer)."""
+        phase = self._phase(phase)
+        if phase is None:
+            return self
+        if phase not in self._at:
+            self._at[phase] = PhaseStep(self, phase)
+        return self._at[phase]
+
+    def enqueue_all(self, stream=0, num_seals: int | None = None, num_verify: int | None = None,
+                    phase: int | None = None) -> None:
         """Enqueue the whole step on ``stream``: append and seal for every layer (one
-        launch each), with a ``StepVerify`` the record of the seals' digests and the
-        verification (a checksum launch each), then one decode launch per layer.
-        Capture-safe. ``num_seals`` and ``num_verify`` (an eager step) launch over only
+        launch each), with a ``StepVerify`` the record of the seals' digests (and head
+        digests) and the verification (a checksum launch each), then one decode launch per
+        layer (the verify variant for ``phase``'s layers). Capture-safe once each of its
+        launches has run. ``num_seals`` and ``num_verify`` (an eager step) launch over only
         that many rows, not at all when 0; None: the bucket's (ints in [0, bucket] and
         [0, verify capacity])."""
         num_seals = self._rows("num_seals", num_seals, self.buffers.bucket)
         num_verify = self._rows("num_verify", num_verify, 0 if self._verify is None else self.buffers.verify.capacity)
+        checked = self._checked_layers(phase)
         self._append.run(stream)
         if num_seals is None:
             self._seal.run(stream)
-            if self._record is not None:
-                self._record.run(stream)
+            for launch in (self._record, self._heads):
+                if launch is not None:
+                    launch.run(stream)
         elif num_seals:
             self.buffers.seal(num_seals).run(stream)
             if self._record is not None:
                 self.buffers.record_launch(num_seals).run(stream)
+            if self._heads is not None:
+                self.buffers.head_record_launch(num_seals).run(stream)
         if self._verify is not None:
             if num_verify is None:
                 self._verify.run(stream)
             elif num_verify:
                 self.buffers.verify_launch(num_verify).run(stream)
-        for launch in self._decode:
-            launch.run(stream)
+        for layer, launch in enumerate(self._decode):
+            (self._checked_decode(layer) if layer in checked else launch).run(stream)
+
+    def _phase(self, phase) -> int | None:
+        # phase as None (no phases) or an int in [0, phases)
+        if not self.phases:
+            if phase is not None:
+                raise HexcoreInvalidArgumentError(f"phase: this step checks no layers in turn; expected None, "
+                                                  f"got {phase!r:.40}")
+            return None
+        return as_int("phase", phase, 0, self.phases - 1)
+
+    def _checked_layers(self, phase) -> range:
+        return self.buffers.verify.checked_layers(self._phase(phase)) if self.phases else range(0)
+
+    def _checked_decode(self, layer: int) -> PreparedLaunch:
+        """Layer ``layer``'s decode with the verify variant (every sealed block it reads
+        checked against the head digests), made at first use."""
+        found = self._checked.get(layer)
+        if found is None:
+            scale, options, workspace = self._decode_args
+            b = self.buffers
+            launch, _ = decode_launch(b.q[layer], self.store, layer, self.block_tables, b.rows["seq_lens"],
+                                      b.rows["tail_slots"], b.out[layer], scale, self.max_seq_len, options, workspace,
+                                      b.verify.decode_verify, prepared=True)
+            found = self._checked[layer] = prepare_decode(launch, options)
+        return found
 
     @staticmethod
     def _rows(name: str, value, high: int) -> int | None:
         # None, or an int in [0, high]
         return None if value is None else as_int(name, value, 0, high)
 
-    def enqueue(self, layer: int, stream=0) -> None:
+    def enqueue(self, layer: int, stream=0, phase: int | None = None) -> None:
         """Enqueue one layer's part of the step: append its new K/V, seal, decode.
 
         For an engine that captures hexcore inside its own model graph: call it once per
         layer after writing ``buffers.k[layer]``, ``buffers.v[layer]`` and
         ``buffers.q[layer]``; the output lands in ``buffers.out[layer]``. With a verifying
         graph, layer 0 also runs the verification (of all layers) and the last layer,
-        after its seal, the record of the sealed blocks' digests. Capture-safe
-        once a layer has run: its first call prepares (and loads) its kernels, so run a
-        step eagerly before capturing, as every CUDA graph capture needs.
+        after its seal, the record of the sealed blocks' digests (and head digests); a
+        layer ``phase`` checks records its own seals' head digests before its decode (the
+        verify variant). Capture-safe once a layer has run in that phase: its first call
+        prepares (and loads) its kernels, so run a step eagerly before capturing, as every
+        CUDA graph capture needs.
         """
         layer = checked_layer(layer, len(self._decode))[0]
+        checked = layer in self._checked_layers(phase)
         launches = self._layers.get(layer)
         if launches is None:
             rows, b = self.buffers.rows, self.buffers
             launches = self._layers[layer] = [
                 prepare_append(self.store, b.k[layer], b.v[layer], rows["tail_slots"], rows["positions"], layer),
                 b.seal(b.bucket, layer)]
-            if layer == len(self._decode) - 1 and self._record is not None:
-                launches.append(self._record)  # every layer of the seals is sealed by now
+            if layer == len(self._decode) - 1:  # every layer of the seals is sealed by now
+                launches += [launch for launch in (self._record, self._heads) if launch is not None]
             if layer == 0 and self._verify is not None:
                 launches.append(self._verify)
-            launches.append(self._decode[layer])
         for launch in launches:
             launch.run(stream)
+        if checked:
+            if layer != len(self._decode) - 1:
+                self.buffers.head_record_launch(self.buffers.bucket, layer).run(stream)
+            self._checked_decode(layer).run(stream)
+        else:
+            self._decode[layer].run(stream)
+
+
+class PhaseStep:
+    """A :class:`DecodeStep` bound to one phase of whole-layer checking: ``key`` is
+    ``(bucket, max_seq_len, phase)``; ``enqueue(layer, stream)`` and ``enqueue_all(stream,
+    num_seals, num_verify)`` are the step's with that phase; ``buffers``, ``width`` and
+    ``block_tables`` are the step's."""
+
+    def __init__(self, step: DecodeStep, phase: int):
+        self.step, self.phase = step, phase
+        self.key = (*step.key, phase)
+        self.buffers, self.width, self.block_tables = step.buffers, step.width, step.block_tables
+
+    def enqueue_all(self, stream=0, num_seals: int | None = None, num_verify: int | None = None) -> None:
+        """``DecodeStep.enqueue_all`` with this phase."""
+        self.step.enqueue_all(stream, num_seals, num_verify, self.phase)
+
+    def enqueue(self, layer: int, stream=0) -> None:
+        """``DecodeStep.enqueue`` with this phase."""
+        self.step.enqueue(layer, stream, self.phase)

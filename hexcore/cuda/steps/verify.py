@@ -14,6 +14,14 @@ counts, and the list and guard counts only when a count is not zero, then clears
 Counts accumulate over steps until read, so nothing is lost between reads; the list
 holds the first ``FOUND`` mismatches since the last read.
 
+Whole layers in turn (``head_sums`` and ``layers_per_step`` k > 0): the step also records
+its seals' head digests (``integrity.prepare_head_record``, beside the RECORD launch),
+and step ``n`` decodes layers ``[p * k, (p + 1) * k)``, ``p = n % phases`` (``phases =
+ceil(L / k)``), with the decode kernel's verify variant checking every sealed block it
+reads against them (``decode_verify``: ``vctl = (1, 0)``, the same ``flags`` and ``found``),
+the other layers with the plain kernel: every (block, layer) is checked once in
+``phases`` steps, each by the decode that reads it anyway. A captured graph per phase.
+
 Device buffers (L layers, C = capacity, G guard regions)::
 
     sums      uint32 [num_blocks, L]   the recorded digests (the caller's, e.g. FaultTolerantKVCache.sums)
@@ -21,6 +29,7 @@ Device buffers (L layers, C = capacity, G guard regions)::
     flags     uint32 [2]               mismatches, bad guard words
     found     int32  [FOUND, 2]        (block, layer) of the first mismatches
     guard_bad uint32 [G]               bad words per guard region, of the last launch
+    head_sums uint32 [num_blocks, L, H] the recorded head digests (whole layers in turn only)
 """
 
 from __future__ import annotations
@@ -30,9 +39,11 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda
 
+from ..._checks import as_int
 from ...errors import HexcoreInvalidArgumentError
 from ..arrays import checked
-from ..integrity import checksum_launch, prepare_checksum, to_host
+from ..attention.launcher import DecodeVerify
+from ..integrity import checksum_launch, prepare_checksum, prepare_head_record, record_head_sums, to_host
 from ..launch import PreparedLaunch
 
 FOUND = 1024  # (block, layer) mismatches listed between two reads
@@ -63,20 +74,47 @@ class StepVerify:
     """The device buffers of a DecodeGraph's in-step verification (module docstring).
 
     ``sums``: device uint32 ``[num_blocks, L]``; ``capacity``: block ids one step may
-    verify, an int in [1, 2**20].
+    verify, an int in [1, 2**20]; ``head_sums``: device uint32 ``[num_blocks, L, H]`` or
+    None; ``layers_per_step``: layers each step checks inside its decode, an int in [1, L]
+    with ``head_sums``, 0 without.
     """
 
-    def __init__(self, store, sums, capacity: int):
+    def __init__(self, store, sums, capacity: int, head_sums=None, layers_per_step: int = 0):
         cfg = store.config
+        L = cfg.num_layers
         self.store, self.capacity = store, capacity
-        if isinstance(sums, np.ndarray):
-            raise HexcoreInvalidArgumentError("verify_sums: expected a device array (the recorded digests), "
-                                              "got a host numpy array")
-        self.sums = checked(sums, "verify_sums", np.uint32, (store.num_blocks, cfg.num_layers), output=False)
-        self.out = cuda.device_array((capacity, cfg.num_layers), np.uint32)
+        for name, a in (("verify_sums", sums), ("verify_heads", head_sums)):
+            if isinstance(a, np.ndarray):
+                raise HexcoreInvalidArgumentError(f"{name}: expected a device array (the recorded digests), "
+                                                  "got a host numpy array")
+        self.sums = checked(sums, "verify_sums", np.uint32, (store.num_blocks, L), output=False)
+        self.layers_per_step = as_int("verify_layers", layers_per_step, 0, L)
+        if (head_sums is None) != (self.layers_per_step == 0):
+            raise HexcoreInvalidArgumentError(f"verify_layers: expected an int in [1, {L}] with verify_heads and 0 "
+                                              f"without, got {self.layers_per_step} with verify_heads "
+                                              f"{'None' if head_sums is None else 'given'}")
+        self.head_sums = None if head_sums is None else checked(
+            head_sums, "verify_heads", np.uint32, (store.num_blocks, L, cfg.num_kv_heads), align=4, output=True)
+        self.phases = -(-L // self.layers_per_step) if self.layers_per_step else 0
+        self.out = cuda.device_array((capacity, L), np.uint32)
         self.flags = cuda.to_device(np.zeros(2, np.uint32))
         self.found = cuda.to_device(np.full((FOUND, 2), -1, np.int32))
         self.guard_bad = cuda.to_device(np.zeros(len(store.guard_offsets), np.uint32))
+        self.decode_verify = None if head_sums is None else DecodeVerify(
+            self.head_sums, cuda.to_device(np.array([1, 0], np.int32)), self.flags, self.found)
+
+    def checked_layers(self, phase: int | None) -> range:
+        """The layers step phase ``phase`` (an int in [0, phases), or None) decodes with the
+        verify variant: ``[phase * k, (phase + 1) * k)`` clipped to L; none for None."""
+        if phase is None or not self.phases:
+            return range(0)
+        k = self.layers_per_step
+        return range(phase * k, min((phase + 1) * k, self.store.config.num_layers))
+
+    def prepare_head_record(self, seal_blocks, layer: int | None = None) -> PreparedLaunch:
+        """The capture-safe head-digest record of a step's sealed blocks (a device int32
+        row, -1 padding), of every layer or one; only with ``head_sums``."""
+        return prepare_head_record(self.store, seal_blocks, self.head_sums, layer)
 
     def prepare(self, block_ids) -> PreparedLaunch:
         """The capture-safe VERIFY launch over ``block_ids`` (a device int32 row)."""
@@ -96,6 +134,8 @@ class StepVerify:
         if n:
             out = cuda.device_array((n, L), np.uint32)
             checksum_launch(self.store, seal_blocks, self.sums, out, self.guard_bad, "record").run(stream)
+            if self.head_sums is not None:
+                record_head_sums(self.store, seal_blocks, self.head_sums, stream)
         n = verify_blocks.shape[0]
         if n:
             checksum_launch(self.store, verify_blocks, self.sums, self.out[:n], self.guard_bad, "verify", self.flags,
