@@ -299,16 +299,18 @@ def test_bad_speculative_values_raise_typed_errors(value, text):
         make_engine(layers=1, speculative=value)
 
 
+@pytest.mark.parametrize("check", [{"policy": "always"}, {"decode_layers": 1}], ids=["sample", "layers"])
 @pytest.mark.parametrize("per_layer", [False, True], ids=["whole", "per-layer"])
-def test_fault_tolerance_changes_no_output_and_finds_a_flipped_bit(per_layer, seed):
+def test_fault_tolerance_changes_no_output_and_finds_a_flipped_bit(per_layer, check, seed):
     """The same prefill and steps with fault tolerance off and on (every block verified in
-    each step): bit-identical outputs, both checked against the reference, no false alarm;
-    then one flipped bit of a sealed block is reported by ``check`` after the next step,
-    naming the block and the sequence's token range, and the block is quarantined."""
+    each step, or one whole layer of two a step inside the decode): bit-identical outputs,
+    both checked against the reference, no false alarm; then one flipped bit of a sealed
+    block's layer 1 is reported by ``check`` after the next step (layer 1's turn), naming
+    the block and the sequence's token range, and the block is quarantined."""
     from hexcore import HexcoreConfigError, HexcoreCorruptionError
 
     runs = {}
-    for faults in (False, {"policy": "always", "max_verify_blocks": 8}):
+    for faults in (False, {**check, "max_verify_blocks": 8}):
         engine, mirror, rng = make_engine("int4", fault_tolerance=faults), Mirror(), np.random.default_rng(seed)
         seqs = [engine.add(), engine.add()]
         for seq, n in zip(seqs, (40, 17)):
