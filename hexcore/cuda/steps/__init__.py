@@ -5,7 +5,7 @@ launches bound to static buffers (``step``), and CUDA-graph capture and replay
 from __future__ import annotations
 
 from .graph import DecodeGraph, StepViews
-from .step import DecodeStep, StepBuffers
+from .step import DecodeStep, PhaseStep, StepBuffers
 from .verify import StepVerify, VerifyResults
 
-__all__ = ["DecodeGraph", "DecodeStep", "StepBuffers", "StepVerify", "StepViews", "VerifyResults"]
+__all__ = ["DecodeGraph", "DecodeStep", "PhaseStep", "StepBuffers", "StepVerify", "StepViews", "VerifyResults"]
