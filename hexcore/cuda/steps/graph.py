@@ -101,7 +101,7 @@ class DecodeGraph:
         checked_scale(scale, store.config.head_dim)  # (None stays None: each launch takes 1/sqrt(head_dim))
         options = resolved_options(options)
         max_verify_blocks = _positive("max_verify_blocks", max_verify_blocks, MAX_CAPACITY)
-        if verify_sums is None and (verify_heads is not None or not isinstance(verify_layers, int) or verify_layers):
+        if verify_sums is None and (verify_heads is not None or verify_layers != 0):
             raise HexcoreInvalidArgumentError("verify_heads, verify_layers: checking layers in turn needs verify_sums")
         verify = None if verify_sums is None else StepVerify(store, verify_sums, max_verify_blocks, verify_heads,
                                                              verify_layers)
