@@ -88,12 +88,13 @@ def run_dtype(dtype: str, rng, only_new: bool = False) -> None:
 
 
 def run_verify_decode(store, tables, rng) -> None:
-    """The head-digest RECORD kernel (a -1 padding row), then the decode kernel's verify
-    variant checking every sealed block (one split and many): no mismatch, and the same
-    output as the plain kernel."""
+    """The head-digest RECORD kernel (a -1 padding row; all layers, then the last alone),
+    then the decode kernel's verify variant checking every sealed block (one split and
+    many): no mismatch, and the same output as the plain kernel."""
     cfg = store.config
     head_sums = cuda.to_device(np.zeros((store.num_blocks, cfg.num_layers, cfg.num_kv_heads), np.uint32))
     record_head_sums(store, cuda.to_device(np.array([5, -1, 6], np.int32)), head_sums)
+    record_head_sums(store, cuda.to_device(np.array([-1, 6], np.int32)), head_sums, layer=cfg.num_layers - 1)
     verify = DecodeVerify(head_sums, cuda.to_device(np.array([1, 0], np.int32)),
                           cuda.to_device(np.zeros(1, np.uint32)), cuda.to_device(np.zeros((4, 2), np.int32)))
     q = rng.standard_normal((2, 8, 128)).astype(np.float16)
