@@ -284,7 +284,11 @@ class FaultTolerantKVCache:
         blocks with ``(block_id + call) % sample_every == 0``), less the step's own seals
         (their digests are recorded by that step), blocks never recorded and blocks known
         bad (:meth:`graph_step` reports those): int32 ``[n]``, distinct. Changes nothing
-        (:meth:`graph_step` counts the call)."""
+        (:meth:`graph_step` counts the call). None with ``decode_layers`` (whole layers are
+        checked inside the decode; ``policy`` and ``sample_every`` then apply to
+        :meth:`verify` only)."""
+        if self.decode_layers:
+            return np.zeros(0, np.int32)
         return self._sample(result, self._calls + 1)[0]
 
     def graph_step(self, graph, result, fork_src=None, fork_dst=None, stream=None):
@@ -312,7 +316,7 @@ class FaultTolerantKVCache:
     def _graph_call(self, call, graph, result, fork_src, fork_dst, stream):
         if graph.phases:  # whole layers in the decode: no sample; unrecorded blocks recorded first
             ids, known, unrecorded = self._table_blocks(result)
-            self._record_now(unrecorded, stream)
+            self._record_now(unrecorded, graph._resolve(stream))  # (the step's stream)
         else:
             ids, known = self._sample(result, self._calls + 1)
         if ids.size > graph.max_verify_blocks:
@@ -330,7 +334,8 @@ class FaultTolerantKVCache:
             self._layer_checks += self._table_count * len(graph.checked_layers(phase))
             self._stats["blocks_verified"] += self._layer_checks // self.config.num_layers
             self._layer_checks %= self.config.num_layers
-        self._stats["blocks_verified"] += int(ids.size) + len(known)
+        else:
+            self._stats["blocks_verified"] += int(ids.size) + len(known)
         if result.num_sealed:
             self._mark_recorded(result.seal_blocks)
         return done
@@ -595,8 +600,9 @@ class FaultTolerantKVCache:
             layers = np.flatnonzero(out[r]).tolist()
             if b not in self._bad:
                 self._stats["corruptions_found"] += 1
-            self._bad[b] = layers
+            self._bad[b] = sorted(set(self._bad.get(b, [])) | set(layers))
             self.cache.quarantine_block(b)  # never handed out again, nor matched by a later admission
+            self._record_heads(np.array([b], np.int32), None)  # (known now: decodes stop re-finding it)
         self._add_blocks(report, [int(ids[r]) for r in rows.tolist() if ids[r] >= 0])
         report.guards = [self.store.guard_names[g] for g in np.flatnonzero(bad_guards).tolist()]
         self._stats["canary_violations"] += len(report.guards)

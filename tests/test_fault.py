@@ -634,6 +634,11 @@ def test_layers_in_turn_refuse_bad_input(seed):
         with pytest.raises(HexcoreInvalidArgumentError, match=text):
             DecodeGraph(store, 1, cache.max_blocks_per_seq, backend="eager", **kwargs)
     rig.step()
+    result = cache.step(np.array(rig.seq_ids, np.int32))
+    phase = rig.graph.phase
+    with pytest.raises(HexcoreInvalidArgumentError, match="takes no verify_blocks"):
+        rig.graph.step(result.block_tables, result.seq_lens, result.tail_slots, verify_blocks=np.array([0], np.int32))
+    assert rig.graph.phase == phase and rig.ft.sample_step(result).size == 0
     step = rig.graph._steps[next(iter(rig.graph._steps))]
     for phase in (2, -1, None, 0.5):
         with pytest.raises(HexcoreInvalidArgumentError, match="phase"):

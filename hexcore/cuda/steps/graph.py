@@ -271,6 +271,9 @@ class DecodeGraph:
             raise HexcoreInvalidArgumentError("verify_blocks: this DecodeGraph was made without verify_sums")
         indices = check_step(self.store, self.max_blocks_per_seq, block_tables, seq_lens, tail_slots, positions,
                              seal_slots, seal_blocks, fork_src, fork_dst, verify_blocks)
+        if indices.verify_blocks.shape[0] and self.phases:
+            raise HexcoreInvalidArgumentError("verify_blocks: this DecodeGraph checks whole layers in turn "
+                                              "(verify_layers); it takes no verify_blocks")
         if indices.verify_blocks.shape[0] > self.max_verify_blocks:
             raise HexcoreInvalidArgumentError(f"verify_blocks: {indices.verify_blocks.shape[0]} ids exceed "
                                               f"max_verify_blocks {self.max_verify_blocks}")

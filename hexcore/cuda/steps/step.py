@@ -202,8 +202,9 @@ class DecodeStep:
         self._seal = buffers.seal(buffers.bucket)
         verify = buffers.verify is not None
         self._record = buffers.record_launch(buffers.bucket) if verify else None
-        self._verify = buffers.verify_launch(buffers.verify.capacity) if verify else None
         self.phases = buffers.verify.phases if verify else 0
+        # (whole layers in turn send no ids to the checksum VERIFY launch: none is made)
+        self._verify = buffers.verify_launch(buffers.verify.capacity) if verify and not self.phases else None
         self._heads = buffers.head_record_launch(buffers.bucket) if self.phases else None
         self._checked: dict = {}  # layer -> its decode launch with the verify variant (made at first use)
         self._at: dict = {}  # phase -> PhaseStep
