@@ -530,10 +530,7 @@ class FaultTolerantKVCache:
                            np.ascontiguousarray(result.seal_blocks), self._stamps, self._stamp, call, every,
                            self._sampled)
         ids = self._sampled[:n].copy()
-        known = np.zeros(n, bool)
-        if self.cache.num_quarantined_blocks or self._lost or self._bad:
-            known = self.cache.block_states()[ids] == BlockState.QUARANTINED
-            known |= np.isin(ids, list(self._lost) + list(self._bad))
+        known = self._known(ids)
         return ids[~known & self.recorded[ids]], ids[known].tolist()
 
     def _table_blocks(self, result) -> tuple:
@@ -545,11 +542,15 @@ class FaultTolerantKVCache:
                            np.ascontiguousarray(result.seal_blocks), self._stamps, self._stamp, 0, 1, self._sampled)
         ids = self._sampled[:n]
         self._table_count = n
-        known = np.zeros(n, bool)
-        if self.cache.num_quarantined_blocks or self._lost or self._bad:
-            known = self.cache.block_states()[ids] == BlockState.QUARANTINED
-            known |= np.isin(ids, list(self._lost) + list(self._bad))
+        known = self._known(ids)
         return ids[:0].copy(), ids[known].tolist(), ids[~known & ~self.recorded[ids]].copy()
+
+    def _known(self, ids) -> np.ndarray:
+        """bool ``[n]``: which of ``ids`` are known bad (quarantined, found, or lost awaiting a refill)."""
+        if not (self.cache.num_quarantined_blocks or self._lost or self._bad):
+            return np.zeros(ids.size, bool)
+        known = self.cache.block_states()[ids] == BlockState.QUARANTINED
+        return known | np.isin(ids, list(self._lost) + list(self._bad))
 
     def _record_now(self, ids, stream) -> None:
         """Launch the records of ``ids`` (digests and head digests) without marking them

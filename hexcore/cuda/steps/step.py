@@ -208,12 +208,7 @@ class DecodeStep:
         self._heads = buffers.head_record_launch(buffers.bucket) if self.phases else None
         self._checked: dict = {}  # layer -> its decode launch with the verify variant (made at first use)
         self._at: dict = {}  # phase -> PhaseStep
-        self._decode = []
-        for layer in range(cfg.num_layers):
-            launch, _ = decode_launch(buffers.q[layer], store, layer, self.block_tables, rows["seq_lens"],
-                                      rows["tail_slots"], buffers.out[layer], scale, max_seq_len, options, workspace,
-                                      prepared=True)
-            self._decode.append(prepare_decode(launch, options))
+        self._decode = [self._layer_decode(layer) for layer in range(cfg.num_layers)]
         self._layers: dict = {}
 
     def at(self, phase: int | None) -> DecodeStep | PhaseStep:
@@ -275,13 +270,18 @@ class DecodeStep:
         checked against the head digests), made at first use."""
         found = self._checked.get(layer)
         if found is None:
-            scale, options, workspace = self._decode_args
-            b = self.buffers
-            launch, _ = decode_launch(b.q[layer], self.store, layer, self.block_tables, b.rows["seq_lens"],
-                                      b.rows["tail_slots"], b.out[layer], scale, self.max_seq_len, options, workspace,
-                                      b.verify.decode_verify, prepared=True)
-            found = self._checked[layer] = prepare_decode(launch, options)
+            found = self._checked[layer] = self._layer_decode(layer, self.buffers.verify.decode_verify)
         return found
+
+    def _layer_decode(self, layer: int, verify=None) -> PreparedLaunch:
+        """Layer ``layer``'s prepared decode over the buffers (the verify variant with a
+        ``DecodeVerify``)."""
+        scale, options, workspace = self._decode_args
+        b = self.buffers
+        launch, _ = decode_launch(b.q[layer], self.store, layer, self.block_tables, b.rows["seq_lens"],
+                                  b.rows["tail_slots"], b.out[layer], scale, self.max_seq_len, options, workspace,
+                                  verify, prepared=True)
+        return prepare_decode(launch, options)
 
     @staticmethod
     def _rows(name: str, value, high: int) -> int | None:

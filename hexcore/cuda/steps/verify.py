@@ -108,6 +108,7 @@ class StepVerify:
         verify variant: ``[phase * k, (phase + 1) * k)`` clipped to L; none for None."""
         if phase is None or not self.phases:
             return range(0)
+        phase = as_int("phase", phase, 0, self.phases - 1)
         k = self.layers_per_step
         return range(phase * k, min((phase + 1) * k, self.store.config.num_layers))
 
