@@ -154,6 +154,9 @@ class FaultTolerantKVCache:
         self.recorded = np.zeros(cache.num_blocks, bool)
         self.head_sums = None if not self.decode_layers else cuda.to_device(
             np.zeros((cache.num_blocks, L, self.config.num_kv_heads), np.uint32))
+        # [block_id] -> the phase of whole-layer checks the block needs next (it has had the
+        # ones before it this round): a graph step runs the phase most of its blocks need
+        self._next_phase = np.zeros(cache.num_blocks, np.int32)
         self._layer_checks = 0  # (block, layer) checks inside decodes not yet counted as whole blocks
         self._table_count = 0  # distinct blocks of the last graph step's tables (less its seals)
         self._out = cuda.device_array((cache.num_blocks, L), np.uint32)  # [item, layer] launch results
@@ -291,6 +294,29 @@ class FaultTolerantKVCache:
             return np.zeros(0, np.int32)
         return self._sample(result, self._calls + 1)[0]
 
+    @property
+    def phases(self) -> int:
+        """Graph steps in a round of whole-layer checks, ``ceil(L / decode_layers)`` (0 without)."""
+        return -(-self.config.num_layers // self.decode_layers) if self.decode_layers else 0
+
+    def step_phase(self, result) -> int | None:
+        """The phase of whole-layer checks a graph step of ``result`` (a ``StepResult``) would
+        run now: the phase most of its tables' blocks need next. Each block needs the
+        phases in turn and moves on when a step runs the one it needs, so a batch stepped
+        on its own, or beside other batches in any order, has every layer of its blocks
+        checked within ``phases`` of its steps; a block in the minority of a step waits
+        until the majority's turn reaches its phase (its group then joins the majority's).
+        None without ``decode_layers``. Changes nothing."""
+        if not self.decode_layers:
+            return None
+        self._table_blocks(result)
+        return self._phase_of(self._sampled[:self._table_count])
+
+    def _phase_of(self, blocks) -> int:
+        """The phase most of ``blocks`` (a step's distinct table blocks) need next; with
+        none, the step count's turn."""
+        return int(_needed_phase(self._next_phase, blocks, self.phases, self._calls % self.phases))
+
     def graph_step(self, graph, result, fork_src=None, fork_dst=None, stream=None):
         """``graph.step`` for ``result`` (a ``StepResult`` of the block manager), with the
         blocks :meth:`sample_step` picks as ``verify_blocks``; returns the step's ``out``.
@@ -314,9 +340,9 @@ class FaultTolerantKVCache:
         return self._graph_call(graph.load, graph, result, fork_src, fork_dst, stream)
 
     def _graph_call(self, call, graph, result, fork_src, fork_dst, stream):
-        if graph.phases:  # whole layers in the decode: no sample; unrecorded blocks recorded first
-            ids, known, unrecorded = self._table_blocks(result)
-            self._record_now(unrecorded, graph._resolve(stream))  # (the step's stream)
+        layered = None
+        if graph.phases:  # whole layers in the decode: no sample
+            ids, known, layered = self._layered_step(graph, result, fork_src, fork_dst, stream)
         else:
             ids, known = self._sample(result, self._calls + 1)
         if ids.size > graph.max_verify_blocks:
@@ -324,28 +350,53 @@ class FaultTolerantKVCache:
                 f"graph: the policy samples {ids.size} blocks, more than its max_verify_blocks "
                 f"{graph.max_verify_blocks}; make the graph with a larger max_verify_blocks")
         seals = {"seal_slots": result.seal_slots, "seal_blocks": result.seal_blocks} if result.num_sealed else {}
+        if layered is not None:
+            seals["phase"] = layered[2]
         done = call(result.block_tables, result.seq_lens, result.tail_slots, fork_src=fork_src, fork_dst=fork_dst,
                     stream=stream, verify_blocks=ids, **seals)
         self._calls += 1  # (after the call: bad input changed nothing)
         self._graph_known.update(known)
-        if graph.phases:
-            self._mark_recorded(unrecorded)
-            ids, phase = ids[:0], (graph.phase - 1) % graph.phases  # (the step just run)
-            self._layer_checks += self._table_count * len(graph.checked_layers(phase))
-            self._stats["blocks_verified"] += self._layer_checks // self.config.num_layers
-            self._layer_checks %= self.config.num_layers
+        if layered is not None:
+            self._layers_checked(graph, *layered)
         else:
             self._stats["blocks_verified"] += int(ids.size) + len(known)
         if result.num_sealed:
             self._mark_recorded(result.seal_blocks)
         return done
 
+    def _layered_step(self, graph, result, fork_src, fork_dst, stream) -> tuple:
+        """Before a step that checks whole layers: (no ids, known-bad ids, (unrecorded
+        blocks, the step's table blocks, its phase)); the unrecorded blocks' records
+        launched on the step's stream once the step's input is checked (bad input changes
+        nothing)."""
+        ids, known, unrecorded = self._table_blocks(result)
+        blocks = self._sampled[:self._table_count].copy()
+        phase = self._phase_of(blocks)
+        if unrecorded.size:
+            sealed = result.num_sealed > 0
+            graph._checked(result.block_tables, result.seq_lens, result.tail_slots, None,
+                           result.seal_slots if sealed else None, result.seal_blocks if sealed else None,
+                           fork_src, fork_dst, None)
+            self._record_now(unrecorded, graph._resolve(stream))
+        return ids, known, (unrecorded, blocks, phase)
+
+    def _layers_checked(self, graph, unrecorded, blocks, phase) -> None:
+        """After a step of ``phase``: its unrecorded blocks recorded, the blocks that needed
+        the phase on to the next, ``blocks_verified`` counted (one block per L checks)."""
+        self._mark_recorded(unrecorded)
+        _advance_phase(self._next_phase, blocks, phase, self.phases)
+        self._layer_checks += self._table_count * len(graph.checked_layers(phase))
+        self._stats["blocks_verified"] += self._layer_checks // self.config.num_layers
+        self._layer_checks %= self.config.num_layers
+
     def check_graph(self, graph, stream=None) -> None:
         """Raise HexcoreCorruptionError (``report`` as :meth:`verify`'s) for what the graph
         steps since the last call found: blocks whose digests differ (quarantined at once),
         sampled blocks already known bad, overwritten canaries. Synchronises ``stream``;
-        one 8-byte read when all is well. The mismatch list holds the first 1024
-        (block, layer) pairs between two calls: call it every step or every few."""
+        one 8-byte read when all is well. The device lists the first 1024 mismatches between
+        two calls (with ``decode_layers``, one per decode item that read a bad block: a
+        shared block fills many rows); when more were counted, every recorded block in use
+        is checked again (one checksum launch), so every bad block is named."""
         self._own_graph(graph)
         results = graph.verify_results(stream)
         known, self._graph_known = sorted(self._graph_known), set()
@@ -354,6 +405,8 @@ class FaultTolerantKVCache:
         out = np.zeros((ids.size, L), np.uint32)
         out[np.searchsorted(ids, results.found[:, 0]), results.found[:, 1]] = 1
         report = self._report(ids, out, results.guard_bad)
+        if results.mismatches > results.found.shape[0]:  # the list overflowed: the rest found by a whole check
+            self._add_blocks(report, self._check(self._candidates(), stream, raise_guards=False).block_ids)
         self._add_blocks(report, [b for b in known if b not in report.block_ids])
         _raise_if_bad(report)
 
@@ -560,12 +613,19 @@ class FaultTolerantKVCache:
             self._record_heads(ids, stream)
 
     def _own_graph(self, graph) -> None:
-        """Raise unless ``graph`` is a DecodeGraph verifying against ``self.sums``."""
+        """Raise unless ``graph`` is a DecodeGraph verifying against ``self.sums`` (and
+        ``self.head_sums``, checking ``decode_layers`` layers a step, or none)."""
         from .cuda.steps import DecodeGraph
 
         if not isinstance(graph, DecodeGraph) or graph.verify_sums is not self.sums:
             raise HexcoreInvalidArgumentError(f"graph: expected a DecodeGraph verifying against this cache's sums "
                                               f"(FaultTolerantKVCache.decode_graph), got {type(graph).__name__}")
+        layers = graph._verify.layers_per_step
+        if graph.verify_heads is not self.head_sums or layers != self.decode_layers:
+            raise HexcoreInvalidArgumentError(
+                f"graph: checks {layers} layer(s) a step against {'other' if layers else 'no'} head digests; this "
+                f"cache checks decode_layers {self.decode_layers} against its own head_sums "
+                "(FaultTolerantKVCache.decode_graph)")
 
     def _tables_of(self, seq_ids) -> np.ndarray:
         """The distinct block ids of the tables of ``seq_ids`` (int32 [B] of live sequences)."""
@@ -678,6 +738,27 @@ def _sample_tables(tables, seq_lens, block_size, exclude, stamps, stamp, call, e
                 out[n] = b
                 n += 1
     return n
+
+
+@numba.njit(cache=True)
+def _needed_phase(next_phase, blocks, phases, default):
+    """The phase most of ``blocks`` (a step's distinct blocks) need next, by ``next_phase``
+    (int32 ``[num_blocks]``, each in ``[0, phases)``; the lowest of a tie); ``default``
+    for no blocks."""
+    if blocks.shape[0] == 0:
+        return default
+    counts = np.zeros(phases, np.int64)
+    for b in blocks:
+        counts[next_phase[b]] += 1
+    return np.argmax(counts)
+
+
+@numba.njit(cache=True)
+def _advance_phase(next_phase, blocks, phase, phases):
+    """After a step of ``phase``: the ``blocks`` that needed it need the next one."""
+    for b in blocks:
+        if next_phase[b] == phase:
+            next_phase[b] = (phase + 1) % phases
 
 
 def _step_check(ids, max_len, name: str = "seq_ids") -> None:

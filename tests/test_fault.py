@@ -650,6 +650,91 @@ def test_layers_in_turn_refuse_bad_input(seed):
     assert plain.phase is None and plain.checked_layers(None) == range(0)
 
 
+def test_layers_in_turn_follow_each_block_when_batches_take_turns(seed, monkeypatch):
+    """Two batches stepped in turn ([a], [b], [a], ...: pipelined micro-batches) over 2
+    phases: each batch's blocks still get every phase (a step count alone would give [a]
+    phase 0 forever), so a flip in layer 1 of a's block is found by a's second step; a
+    step of both takes the phase most of their blocks need."""
+    rig = GraphRig(seed, True, lens=(40, 40), cfg=CFG, decode_layers=1, buckets=(2,))
+    a, b = rig.seq_ids
+    bad = int(rig.cache.block_table(a)[0])
+    rig.ft.flip_bit("k_codes", 1, bad, 40, 3)
+    phases, graph_step = [], rig.ft.graph_step
+
+    def spied(graph, result, *args, **kwargs):  # the phase step_phase promises, then the step
+        phases.append(rig.ft.step_phase(result))
+        return graph_step(graph, result, *args, **kwargs)
+
+    monkeypatch.setattr(rig.ft, "graph_step", spied)
+    for batch in ([a], [b], [a]):
+        rig.step(batch)
+        status = rig.ft.try_check_graph(rig.graph)
+        if len(phases) < 3:
+            assert status is Status.OK, rig.ft.last_report
+    assert phases == [0, 0, 1] and rig.graph.phase == 1  # (the graph's own count: 3 steps)
+    assert status is Status.CORRUPTED and rig.ft.last_report.layers == {bad: [1]}
+    result = rig.cache.step(np.array([a, b], np.int32))  # a's blocks need 0, b's 1: a tie, the lower
+    assert rig.ft.step_phase(result) == 0 and rig.ft.phases == 2
+
+
+def test_layers_in_turn_refuse_a_graph_of_other_head_digests_and_change_nothing_on_bad_input(seed):
+    from hexcore.cuda import DecodeGraph
+    from numba import cuda
+
+    rig = GraphRig(seed, True, cfg=CFG, decode_layers=1)
+    ft, cache, store = rig.ft, rig.cache, rig.store
+    heads = cuda.to_device(np.zeros_like(ft.head_sums.copy_to_host()))
+    plain_ft = FaultTolerantKVCache(cache, store)
+    for owner, kwargs in ((ft, dict(verify_heads=heads, verify_layers=1)),
+                          (ft, dict(verify_heads=ft.head_sums, verify_layers=2)),
+                          (plain_ft, dict(verify_heads=heads, verify_layers=1))):
+        graph = DecodeGraph(store, 1, cache.max_blocks_per_seq, backend="eager", verify_sums=owner.sums, **kwargs)
+        with pytest.raises(HexcoreInvalidArgumentError, match="head digests"):
+            owner.graph_step(graph, cache.step(np.array(rig.seq_ids, np.int32)))
+    assert rig.graph.verify_heads is ft.head_sums
+    c = cache.add_sequence()
+    from tests.cuda.steps.test_graph import prefill
+
+    prefill(cache, store, c, 33, rig.rng)  # unrecorded: a graph step would record it first
+    result = cache.step(np.array(rig.seq_ids + [c], np.int32))
+    before = (ft.sums.copy_to_host(), ft.head_sums.copy_to_host(), ft.recorded.copy(), ft._next_phase.copy())
+    with pytest.raises(HexcoreInvalidArgumentError, match="fork_src"):
+        ft.graph_step(rig.graph, result, fork_src=np.array([99], np.int32), fork_dst=np.array([0], np.int32))
+    after = (ft.sums.copy_to_host(), ft.head_sums.copy_to_host(), ft.recorded, ft._next_phase)
+    assert all(np.array_equal(x, y) for x, y in zip(before, after))
+    for value in (False, 0.0, None, "0", True):
+        with pytest.raises(HexcoreInvalidArgumentError, match="verify_layers"):
+            DecodeGraph(store, 1, cache.max_blocks_per_seq, backend="eager", verify_layers=value)
+    with pytest.raises(HexcoreInvalidArgumentError, match="checks no layers in turn"):
+        plain_ft.decode_graph(1, backend="eager").step(result.block_tables, result.seq_lens, result.tail_slots, phase=0)
+    for value in (2, -1, True, 0.5):
+        with pytest.raises(HexcoreInvalidArgumentError, match="phase"):
+            rig.graph.step(result.block_tables, result.seq_lens, result.tail_slots, phase=value)
+
+
+def test_layers_in_turn_name_every_bad_block_when_the_found_list_overflows(seed, monkeypatch):
+    """One bad block read by every item of four forks fills the device's found list (cut to
+    2 rows here); check_graph then checks every recorded block and names the second bad
+    block too."""
+    from hexcore.cuda.steps import verify
+
+    monkeypatch.setattr(verify, "FOUND", 2)
+    rig = GraphRig(seed, True, lens=(40,), cfg=CFG, decode_layers=2, buckets=(4,), max_seqs=6)
+    a = rig.seq_ids[0]
+    rig.seq_ids += [rig.cache.fork_sequence(a) for _ in range(3)]
+    first, second = (int(x) for x in rig.cache.block_table(a)[:2])
+    rig.ft.flip_bit("v_codes", 0, first, 7, 2)
+    rig.ft.flip_bit("k_codes", 1, second, 9, 0)
+    rig.step()
+    assert rig.graph._verify.found.shape[0] == 2
+    with pytest.raises(HexcoreCorruptionError) as caught:
+        rig.ft.check_graph(rig.graph)
+    assert sorted(caught.value.report.block_ids) == [first, second]
+    assert rig.ft.last_report.layers == {first: [0], second: [1]}
+    assert sorted(caught.value.report.seq_ids) == sorted(rig.seq_ids)
+    rig.ft.check_invariants()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["torch", "driver"])
 @pytest.mark.parametrize("dtype", ["fp16", "int4", "int2"])

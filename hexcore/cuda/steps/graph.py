@@ -101,8 +101,10 @@ class DecodeGraph:
         checked_scale(scale, store.config.head_dim)  # (None stays None: each launch takes 1/sqrt(head_dim))
         options = resolved_options(options)
         max_verify_blocks = _positive("max_verify_blocks", max_verify_blocks, MAX_CAPACITY)
-        if verify_sums is None and (verify_heads is not None or verify_layers != 0):
-            raise HexcoreInvalidArgumentError("verify_heads, verify_layers: checking layers in turn needs verify_sums")
+        verify_layers = as_int("verify_layers", verify_layers, 0, cfg.num_layers)
+        if verify_sums is None and (verify_heads is not None or verify_layers):
+            raise HexcoreInvalidArgumentError(f"verify_heads, verify_layers ({verify_layers}): checking layers in "
+                                              "turn needs verify_sums")
         verify = None if verify_sums is None else StepVerify(store, verify_sums, max_verify_blocks, verify_heads,
                                                              verify_layers)
         self.store, self.num_q_heads, self.max_blocks_per_seq, self.scale = store, num_q_heads, max_blocks_per_seq, scale
@@ -121,6 +123,11 @@ class DecodeGraph:
     def verify_sums(self):
         """The recorded digests this graph verifies against (device array), or None."""
         return None if self._verify is None else self._verify.sums
+
+    @property
+    def verify_heads(self):
+        """The recorded head digests the decode checks whole layers against (device array), or None."""
+        return None if self._verify is None else self._verify.head_sums
 
     @property
     def max_verify_blocks(self) -> int:
@@ -142,8 +149,18 @@ class DecodeGraph:
 
     @property
     def phase(self) -> int | None:
-        """The phase of the next step (None without whole-layer checks)."""
+        """The phase of the next step in turn (None without whole-layer checks)."""
         return self._steps_run % self.phases if self.phases else None
+
+    def _phase(self, phase) -> int | None:
+        # a step's phase: ``phase`` checked (an int in [0, phases), only with whole-layer
+        # checks), or the next in turn for None
+        if phase is None:
+            return self.phase
+        if not self.phases:
+            raise HexcoreInvalidArgumentError(f"phase: {phase!r:.40} given, but this DecodeGraph checks no layers "
+                                              "in turn (verify_layers 0)")
+        return as_int("phase", phase, 0, self.phases - 1)
 
     def checked_layers(self, phase: int | None) -> range:
         """The layers a step of ``phase`` decodes with the verify variant (none for None)."""
@@ -178,7 +195,7 @@ class DecodeGraph:
         return self._bucket(batch).views(batch)
 
     def step(self, block_tables, seq_lens, tail_slots, positions=None, seal_slots=None, seal_blocks=None,
-             fork_src=None, fork_dst=None, stream=None, verify_blocks=None):
+             fork_src=None, fork_dst=None, stream=None, verify_blocks=None, phase=None):
         """One decode step: fork copies, append, seal, then attention for every layer.
 
         Parameters (host numpy int32, as ``PagedKVCache.step`` gives them)
@@ -196,19 +213,25 @@ class DecodeGraph:
             ``verify_sums`` (n <= ``max_verify_blocks``; not this step's ``seal_blocks``,
             whose digests are not recorded yet); only on a graph made with ``verify_sums``.
             Read the outcome with :meth:`verify_results`.
+        phase : with ``verify_layers``, the phase of whole-layer checks this step runs (an
+            int in [0, ``phases``); ``checked_layers(phase)`` are decoded by the verify
+            variant); None (the default): the next in turn, ``graph.phase``. A caller that
+            steps several batches in turn picks each batch's own (``FaultTolerantKVCache``
+            does, per block), or a batch stepped every other step may never see some phases.
 
         Returns ``out`` of ``buffers(B)``. Bad input raises HexcoreInvalidArgumentError
         before anything is enqueued.
         """
         indices = self._checked(block_tables, seq_lens, tail_slots, positions, seal_slots, seal_blocks, fork_src,
                                 fork_dst, verify_blocks)
+        phase = self._phase(phase)
         batch = indices.seq_lens.shape[0]
         resolved = self._resolve(stream)
         if batch > self.batch_buckets[-1]:
-            out = self._eager_step(indices, resolved, self.phase)
+            out = self._eager_step(indices, resolved, phase)
             self._steps_run += 1
             return out
-        launches = self._load(indices, resolved, phase=self.phase)
+        launches = self._load(indices, resolved, phase=phase)
         graph = self._graphs.get(launches.key)
         if graph is None:  # eager, and the warm-up of a capture (which must launch everything)
             eager = self.backend == "eager"
@@ -227,7 +250,7 @@ class DecodeGraph:
         return self._buckets[launches.key[0]].views(batch).out
 
     def load(self, block_tables, seq_lens, tail_slots, positions=None, seal_slots=None, seal_blocks=None,
-             fork_src=None, fork_dst=None, stream=None, verify_blocks=None) -> DecodeStep | PhaseStep:
+             fork_src=None, fork_dst=None, stream=None, verify_blocks=None, phase=None) -> DecodeStep | PhaseStep:
         """``step`` without the attention: copy the step's index arrays into its bucket's
         buffer and run its fork copies on ``stream``; returns the :class:`DecodeStep`
         (a :class:`PhaseStep` when checking layers in turn: this step's phase) whose
@@ -236,11 +259,12 @@ class DecodeGraph:
         step (the next one takes the next phase)."""
         indices = self._checked(block_tables, seq_lens, tail_slots, positions, seal_slots, seal_blocks, fork_src,
                                 fork_dst, verify_blocks)
+        phase = self._phase(phase)
         batch = indices.seq_lens.shape[0]
         if batch > self.batch_buckets[-1]:
             raise HexcoreInvalidArgumentError(f"seq_lens: batch {batch} exceeds the largest bucket "
                                               f"{self.batch_buckets[-1]} (step() runs such batches eagerly)")
-        launches = self._load(indices, self._resolve(stream), phase=self.phase)
+        launches = self._load(indices, self._resolve(stream), phase=phase)
         self._steps_run += 1
         return launches
 
