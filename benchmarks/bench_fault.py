@@ -245,7 +245,34 @@ def sample_rows(batch: int = 64, ctx: int = 4096, calls: int = 2000) -> list[dic
         times.sort()
         rows.append(dict(op=f"sample_step {policy} 1-in-{every}", items=f"B={batch} ctx={ctx}: {n} blocks",
                          us=statistics.median(times) / 1e3, p99_us=times[int(0.99 * calls)] / 1e3))
-    return rows
+    return rows + [_phase_row(batch, ctx, calls)]
+
+
+def _phase_row(batch: int, ctx: int, calls: int) -> dict:
+    """Host time a step with ``decode_layers=2`` (32 layers) adds: its tables' distinct
+    blocks, the phase they need (``step_phase``) and its credit to them."""
+    from hexcore import FaultTolerantKVCache, PagedKVCache
+    from hexcore.cuda import DeviceKVStore
+    from hexcore.fault import _credit_phase
+
+    cfg = KVCacheConfig(num_layers=32, num_kv_heads=1, head_dim=64, block_size=BS, kv_dtype="fp16")
+    num_blocks = batch * (ctx // BS + 2)
+    cache, store = PagedKVCache(cfg, num_blocks, batch), DeviceKVStore(cfg, num_blocks, batch)
+    ids = np.array([cache.add_sequence() for _ in range(batch)], np.int32)
+    for s in ids.tolist():
+        cache.grow_sequence(s, ctx - 1)
+    ft = FaultTolerantKVCache(cache, store, decode_layers=2)
+    result = cache.step(ids, np.full(batch, ctx, np.int32))
+    result.raise_for_status()
+    times = []
+    for call in range(calls):
+        t0 = time.perf_counter_ns()
+        phase = ft.step_phase(result)
+        _credit_phase(ft._missing, ft._round_start, ft._sampled[:ft._table_count], phase, ft._full_round, call + 1)
+        times.append(time.perf_counter_ns() - t0)
+    times.sort()
+    return dict(op="step_phase + credit, decode_layers 2 of 32", items=f"B={batch} ctx={ctx}: {ft._table_count} blocks",
+                us=statistics.median(times) / 1e3, p99_us=times[int(0.99 * calls)] / 1e3)
 
 
 def _fill_view(view, host) -> None:

@@ -154,9 +154,15 @@ class FaultTolerantKVCache:
         self.recorded = np.zeros(cache.num_blocks, bool)
         self.head_sums = None if not self.decode_layers else cuda.to_device(
             np.zeros((cache.num_blocks, L, self.config.num_kv_heads), np.uint32))
-        # [block_id] -> the phase of whole-layer checks the block needs next (it has had the
-        # ones before it this round): a graph step runs the phase most of its blocks need
-        self._next_phase = np.zeros(cache.num_blocks, np.int32)
+        # whole-layer check rounds: missing [block_id, word] -> bit p set while the block's
+        # layers of phase p are unchecked this round; round_start [block_id] -> the layered
+        # step count when its round began (a graph step runs a phase the block of its tables
+        # whose round began first still misses; every block it reads is credited)
+        words = -(-self.phases // 64)
+        self._full_round = np.array([_bits(self.phases - 64 * w) for w in range(words)], np.uint64)
+        self._missing = np.tile(self._full_round, (cache.num_blocks, 1))
+        self._round_start = np.zeros(cache.num_blocks, np.int64)
+        self._layered_steps = 0
         self._layer_checks = 0  # (block, layer) checks inside decodes not yet counted as whole blocks
         self._table_count = 0  # distinct blocks of the last graph step's tables (less its seals)
         self._out = cuda.device_array((cache.num_blocks, L), np.uint32)  # [item, layer] launch results
@@ -196,6 +202,9 @@ class FaultTolerantKVCache:
 
     def _mark_recorded(self, ids) -> None:
         self.recorded[ids] = True
+        if self.decode_layers:  # new contents: a new round of whole-layer checks
+            self._missing[ids] = self._full_round
+            self._round_start[ids] = self._layered_steps
         for b in ids.tolist():
             self._bad.pop(b, None)
             self._lost.pop(b, None)
@@ -301,21 +310,18 @@ class FaultTolerantKVCache:
 
     def step_phase(self, result) -> int | None:
         """The phase of whole-layer checks a graph step of ``result`` (a ``StepResult``) would
-        run now: the phase most of its tables' blocks need next. Each block needs the
-        phases in turn and moves on when a step runs the one it needs, so a batch stepped
-        on its own, or beside other batches in any order, has every layer of its blocks
-        checked within ``phases`` of its steps; a block in the minority of a step waits
-        until the majority's turn reaches its phase (its group then joins the majority's).
-        None without ``decode_layers``. Changes nothing."""
+        run now: the first phase still unchecked this round of the step's block whose round
+        began first (each block's round: every phase once, credited by any step that reads
+        the block, whatever batch it is in; a block re-recorded starts a new one). With
+        none, the step count's turn. None without ``decode_layers``. Changes nothing."""
         if not self.decode_layers:
             return None
         self._table_blocks(result)
         return self._phase_of(self._sampled[:self._table_count])
 
     def _phase_of(self, blocks) -> int:
-        """The phase most of ``blocks`` (a step's distinct table blocks) need next; with
-        none, the step count's turn."""
-        return int(_needed_phase(self._next_phase, blocks, self.phases, self._calls % self.phases))
+        """The phase a step of ``blocks`` (its distinct table blocks) runs (``step_phase``)."""
+        return int(_needed_phase(self._missing, self._round_start, blocks, self._layered_steps % self.phases))
 
     def graph_step(self, graph, result, fork_src=None, fork_dst=None, stream=None):
         """``graph.step`` for ``result`` (a ``StepResult`` of the block manager), with the
@@ -329,7 +335,7 @@ class FaultTolerantKVCache:
         Bad input raises HexcoreInvalidArgumentError and changes nothing.
         """
         self._own_graph(graph)
-        return self._graph_call(graph.step, graph, result, fork_src, fork_dst, stream)
+        return self._graph_call(graph.step, graph, result, fork_src, fork_dst, stream, load=False)
 
     def graph_load(self, graph, result, fork_src=None, fork_dst=None, stream=None):
         """:meth:`graph_step` through ``graph.load``: the step's indices (sampled blocks
@@ -337,23 +343,23 @@ class FaultTolerantKVCache:
         ``enqueue(layer, stream)`` an engine captures in its own graph (layer 0 carries the
         verification, the last layer the record of the seals)."""
         self._own_graph(graph)
-        return self._graph_call(graph.load, graph, result, fork_src, fork_dst, stream)
+        return self._graph_call(graph.load, graph, result, fork_src, fork_dst, stream, load=True)
 
-    def _graph_call(self, call, graph, result, fork_src, fork_dst, stream):
+    def _graph_call(self, call, graph, result, fork_src, fork_dst, stream, load):
         layered = None
         if graph.phases:  # whole layers in the decode: no sample
-            ids, known, layered = self._layered_step(graph, result, fork_src, fork_dst, stream)
+            ids, known, layered = self._layered_step(graph, result, fork_src, fork_dst, stream, load)
         else:
             ids, known = self._sample(result, self._calls + 1)
         if ids.size > graph.max_verify_blocks:
             raise HexcoreInvalidArgumentError(
                 f"graph: the policy samples {ids.size} blocks, more than its max_verify_blocks "
                 f"{graph.max_verify_blocks}; make the graph with a larger max_verify_blocks")
-        seals = {"seal_slots": result.seal_slots, "seal_blocks": result.seal_blocks} if result.num_sealed else {}
+        extra = {"seal_slots": result.seal_slots, "seal_blocks": result.seal_blocks} if result.num_sealed else {}
         if layered is not None:
-            seals["phase"] = layered[2]
+            extra["phase"] = layered[2]
         done = call(result.block_tables, result.seq_lens, result.tail_slots, fork_src=fork_src, fork_dst=fork_dst,
-                    stream=stream, verify_blocks=ids, **seals)
+                    stream=stream, verify_blocks=ids, **extra)
         self._calls += 1  # (after the call: bad input changed nothing)
         self._graph_known.update(known)
         if layered is not None:
@@ -364,7 +370,7 @@ class FaultTolerantKVCache:
             self._mark_recorded(result.seal_blocks)
         return done
 
-    def _layered_step(self, graph, result, fork_src, fork_dst, stream) -> tuple:
+    def _layered_step(self, graph, result, fork_src, fork_dst, stream, load) -> tuple:
         """Before a step that checks whole layers: (no ids, known-bad ids, (unrecorded
         blocks, the step's table blocks, its phase)); the unrecorded blocks' records
         launched on the step's stream once the step's input is checked (bad input changes
@@ -376,15 +382,16 @@ class FaultTolerantKVCache:
             sealed = result.num_sealed > 0
             graph._checked(result.block_tables, result.seq_lens, result.tail_slots, None,
                            result.seal_slots if sealed else None, result.seal_blocks if sealed else None,
-                           fork_src, fork_dst, None)
+                           fork_src, fork_dst, None, load)
             self._record_now(unrecorded, graph._resolve(stream))
         return ids, known, (unrecorded, blocks, phase)
 
     def _layers_checked(self, graph, unrecorded, blocks, phase) -> None:
-        """After a step of ``phase``: its unrecorded blocks recorded, the blocks that needed
-        the phase on to the next, ``blocks_verified`` counted (one block per L checks)."""
+        """After a step of ``phase``: its unrecorded blocks recorded, the phase credited to
+        every block it read, ``blocks_verified`` counted (one block per L checks)."""
         self._mark_recorded(unrecorded)
-        _advance_phase(self._next_phase, blocks, phase, self.phases)
+        self._layered_steps += 1
+        _credit_phase(self._missing, self._round_start, blocks, phase, self._full_round, self._layered_steps)
         self._layer_checks += self._table_count * len(graph.checked_layers(phase))
         self._stats["blocks_verified"] += self._layer_checks // self.config.num_layers
         self._layer_checks %= self.config.num_layers
@@ -620,12 +627,12 @@ class FaultTolerantKVCache:
         if not isinstance(graph, DecodeGraph) or graph.verify_sums is not self.sums:
             raise HexcoreInvalidArgumentError(f"graph: expected a DecodeGraph verifying against this cache's sums "
                                               f"(FaultTolerantKVCache.decode_graph), got {type(graph).__name__}")
-        layers = graph._verify.layers_per_step
-        if graph.verify_heads is not self.head_sums or layers != self.decode_layers:
+        layers, heads = graph.verify_layers, graph.verify_heads
+        if heads is not self.head_sums or layers != self.decode_layers:
+            against = "no" if heads is None else ("this cache's" if heads is self.head_sums else "other")
             raise HexcoreInvalidArgumentError(
-                f"graph: checks {layers} layer(s) a step against {'other' if layers else 'no'} head digests; this "
-                f"cache checks decode_layers {self.decode_layers} against its own head_sums "
-                "(FaultTolerantKVCache.decode_graph)")
+                f"graph: checks {layers} layer(s) a step against {against} head digests; this cache checks "
+                f"decode_layers {self.decode_layers} against its own (FaultTolerantKVCache.decode_graph)")
 
     def _tables_of(self, seq_ids) -> np.ndarray:
         """The distinct block ids of the tables of ``seq_ids`` (int32 [B] of live sequences)."""
@@ -740,25 +747,44 @@ def _sample_tables(tables, seq_lens, block_size, exclude, stamps, stamp, call, e
     return n
 
 
+def _bits(n: int) -> int:
+    """A 64-bit word with its lowest ``min(n, 64)`` bits set."""
+    return (1 << min(n, 64)) - 1
+
+
 @numba.njit(cache=True)
-def _needed_phase(next_phase, blocks, phases, default):
-    """The phase most of ``blocks`` (a step's distinct blocks) need next, by ``next_phase``
-    (int32 ``[num_blocks]``, each in ``[0, phases)``; the lowest of a tie); ``default``
-    for no blocks."""
+def _needed_phase(missing, round_start, blocks, default):
+    """The lowest phase still missing this round (``missing`` uint64 ``[num_blocks, W]``,
+    bit ``p % 64`` of word ``p // 64``) of the block among ``blocks`` whose round began
+    first (``round_start``; the first such in ``blocks``); ``default`` for no blocks."""
     if blocks.shape[0] == 0:
         return default
-    counts = np.zeros(phases, np.int64)
+    oldest = blocks[0]
     for b in blocks:
-        counts[next_phase[b]] += 1
-    return np.argmax(counts)
+        if round_start[b] < round_start[oldest]:
+            oldest = b
+    for w in range(missing.shape[1]):
+        word = missing[oldest, w]
+        for bit in range(64):
+            if (word >> np.uint64(bit)) & np.uint64(1):
+                return 64 * w + bit
+    return default  # (unreachable: a finished round starts the next at once)
 
 
 @numba.njit(cache=True)
-def _advance_phase(next_phase, blocks, phase, phases):
-    """After a step of ``phase``: the ``blocks`` that needed it need the next one."""
+def _credit_phase(missing, round_start, blocks, phase, full, now):
+    """A step of ``phase`` read ``blocks``: their bit of ``phase`` cleared; a block whose
+    round is complete starts the next (every bit set, ``round_start`` = ``now``)."""
+    w, bit = phase // 64, np.uint64(1) << np.uint64(phase % 64)
     for b in blocks:
-        if next_phase[b] == phase:
-            next_phase[b] = (phase + 1) % phases
+        missing[b, w] &= ~bit
+        done = True
+        for j in range(missing.shape[1]):
+            if missing[b, j] != 0:
+                done = False
+        if done:
+            missing[b] = full
+            round_start[b] = now
 
 
 def _step_check(ids, max_len, name: str = "seq_ids") -> None:

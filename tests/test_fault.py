@@ -673,8 +673,61 @@ def test_layers_in_turn_follow_each_block_when_batches_take_turns(seed, monkeypa
             assert status is Status.OK, rig.ft.last_report
     assert phases == [0, 0, 1] and rig.graph.phase == 1  # (the graph's own count: 3 steps)
     assert status is Status.CORRUPTED and rig.ft.last_report.layers == {bad: [1]}
-    result = rig.cache.step(np.array([a, b], np.int32))  # a's blocks need 0, b's 1: a tie, the lower
-    assert rig.ft.step_phase(result) == 0 and rig.ft.phases == 2
+    assert rig.ft.phases == 2 and FaultTolerantKVCache(rig.cache, rig.store).step_phase(None) is None
+
+
+def test_layers_in_turn_reach_a_block_whose_shared_neighbour_other_batches_move(seed):
+    """a = [y, x] and its fork b = [y], stepped in turn [b], [a], ...: b's steps credit y's
+    phases, so a step of a must still serve x (a rule by the blocks' next phase alone gave
+    every a-step phase 0 here, and x's layer 1 was never checked)."""
+    from tests.cuda.steps.test_graph import prefill
+
+    rig = GraphRig(seed, True, lens=(16,), cfg=CFG, decode_layers=1, buckets=(2,))
+    ft, cache = rig.ft, rig.cache
+    a = rig.seq_ids[0]
+    b = cache.fork_sequence(a)
+    prefill(cache, rig.store, a, 16, rig.rng)
+    ft.record(cache.block_table(a)[:2].astype(np.int32))
+    y, x = (int(v) for v in cache.block_table(a)[:2])
+    assert cache.block_table(b).tolist() == [y]
+    ft.flip_bit("k_codes", 1, x, 5, 3)
+    rig.step([b])  # phase 0: y's layer 0
+    ft.check_graph(rig.graph)
+    rig.step([a])  # y and x began their rounds together: the first's first phase missing (y's 1)
+    with pytest.raises(HexcoreCorruptionError, match=rf"blocks {x} \(layers \[1\]\)"):
+        ft.check_graph(rig.graph)
+
+
+@pytest.mark.parametrize("phases, shared, per_seal", [(2, 1, 1), (16, 32, 4), (16, 256, 8), (32, 64, 16)])
+def test_the_phase_rule_checks_every_block_within_a_round_of_its_steps(seed, phases, shared, per_seal):
+    """The rule alone (host, no store): two micro-batches stepped in turn share a prefix of
+    ``shared`` blocks and each seals ``per_seal`` private blocks every 16 of its steps
+    (rounds of leftover blocks at random); every private block has had every phase within
+    ``phases`` of its batch's steps after its seal, and every shared block is checked."""
+    from hexcore.fault import _bits, _credit_phase, _needed_phase
+
+    rng, steps = np.random.default_rng(seed), 1000 + 40 * phases
+    num_blocks = shared + per_seal * (steps // 16 + 2)
+    full = np.array([_bits(phases - 64 * w) for w in range(-(-phases // 64))], np.uint64)
+    missing, start = np.tile(full, (num_blocks, 1)), rng.integers(0, 50, num_blocks).astype(np.int64)
+    missing[:, 0] &= rng.integers(1, 1 << phases, num_blocks, dtype=np.uint64) & full[0]
+    checked = np.zeros((num_blocks, phases), bool)
+    own, sealed_at, fresh = ([], []), {}, shared
+    for t in range(steps):
+        batch = own[t % 2]
+        if (t // 2) % 16 == 15:
+            for b in range(fresh, fresh + per_seal):
+                batch.append(b)
+                sealed_at[b], missing[b], start[b] = t, full, t
+            fresh += per_seal
+        blocks = np.array(list(range(shared)) + batch, np.int32)
+        phase = int(_needed_phase(missing, start, blocks, t % phases))
+        _credit_phase(missing, start, blocks, phase, full, t + 1)
+        checked[blocks, phase] = True
+        for b in batch:
+            if (t - sealed_at[b]) // 2 + 1 == phases:  # its batch's phases-th step since its seal
+                assert checked[b].all(), (b, np.flatnonzero(~checked[b]))
+    assert checked[:shared].all() and len(sealed_at) > 40
 
 
 def test_layers_in_turn_refuse_a_graph_of_other_head_digests_and_change_nothing_on_bad_input(seed):
@@ -697,10 +750,13 @@ def test_layers_in_turn_refuse_a_graph_of_other_head_digests_and_change_nothing_
 
     prefill(cache, store, c, 33, rig.rng)  # unrecorded: a graph step would record it first
     result = cache.step(np.array(rig.seq_ids + [c], np.int32))
-    before = (ft.sums.copy_to_host(), ft.head_sums.copy_to_host(), ft.recorded.copy(), ft._next_phase.copy())
+    before = (ft.sums.copy_to_host(), ft.head_sums.copy_to_host(), ft.recorded.copy(), ft._missing.copy(),
+              ft._round_start.copy())
     with pytest.raises(HexcoreInvalidArgumentError, match="fork_src"):
         ft.graph_step(rig.graph, result, fork_src=np.array([99], np.int32), fork_dst=np.array([0], np.int32))
-    after = (ft.sums.copy_to_host(), ft.head_sums.copy_to_host(), ft.recorded, ft._next_phase)
+    with pytest.raises(HexcoreInvalidArgumentError, match="batch 3 exceeds the largest bucket 2"):
+        ft.graph_load(rig.graph, result)  # (graph_step would run it eagerly)
+    after = (ft.sums.copy_to_host(), ft.head_sums.copy_to_host(), ft.recorded, ft._missing, ft._round_start)
     assert all(np.array_equal(x, y) for x, y in zip(before, after))
     for value in (False, 0.0, None, "0", True):
         with pytest.raises(HexcoreInvalidArgumentError, match="verify_layers"):

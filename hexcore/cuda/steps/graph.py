@@ -130,6 +130,11 @@ class DecodeGraph:
         return None if self._verify is None else self._verify.head_sums
 
     @property
+    def verify_layers(self) -> int:
+        """Layers each step checks inside its decode, in turn; 0 without."""
+        return 0 if self._verify is None else self._verify.layers_per_step
+
+    @property
     def max_verify_blocks(self) -> int:
         """Block ids one step may verify; 0 without verification."""
         return 0 if self._verify is None else self._verify.capacity
@@ -258,12 +263,8 @@ class DecodeGraph:
         Same parameters as ``step``; batches above the largest bucket raise. Counts as a
         step (the next one takes the next phase)."""
         indices = self._checked(block_tables, seq_lens, tail_slots, positions, seal_slots, seal_blocks, fork_src,
-                                fork_dst, verify_blocks)
+                                fork_dst, verify_blocks, load=True)
         phase = self._phase(phase)
-        batch = indices.seq_lens.shape[0]
-        if batch > self.batch_buckets[-1]:
-            raise HexcoreInvalidArgumentError(f"seq_lens: batch {batch} exceeds the largest bucket "
-                                              f"{self.batch_buckets[-1]} (step() runs such batches eagerly)")
         launches = self._load(indices, self._resolve(stream), phase=phase)
         self._steps_run += 1
         return launches
@@ -290,7 +291,8 @@ class DecodeGraph:
 
     # -- internals ------------------------------------------------------------------
     def _checked(self, block_tables, seq_lens, tail_slots, positions, seal_slots, seal_blocks, fork_src, fork_dst,
-                 verify_blocks) -> StepIndices:
+                 verify_blocks, load: bool = False) -> StepIndices:
+        # a step's (``load``: a load's) input checked, as StepIndices
         if verify_blocks is not None and self._verify is None:
             raise HexcoreInvalidArgumentError("verify_blocks: this DecodeGraph was made without verify_sums")
         indices = check_step(self.store, self.max_blocks_per_seq, block_tables, seq_lens, tail_slots, positions,
@@ -301,6 +303,10 @@ class DecodeGraph:
         if indices.verify_blocks.shape[0] > self.max_verify_blocks:
             raise HexcoreInvalidArgumentError(f"verify_blocks: {indices.verify_blocks.shape[0]} ids exceed "
                                               f"max_verify_blocks {self.max_verify_blocks}")
+        batch = indices.seq_lens.shape[0]
+        if load and batch > self.batch_buckets[-1]:
+            raise HexcoreInvalidArgumentError(f"seq_lens: batch {batch} exceeds the largest bucket "
+                                              f"{self.batch_buckets[-1]} (step() runs such batches eagerly)")
         return indices
 
     def _bucket(self, batch: int):

@@ -16,11 +16,14 @@ holds the first ``FOUND`` mismatches since the last read.
 
 Whole layers in turn (``head_sums`` and ``layers_per_step`` k > 0): the step also records
 its seals' head digests (``integrity.prepare_head_record``, beside the RECORD launch),
-and step ``n`` decodes layers ``[p * k, (p + 1) * k)``, ``p = n % phases`` (``phases =
-ceil(L / k)``), with the decode kernel's verify variant checking every sealed block it
-reads against them (``decode_verify``: ``vctl = (1, 0)``, the same ``flags`` and ``found``),
-the other layers with the plain kernel: every (block, layer) is checked once in
-``phases`` steps, each by the decode that reads it anyway. A captured graph per phase.
+and a step of phase ``p`` (of ``phases = ceil(L / k)``: the caller's choice, or the graph's
+count of steps ``n % phases``) decodes layers ``[p * k, (p + 1) * k)`` with the decode
+kernel's verify variant checking every sealed block it reads against them
+(``decode_verify``: ``vctl = (1, 0)``, the same ``flags`` and ``found``), the other layers
+with the plain kernel: each (block, layer) is checked by the decode that reads it anyway,
+once in a round of ``phases`` steps. A captured graph per phase. Each decode item that
+reads a bad block lists it, so one block read by many sequences and heads can fill the
+list (``FaultTolerantKVCache.check_graph`` then checks every block).
 
 Device buffers (L layers, C = capacity, G guard regions)::
 
