@@ -653,8 +653,7 @@ def test_layers_in_turn_refuse_bad_input(seed):
 def test_layers_in_turn_follow_each_block_when_batches_take_turns(seed, monkeypatch):
     """Two batches stepped in turn ([a], [b], [a], ...: pipelined micro-batches) over 2
     phases: each batch's blocks still get every phase (a step count alone would give [a]
-    phase 0 forever), so a flip in layer 1 of a's block is found by a's second step; a
-    step of both takes the phase most of their blocks need."""
+    phase 0 forever), so a flip in layer 1 of a's block is found by a's second step."""
     rig = GraphRig(seed, True, lens=(40, 40), cfg=CFG, decode_layers=1, buckets=(2,))
     a, b = rig.seq_ids
     bad = int(rig.cache.block_table(a)[0])

@@ -107,7 +107,8 @@ class DecodeGraph:
                                               "turn needs verify_sums")
         verify = None if verify_sums is None else StepVerify(store, verify_sums, max_verify_blocks, verify_heads,
                                                              verify_layers)
-        self.store, self.num_q_heads, self.max_blocks_per_seq, self.scale = store, num_q_heads, max_blocks_per_seq, scale
+        self.store, self.num_q_heads, self.scale = store, num_q_heads, scale
+        self.max_blocks_per_seq = max_blocks_per_seq
         self.options = options
         self.batch_buckets = tuple(sorted({min(int(b), store.max_seqs) for b in batch_buckets}))
         self.capacity = (max_blocks_per_seq + 1) * cfg.block_size - 1  # longest sequence a table can describe
@@ -261,7 +262,7 @@ class DecodeGraph:
         (a :class:`PhaseStep` when checking layers in turn: this step's phase) whose
         ``enqueue(layer, stream)`` an engine captures in its own graph (one per ``key``).
         Same parameters as ``step``; batches above the largest bucket raise. Counts as a
-        step (the next one takes the next phase)."""
+        step (a step with ``phase=None`` takes the next in turn)."""
         indices = self._checked(block_tables, seq_lens, tail_slots, positions, seal_slots, seal_blocks, fork_src,
                                 fork_dst, verify_blocks, load=True)
         phase = self._phase(phase)

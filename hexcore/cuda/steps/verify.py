@@ -56,8 +56,9 @@ MAX_CAPACITY = 1 << 20  # block ids one step may verify
 class VerifyResults(NamedTuple):
     """What the step verifications since the last read found (host arrays).
 
-    ``mismatches``: (block, layer) digests that differed (a count; each at most once per
-    step); ``found``: int32 ``[min(mismatches, FOUND), 2]`` rows (block, layer), in no
+    ``mismatches``: (block, layer) digests that differed (a count; from the checksum launch
+    each at most once per step, from whole layers checked in the decode once per decode
+    item that read the block); ``found``: int32 ``[min(mismatches, FOUND), 2]`` rows (block, layer), in no
     particular order; ``guard_words``: bad guard words counted; ``guard_bad``: uint32
     ``[G]`` bad words per guard region (all zero when ``guard_words`` is 0).
     """
