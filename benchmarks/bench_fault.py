@@ -222,15 +222,9 @@ def sample_rows(batch: int = 64, ctx: int = 4096, calls: int = 2000) -> list[dic
     """Host time of ``FaultTolerantKVCache.sample_step`` (what ``graph_step`` adds on the
     host) for a ``batch`` x ``ctx`` step, block 32, 1-in-16 and always; a tiny store (the
     sampling reads only the tables). Median and p99 of ``calls`` calls."""
-    from hexcore import FaultTolerantKVCache, PagedKVCache
-    from hexcore.cuda import DeviceKVStore
+    from hexcore import FaultTolerantKVCache
 
-    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=BS, kv_dtype="fp16")
-    num_blocks = batch * (ctx // BS + 2)
-    cache, store = PagedKVCache(cfg, num_blocks, batch), DeviceKVStore(cfg, num_blocks, batch)
-    ids = np.array([cache.add_sequence() for _ in range(batch)], np.int32)
-    for s in ids.tolist():
-        cache.grow_sequence(s, ctx - 1)
+    cache, store, ids = _grown_cache(1, batch, ctx)
     rows = []
     for policy, every in (("sampled", 16), ("always", 1)):
         ft = FaultTolerantKVCache(cache, store, policy=policy, sample_every=every)
@@ -251,16 +245,10 @@ def sample_rows(batch: int = 64, ctx: int = 4096, calls: int = 2000) -> list[dic
 def _phase_row(batch: int, ctx: int, calls: int) -> dict:
     """Host time a step with ``decode_layers=2`` (32 layers) adds: its tables' distinct
     blocks, the phase they need (``step_phase``) and its credit to them."""
-    from hexcore import FaultTolerantKVCache, PagedKVCache
-    from hexcore.cuda import DeviceKVStore
+    from hexcore import FaultTolerantKVCache
     from hexcore.fault import _credit_phase
 
-    cfg = KVCacheConfig(num_layers=32, num_kv_heads=1, head_dim=64, block_size=BS, kv_dtype="fp16")
-    num_blocks = batch * (ctx // BS + 2)
-    cache, store = PagedKVCache(cfg, num_blocks, batch), DeviceKVStore(cfg, num_blocks, batch)
-    ids = np.array([cache.add_sequence() for _ in range(batch)], np.int32)
-    for s in ids.tolist():
-        cache.grow_sequence(s, ctx - 1)
+    cache, store, ids = _grown_cache(32, batch, ctx)
     ft = FaultTolerantKVCache(cache, store, decode_layers=2)
     result = cache.step(ids, np.full(batch, ctx, np.int32))
     result.raise_for_status()
@@ -273,6 +261,21 @@ def _phase_row(batch: int, ctx: int, calls: int) -> dict:
     times.sort()
     return dict(op="step_phase + credit, decode_layers 2 of 32", items=f"B={batch} ctx={ctx}: {ft._table_count} blocks",
                 us=statistics.median(times) / 1e3, p99_us=times[int(0.99 * calls)] / 1e3)
+
+
+def _grown_cache(num_layers: int, batch: int, ctx: int) -> tuple:
+    """(cache, store, seq ids): ``batch`` sequences grown to ``ctx - 1`` tokens, block 32,
+    one KV head of 64 (a tiny store: the host paths timed read only the tables)."""
+    from hexcore import PagedKVCache
+    from hexcore.cuda import DeviceKVStore
+
+    cfg = KVCacheConfig(num_layers=num_layers, num_kv_heads=1, head_dim=64, block_size=BS, kv_dtype="fp16")
+    num_blocks = batch * (ctx // BS + 2)
+    cache, store = PagedKVCache(cfg, num_blocks, batch), DeviceKVStore(cfg, num_blocks, batch)
+    ids = np.array([cache.add_sequence() for _ in range(batch)], np.int32)
+    for s in ids.tolist():
+        cache.grow_sequence(s, ctx - 1)
+    return cache, store, ids
 
 
 def _fill_view(view, host) -> None:
