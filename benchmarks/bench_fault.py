@@ -2,8 +2,9 @@
 against a decode step (separate launch, and inside a captured DecodeGraph step), and migration.
 
     python -m benchmarks.bench_fault --cpu     (this machine: FNV-1a and the CPU block checksum)
-    python -m benchmarks.bench_fault --graph   (an NVIDIA GPU: verification inside a graph step only;
-                                                writes $OUT/fault_graph.json)
+    python -m benchmarks.bench_fault --graph [--every 16,32] [--name NAME]
+                                               (an NVIDIA GPU: verification inside a graph step only,
+                                                a line per row; writes $OUT/NAME.json, fault_graph)
     NUMBA_ENABLE_CUDASIM=1 python -m benchmarks.bench_fault --sample
                                                (any machine: host time of the in-graph sampling)
     python -m benchmarks.bench_fault           (an NVIDIA GPU: everything; writes $OUT/fault.json)
@@ -320,7 +321,15 @@ if __name__ == "__main__":
     if "--graph" in sys.argv:
         from benchmarks.gpu_common import save
 
-        save("fault_graph", graph_rows())
+        def option(flag, default):
+            at = sys.argv.index(flag) + 1 if flag in sys.argv else len(sys.argv)
+            return sys.argv[at] if at < len(sys.argv) else default
+
+        rows = graph_rows(every=tuple(int(n) for n in option("--every", "16,32,64").split(",")))
+        for r in rows:
+            print(f"{r['op']} | off {r['off_us']:.1f} us | on {r['on_us']:.1f} us | overhead "
+                  f"{100 * r['overhead']:.2f}% | false alarms {r['false_alarms']} | {r['items']}", flush=True)
+        save(option("--name", "fault_graph"), rows)
         sys.exit(0)
     rows = cpu_rows() if "--cpu" in sys.argv else cpu_rows() + gpu_rows() + graph_rows()
     keys = sorted({k for r in rows for k in r}, key=lambda k: (k != "op", k))

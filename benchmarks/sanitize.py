@@ -30,7 +30,7 @@ SPLIT = DecodeOptions(ctas_per_sm=64, split_blocks=1)
 CAPPED = DecodeOptions(max_registers=128)  # the grid kernel past one wave (these few items run uncapped)
 
 
-def run_dtype(dtype: str, rng, only_new: bool = False) -> None:
+def run_dtype(dtype: str, rng, only: str | None = None) -> None:
     cfg = KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=128, block_size=16, kv_dtype=dtype)
     store = DeviceKVStore(cfg, num_blocks=8, max_seqs=3)
     store.pool.copy_to_device(np.zeros(store.pool.shape, np.uint32))  # initcheck: every byte written once
@@ -44,8 +44,10 @@ def run_dtype(dtype: str, rng, only_new: bool = False) -> None:
     copy_blocks(store, np.array([5], np.int32), np.array([6], np.int32))
     copy_tails(store, np.array([0], np.int32), np.array([1], np.int32))
     tables = np.array([[5, 6, 0], [6, 5, 0]], np.int32)
-    if only_new:
+    if only == "new":
         return run_new_kernels(store, tables, rng)
+    if only == "verify":
+        return run_verify_decode(store, tables, rng)
     dequantize_blocks(store, 1, np.array([5, 6], np.int32))
     for group, options in ((1, None), (4, None), (4, SPLIT), (9, SPLIT), (4, CAPPED),
                            (4, dataclasses.replace(SPLIT, max_registers=128))):
@@ -90,7 +92,8 @@ def run_dtype(dtype: str, rng, only_new: bool = False) -> None:
 def run_verify_decode(store, tables, rng) -> None:
     """The head-digest RECORD kernel (a -1 padding row; all layers, then the last alone),
     then the decode kernel's verify variant checking every sealed block (one split and
-    many): no mismatch, and the same output as the plain kernel."""
+    many, eager, then as a plan of dependent launches merging in clusters): no mismatch,
+    and the same output as the plain kernel, bit for bit."""
     cfg = store.config
     head_sums = cuda.to_device(np.zeros((store.num_blocks, cfg.num_layers, cfg.num_kv_heads), np.uint32))
     record_head_sums(store, cuda.to_device(np.array([5, -1, 6], np.int32)), head_sums)
@@ -104,6 +107,14 @@ def run_verify_decode(store, tables, rng) -> None:
         checked = paged_decode(*args, options=options, verify=verify).copy_to_host()
         cuda.synchronize()
         assert np.array_equal(plain.view(np.uint16), checked.view(np.uint16)), store.config.kv_dtype
+    from hexcore.cuda import DecodePlan
+
+    d = [cuda.to_device(a) for a in (q, tables, np.array([35, 32], np.int32), np.array([0, 1], np.int32))]
+    clustered = dataclasses.replace(SPLIT, dependent_launch=True, cluster_merge=True)
+    plain, checked = (DecodePlan(*d[:1], store, *d[1:], max_seq_len=35, options=clustered, verify=v).run(0)
+                      .copy_to_host() for v in (None, verify))
+    cuda.synchronize()
+    assert np.array_equal(plain.view(np.uint16), checked.view(np.uint16)), store.config.kv_dtype
     assert verify.flags.copy_to_host()[0] == 0, store.config.kv_dtype
 
 
@@ -203,14 +214,16 @@ def run_tiered(rng) -> None:
 
 def main(argv=None) -> None:
     """``--new``: only the kernels added on 2026-12-01 (prefill, checksums, persistent);
-    ``--tiered``: only the format by age's (``run_tiered``)."""
+    ``--verify``: only the decode's verify variant (``run_verify_decode``); ``--tiered``:
+    only the format by age's (``run_tiered``)."""
     rng = np.random.default_rng(0)
     argv = sys.argv[1:] if argv is None else argv
-    only_new = "--new" in argv
+    only = next((flag[2:] for flag in ("--new", "--verify") if flag in argv), None)
     for dtype in () if "--tiered" in argv else ("fp16", "int4", "int2"):
-        run_dtype(dtype, rng, only_new)
+        run_dtype(dtype, rng, only)
         assert layout_agrees(KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=128, block_size=16, kv_dtype=dtype))
-    run_tiered(rng)
+    if only != "verify":
+        run_tiered(rng)
     print("sanitize run complete")
 
 

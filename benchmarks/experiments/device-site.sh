@@ -1,7 +1,8 @@
 # Sourced (from the repository root, on the lent GPU machine, .whl/ carried) by the
 # experiments' GPU call scripts: the carried wheels (numpy 2.4.6, which numba-cuda needs)
 # installed once into a private site, the simulator off, results into $OUT (or /tmp/r) as
-# $R with the commit in head.txt, bundled on exit into $R/0-all.tgz. Sets: site, R.
+# $R with the commit in head.txt and the GPU in gpu.txt, bundled on exit into
+# $R/0-all.tgz. Sets: site, R.
 site=/tmp/hexcore-site
 mkdir -p "$site"
 [ -f "$site/.ok" ] || { python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
@@ -10,6 +11,7 @@ export NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1
 R=${OUT:-/tmp/r}
 mkdir -p "$R"
 git log --oneline -1 > "$R/head.txt"; git status --short >> "$R/head.txt"
+nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader > "$R/gpu.txt" 2>&1; cat "$R/gpu.txt"
 # a call brings back at most eight files of $OUT, the first eight by name: on the script's exit
 # everything in $R also goes into $R/0-all.tgz, which sorts first (a script killed by the call's
 # own limit leaves none: give each step a timeout)

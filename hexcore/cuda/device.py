@@ -43,6 +43,12 @@ Helpers
   the same in every lane.
 - ``warp_any(predicate)``: whether any lane of the warp has ``predicate`` (``vote.any``);
   the branch it guards is warp-uniform.
+- ``mad_u32(a, b, c)``, ``add_u32(a, b)``, ``xorshift_u32(x, s)``: ``a * b + c``, ``a + b``
+  and ``x ^ (x >> s)`` mod 2**32 (``0 <= s < 32``; integer operands taken mod 2**32), in
+  32-bit instructions (one IMAD, one IADD3, SHF and LOP3). numba computes uint32
+  arithmetic in 64 bits and masks it, which leaves ptxas a mask per shift and a key
+  multiply per word (the head digest in the decode's verify loop: about 14 instructions a
+  word, 12 with these).
 - ``exp2(x)``: ``2**x`` in float32 (``ex2.approx.ftz``: 2 ulp; the twin uses math.exp2).
 - ``cp_async16(dst, j, src, i)``: start copying words ``src[i:i+4]`` (global) to
   ``dst[j:j+4]`` (a shared uint32 array declared with ``alignment=SHARED_ALIGN16``), 16
@@ -466,6 +472,27 @@ if not SIMULATOR:
     def shfl_xor_u32(value, mask):
         return types.uint32(cuda.shfl_xor_sync(FULL_MASK, types.int32(value), mask))  # (int32: same bits)
 
+    def _u32_signature(*operands):
+        # uint32(uint32, ...) for integer operands (numba casts the arguments), else None
+        if not all(isinstance(a, types.Integer) for a in operands):
+            return None
+        return types.uint32(*[types.uint32] * len(operands))
+
+    @intrinsic
+    def mad_u32(typingctx, a, b, c):
+        sig = _u32_signature(a, b, c)
+        return sig and (sig, lambda context, builder, sig, ops: builder.add(builder.mul(ops[0], ops[1]), ops[2]))
+
+    @intrinsic
+    def add_u32(typingctx, a, b):
+        sig = _u32_signature(a, b)
+        return sig and (sig, lambda context, builder, sig, ops: builder.add(ops[0], ops[1]))
+
+    @intrinsic
+    def xorshift_u32(typingctx, x, s):
+        sig = _u32_signature(x, s)
+        return sig and (sig, lambda context, builder, sig, ops: builder.xor(ops[0], builder.lshr(ops[0], ops[1])))
+
     @device_function
     def exp2(x):
         return _ex2(types.float32(x))
@@ -634,6 +661,19 @@ else:
         got = warp.int_slots[(cuda.threadIdx.x % 32) ^ mask]
         warp.barrier.wait()  # every lane has read
         return np.uint32(got)
+
+    @cuda.jit(device=True)
+    def mad_u32(a, b, c):
+        return np.uint32((int(a) * int(b) + int(c)) & FULL_MASK)
+
+    @cuda.jit(device=True)
+    def add_u32(a, b):
+        return np.uint32((int(a) + int(b)) & FULL_MASK)
+
+    @cuda.jit(device=True)
+    def xorshift_u32(x, s):
+        x = int(x) & FULL_MASK
+        return np.uint32(x ^ (x >> int(s)))
 
     @cuda.jit(device=True)
     def exp2(x):

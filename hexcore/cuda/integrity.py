@@ -46,7 +46,7 @@ from ..errors import HexcoreInvalidArgumentError
 from .._checks import as_int
 from ..host.checksum import FNV32_BASIS, FNV32_PRIME, HEAD_K1, HEAD_K2, HEAD_M1, HEAD_M2, LANES, canary_word
 from .arrays import checked, checked_ids, checked_layer, checked_store, device_only
-from .device import load_u32x4, shfl_xor_u32
+from .device import add_u32, load_u32x4, mad_u32, shfl_xor_u32, xorshift_u32
 from .device_layout import code_offset, key_meta_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch
 from .store import GUARD_WORDS, DeviceKVStore
@@ -58,7 +58,6 @@ WARPS = 4  # layers per CTA, a warp each
 _canary = cuda.jit(device=True)(canary_word)
 _PRIME = np.uint64(FNV32_PRIME)
 _MASK = np.uint64(0xFFFFFFFF)
-_K1, _K2, _M1, _M2 = np.uint64(HEAD_K1), np.uint64(HEAD_K2), np.uint64(HEAD_M1), np.uint64(HEAD_M2)
 _KEY1, _KEY2, _KEY3 = (np.uint32((j * HEAD_K1) & 0xFFFFFFFF) for j in (1, 2, 3))  # key(i + j) - key(i)
 
 
@@ -89,23 +88,22 @@ def _absorb(h, pool, start, words, lane):
 @cuda.jit(device=True, inline=True)
 def head_key(i):
     """``key(i) = (i * HEAD_K1 + HEAD_K2) mod 2**32`` of word index ``i`` (``0 <= i < 2**32``)."""
-    return uint32((uint64(i) * _K1 + _K2) & _MASK)
+    return mad_u32(i, HEAD_K1, HEAD_K2)
 
 
 @cuda.jit(device=True, inline=True)
 def head_mix(x):
-    """The term of a word whose ``w ^ key(i)`` is ``x`` (uint32; ``checksum.head_term``)."""
-    x = x ^ (x >> uint32(16))
-    x = uint32((uint64(x) * _M1) & _MASK)
-    x = x ^ (x >> uint32(13))
-    x = uint32((uint64(x) * _M2) & _MASK)
-    return x ^ (x >> uint32(16))
+    """The term of a word whose ``w ^ key(i)`` is ``x`` (uint32; ``checksum.head_term``), in
+    32-bit instructions (``device.mad_u32``, ``xorshift_u32``)."""
+    x = mad_u32(xorshift_u32(x, 16), HEAD_M1, 0)
+    x = mad_u32(xorshift_u32(x, 13), HEAD_M2, 0)
+    return xorshift_u32(x, 16)
 
 
 @cuda.jit(device=True, inline=True)
 def head_add(total, x):
-    """``total + x mod 2**32`` (uint32; in 64 bits then truncated, as ``_step``)."""
-    return uint32((uint64(total) + uint64(x)) & _MASK)
+    """``total + x mod 2**32`` (uint32, one 32-bit add)."""
+    return add_u32(total, x)
 
 
 @cuda.jit(device=True, inline=True)

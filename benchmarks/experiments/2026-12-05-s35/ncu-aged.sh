@@ -10,7 +10,7 @@ source benchmarks/experiments/device-site.sh  # site, R
 export PYTHONPATH="$site:$PWD"
 metrics=gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_active.max,smsp__inst_executed.sum,dram__bytes_read.sum,launch__registers_per_thread,launch__grid_size,launch__occupancy_limit_registers,sm__warps_active.avg.pct_of_peak_sustained_active
 for dtype in int2-aged int2 int4-aged int4; do
-    timeout 60 ncu --clock-control none -k regex:"decode_kernel|one_launch_kernel|pool_kernel" --launch-skip 2 \
+    timeout 60 ncu --clock-control none -k regex:"^(kernel|one_launch_kernel|pool_kernel)" --launch-skip 2 \
         --launch-count 1 --metrics $metrics --section WarpStateStats --csv --page raw \
         python3 -m benchmarks.profile_decode $dtype 5 > "$R/ncu-$dtype.csv" 2> "$R/ncu-$dtype.err"
     echo "$dtype rc $?"

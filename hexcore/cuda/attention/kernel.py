@@ -30,6 +30,7 @@ output, never a read outside the store.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 
 import numpy as np
@@ -49,6 +50,17 @@ from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape
 LOG2E = 1.4426950408889634
 MERGE_CHUNK = 64  # splits whose weights are staged in shared memory per merge round
 GRID_REGISTERS = 128  # the grid kernel's default register cap (DecodeOptions.max_registers)
+# the verify kernel's highest cap: three CTAs of 128 threads an SM, as its uncapped plain twin
+# holds (ptxas sm_90, INT2 D=128 BS=32 G=4: uncapped verify 172 registers, two CTAs an SM,
+# plain 156; at 168, 163 and no spill; FP16 and INT4 verify 158-166, no spill either)
+VERIFY_MAX_REGISTERS = 168
+
+
+def compiled_cap(max_registers: int | None, verify: bool) -> int:
+    """The register cap ``decode_kernel(max_registers=..., verify=...)`` compiles with: the
+    given one (None: ``GRID_REGISTERS``), for ``verify`` at most ``VERIFY_MAX_REGISTERS``."""
+    cap = GRID_REGISTERS if max_registers is None else max_registers
+    return min(cap, VERIFY_MAX_REGISTERS) if verify else cap
 
 
 if SIMULATOR:
@@ -63,12 +75,29 @@ else:
         return uint32(index) < uint32(count)
 
 
-@functools.cache
+def _cached_by_arguments(fn):
+    """``functools.cache`` of ``fn`` keyed by its bound arguments, defaults applied, so a
+    call by position and one by name share an entry (and the same kernel object)."""
+    signature = inspect.signature(fn)
+    cached = functools.cache(fn)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return cached(*bound.args, **bound.kwargs)
+
+    return call
+
+
+@_cached_by_arguments
 def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
                   joint_softmax: bool = True, partials: bool = False, verify: bool = False, dependent: bool = False,
                   cluster: bool = False):
-    """The decode kernel of ``shape``, compiled on first launch (cached); the other
-    arguments are DecodeOptions fields of the same names (``max_registers`` None: 128). One CTA per work item: the grid
+    """The decode kernel of ``shape``, compiled on first launch (cached: the same arguments,
+    by position or by name, give the same kernel object); the other
+    arguments are DecodeOptions fields of the same names (``max_registers`` None: 128; a verify
+    kernel compiles with at most ``VERIFY_MAX_REGISTERS``: ``compiled_cap``). One CTA per work item: the grid
     ``(splits, num_kv_heads * head_groups, batch)`` names the item's split, KV head and head
     group, and sequence (``decode_item_function``). ``partials``: the kernel of one pool of a
     format by age (``decode_item_function``). ``verify``: the variant that checks sampled
@@ -76,50 +105,61 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
     (``head_sums, vctl, flags, found``: ``decode_item_function``). ``dependent``: the kernel
     for a programmatic dependent launch (``DecodeOptions.dependent_launch``): every CTA first
     waits for the grid before it on the stream (``wait_prior_grids``), then lets the next
-    dependent launch start (``allow_dependent_grids``), not with ``verify``; the kernel's
+    dependent launch start (``allow_dependent_grids``); the kernel's
     ``waits_for_prior_grids`` says which it is. ``cluster``: the kernel for a launch whose
     clusters are the splits of one item (``launch.PreparedLaunch``, ``cluster`` = the grid's
     ``splits``, 2 to ``MAX_CLUSTER``): the splits merge through distributed shared memory
-    (``decode_item_function``), not the workspace; not with ``partials`` or ``verify``. The
-    plain and dependent grid kernels have ``cluster_twin()``, itself with ``cluster`` (the
-    verify and partials kernels have none: they never run in clusters)."""
-    if cluster and (partials or verify):
-        raise ValueError("decode_kernel: cluster is for the grid kernel (not with partials or verify)")
+    (``decode_item_function``), not the workspace; not with ``partials``. Every grid kernel
+    but a cluster one has ``cluster_twin()``, itself with ``cluster``; a plain one has
+    ``verify_twin()``, itself with ``verify`` (same ``max_registers``, dependence and merge), and a verify
+    one ``plain_twin()``: the launcher gives a verify launch its plain twin's grid, splits
+    and merge, so checking a layer never changes its output by a bit."""
+    if cluster and partials:
+        raise ValueError("decode_kernel: cluster is for the grid kernel (not with partials)")
     decode_item = decode_item_function(shape, l2_prefetch, joint_softmax, partials, verify=verify, cluster=cluster)
     HG = shape.head_groups
-    cap = GRID_REGISTERS if max_registers is None else max_registers
-    options = {} if SIMULATOR else {"max_registers": cap}
+    options = {} if SIMULATOR else {"max_registers": compiled_cap(max_registers, verify)}
 
     if verify:
         @cuda.jit(**options)
-        def verify_kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens,
-                          tail_slots, out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks,
-                          max_splits, scale, head_sums, vctl, flags, found):
+        def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots,
+                   out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale,
+                   head_sums, vctl, flags, found):
+            if dependent:
+                wait_prior_grids()
             decode_item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens,
                         tail_slots, out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks,
                         max_splits, scale, cuda.blockIdx.x, cuda.blockIdx.y // HG, cuda.blockIdx.y % HG,
                         cuda.blockIdx.z, head_sums, vctl, flags, found)
-
-        verify_kernel.waits_for_prior_grids = False  # (``dependent`` does not apply: always a plain launch)
-        return verify_kernel
-
-    @cuda.jit(**options)
-    def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots, out,
-               part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale):
-        if dependent:
-            wait_prior_grids()
-        decode_item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots,
-                    out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale,
-                    cuda.blockIdx.x, cuda.blockIdx.y // HG, cuda.blockIdx.y % HG, cuda.blockIdx.z)
-        if dependent:
-            allow_dependent_grids()
+            if dependent:
+                allow_dependent_grids()
+    else:
+        @cuda.jit(**options)
+        def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots,
+                   out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale):
+            if dependent:
+                wait_prior_grids()
+            decode_item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens,
+                        tail_slots, out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks,
+                        max_splits, scale, cuda.blockIdx.x, cuda.blockIdx.y // HG, cuda.blockIdx.y % HG,
+                        cuda.blockIdx.z)
+            if dependent:
+                allow_dependent_grids()
 
     kernel.waits_for_prior_grids = dependent  # launcher.prepare_decode launches it as a dependent launch
     kernel.merges_in_cluster = cluster  # launcher.prepare_decode launches it with clusters of its splits
+    twin = functools.partial(decode_kernel, shape, max_registers, l2_prefetch, joint_softmax, partials,
+                             dependent=dependent)
     if not cluster and not partials:
-        kernel.cluster_twin = functools.partial(decode_kernel, shape, max_registers, l2_prefetch, joint_softmax,
-                                                dependent=dependent, cluster=True)
+        kernel.cluster_twin = functools.partial(twin, verify=verify, cluster=True)
+    if not partials and verify:
+        kernel.plain_twin = functools.partial(twin, verify=False, cluster=cluster)
+    elif not partials:
+        kernel.verify_twin = functools.partial(twin, verify=True, cluster=cluster)
     return kernel
+
+
+VERIFY_ARGS = 4  # the verify kernel's arguments after the plain kernel's: head_sums, vctl, flags, found
 
 
 @functools.cache

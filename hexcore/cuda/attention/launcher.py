@@ -19,7 +19,7 @@ from ..launch import Launch, PreparedLaunch
 from ..store import DeviceKVStore, flat_words
 from ..streams import resolve_stream
 from ..views import flat
-from .kernel import MAX_CLUSTER, decode_kernel
+from .kernel import MAX_CLUSTER, VERIFY_ARGS, decode_kernel
 from .options import DEFAULT_OPTIONS, DecodeOptions, SplitCosts, sm_share
 from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape, unsupported_reason
 
@@ -239,10 +239,20 @@ def _choose_kernel(shape: DecodeShape, options: DecodeOptions, items: int, max_v
     at B=1 128k; where its wave cuts the splits 1.4% slower at B=8 8k
     and 2.0% at B=16 16k, 3.9% faster at B=2 16k; unsplit 2.5% faster at B=32 4k and 3-5% at
     32 x 64/8 4k, untimed at longer items). ``prepared``: the launch will be prepared
-    (``prepare_decode``), so the split policy knows which split counts would merge in clusters."""
+    (``prepare_decode``), so the split policy knows which split counts would merge in clusters.
+    ``verify``: the chosen plain kernel's ``verify_twin`` (the plain choice, so a checked
+    layer's output is bit-identical to an unchecked one's; compiled with at most
+    ``kernel.VERIFY_MAX_REGISTERS``, it holds at least as many CTAs an SM as the plain one)."""
+    kernel, ctas_per_sm, split_blocks = _choose_plain_kernel(shape, options, items, max_virtual, args, prepared)
+    return (kernel.verify_twin() if verify else kernel), ctas_per_sm, split_blocks
+
+
+def _choose_plain_kernel(shape: DecodeShape, options: DecodeOptions, items: int, max_virtual: int, args: list,
+                         prepared: bool):
+    # _choose_kernel's choice among the plain kernels
     def sized(cap, one_wave=False):
-        kernel = decode_kernel(shape, cap, options.l2_prefetch, options.joint_softmax, verify=verify,
-                               dependent=dependent_launches(options) and not verify)
+        kernel = decode_kernel(shape, cap, options.l2_prefetch, options.joint_softmax,
+                               dependent=dependent_launches(options))
         ctas_per_sm = options.ctas_per_sm or _ctas_per_sm(kernel, args)
         clustered = cluster_rule(options, kernel) if prepared else None
         return kernel, ctas_per_sm, split_blocks_for(items, max_virtual, ctas_per_sm, options, shape.bits, one_wave,
@@ -413,12 +423,13 @@ def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scal
     args = [store.pool, *(store.word_offsets.get(n, 0) for n in ("k_codes", "v_codes", "k_meta", "v_meta",
                                                                    "k_tails", "v_tails")),
             flat_words(q), block_tables, seq_lens, tail_slots, flat(out), part_o, part_ml, counters,
-            int(layer), store.num_blocks, store.max_seqs, 1, 1, np.float32(scale), *checks]
+            int(layer), store.num_blocks, store.max_seqs, 1, 1, np.float32(scale)]
     kernel, ctas_per_sm, split_blocks = _choose_kernel(shape, options, items, max_virtual, args, bool(checks),
                                                        prepared)
     splits = -(-max_virtual // split_blocks)
     args[12:15] = workspace.get(batch * num_q_heads, splits, cfg.head_dim, items)
     args[18], args[19] = split_blocks, splits
+    args += checks
     return Launch(kernel, (splits, cfg.num_kv_heads * shape.head_groups, batch), THREADS, tuple(args)), out
 
 
@@ -427,8 +438,13 @@ _occupancy: dict = {}  # decode kernel -> resident CTAs per SM (one specializati
 
 def resident_slots(launch: Launch, options: DecodeOptions) -> int:
     """CTAs of ``launch``'s kernel the GPU holds at once (one wave): ``options.ctas_per_sm``
-    or the compiled kernel's occupancy, times the SMs (on the simulator 1 x 1)."""
-    return (options.ctas_per_sm or _ctas_per_sm(launch.kernel, list(launch.args))) * _num_sms()
+    or the compiled kernel's occupancy, times the SMs (on the simulator 1 x 1). A verify
+    kernel counts as its ``plain_twin`` (its launch takes the plain launch's choices)."""
+    kernel, args = launch.kernel, list(launch.args)
+    plain = getattr(kernel, "plain_twin", None)
+    if plain is not None:
+        kernel, args = plain(), args[:-VERIFY_ARGS]
+    return (options.ctas_per_sm or _ctas_per_sm(kernel, args)) * _num_sms()
 
 
 def _ctas_per_sm(kernel, args) -> int:

@@ -174,7 +174,7 @@ class DecodeOptions:
       ``launch_path`` "raw". Measured on the H200 against plain launches (queued, 21 rows of
       the decode table): 0.2-6.5% faster at every row, about 1 us a launch (B=1 1k: 9.6 ->
       8.6 us; ``benchmarks/RESULTS.md``, twenty-fourth session). Eager ``paged_decode``
-      launches and the verify variant's are plain ones. ``DecodeGraph`` captures them into
+      launches are plain ones (a prepared verify launch follows its plain twin). ``DecodeGraph`` captures them into
       its graphs as programmatic edges (checked with the H200's driver 580, CUDA 13.0; an
       older driver that cannot capture them wants ``dependent_launch=False``).
     - ``tiered_fp16``: where a format by age decodes its FP16 pool (the sink, young blocks,
@@ -224,8 +224,8 @@ class DecodeOptions:
       "raw" launch path on compute capability 9.0 or newer where the grid fills at most
       ``CLUSTER_MAX_FILL`` of one wave of resident CTAs, off otherwise; True: wherever an
       item has 2 to 8 splits (needs the "raw" path: ``HexcoreConfigError`` here; and sm_90:
-      ``HexcoreConfigError`` when a plan or step is made on an older GPU). Plans with verification,
-      formats by age and the persistent decode never merge in clusters.
+      ``HexcoreConfigError`` when a plan or step is made on an older GPU). Formats by age and the
+      persistent decode never merge in clusters (a plan with verification does as its plain twin).
       Measured on the H200 (``benchmarks/RESULTS.md``, twenty-sixth session): B=1 1k 32/8,
       64 CTAs, 25-30% faster (FP16 8.6 -> 6.4 us); grids that fill the wave slower (16 x
       32/8 16k, 384-512 CTAs in clusters of 3-4: 28-41%), hence the fill rule. The simulator

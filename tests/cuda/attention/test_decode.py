@@ -14,9 +14,11 @@ from numba import cuda
 from hexcore import HexcoreConfigError, HexcoreInvalidArgumentError, KVCacheConfig
 from hexcore.cuda import DecodeOptions, DecodePlan, DeviceKVStore, paged_decode
 from hexcore.cuda.attention import launcher
+from hexcore.cuda.attention.kernel import VERIFY_MAX_REGISTERS, compiled_cap
 from hexcore.cuda.attention.options import CLUSTER_MAX_FILL, SPLIT_COSTS, SplitCosts
 from hexcore.cuda.attention.shape import DecodeShape
 from hexcore.cuda.device import allow_dependent_grids
+from hexcore.cuda.integrity import record_head_sums
 from hexcore.cuda.timer import global_timer_ns
 from tests import reference as ref
 from tests.cuda.fill import random_cache
@@ -278,9 +280,50 @@ def test_only_a_prepared_launch_prices_its_splits_as_clustered(monkeypatch):
     assert splits(DecodeOptions(), True) == (8, True)
     assert splits(DecodeOptions(), False) == (16, False)
     assert splits(DecodeOptions(cluster_merge=False), True) == (16, False)
-    # a kernel with no cluster twin (partials, verify) is never priced as clustered, even here
+    # a kernel with no cluster twin (partials) is never priced as clustered, even here; the
+    # verify kernel is, as its plain twin
     assert launcher.cluster_rule(DecodeOptions(), launcher.decode_kernel(shape, partials=True)) is None
-    assert launcher.cluster_rule(DecodeOptions(), launcher.decode_kernel(shape, verify=True)) is None
+    assert launcher.cluster_rule(DecodeOptions(), launcher.decode_kernel(shape, verify=True))(8, 0.1)
+
+
+@pytest.mark.parametrize("dtype, lens", [("int2", [2000] * 4), ("fp16", [4000] * 64), ("int4", [4000])])
+def test_a_verify_launch_takes_its_plain_launchs_choices(monkeypatch, dtype, lens, rng):
+    """On a faked sm_90 GPU where the verify kernels would hold fewer CTAs per SM than the
+    plain ones (2 against 3 uncapped, 3 against 4 capped), a verify launch still takes the
+    plain launch's cap, split count, dependence and, prepared, cluster: its kernel is the
+    plain kernel's ``verify_twin`` (so a checked layer's output is the unchecked one's, bit for
+    bit; the GPU twin of this is ``test_layers_in_turn_in_captured_graphs_gpu``)."""
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=8, head_dim=128, block_size=32, kv_dtype=dtype)
+    store, tables, tails, _, _ = random_cache(cfg, lens, rng)
+    q = cuda.to_device(rng.standard_normal((len(lens), 32, 128)).astype(np.float16))
+    inputs = (cuda.to_device(tables), cuda.to_device(np.array(lens, np.int32)), cuda.to_device(tails))
+    verify = launcher.DecodeVerify(cuda.to_device(np.zeros((store.num_blocks, 1, 8), np.uint32)),
+                                   cuda.to_device(np.array([1, 0], np.int32)), cuda.to_device(np.zeros(1, np.uint32)),
+                                   cuda.to_device(np.zeros((4, 2), np.int32)))
+    fake_sm90(monkeypatch)
+    shape = DecodeShape(cfg.kv_dtype.bits, 8, 128, 32, 4, cfg.group_size)
+    resident = {}
+    for cap, ctas in ((None, 4), (launcher.UNCAPPED_REGISTERS, 3)):
+        plain = launcher.decode_kernel(shape, cap, "none", True, dependent=True)
+        resident[plain], resident[plain.verify_twin()] = ctas, ctas - 1
+    monkeypatch.setattr(launcher, "_ctas_per_sm", lambda kernel, args: resident[kernel])
+    monkeypatch.setattr(launcher.Launch, "prepare", lambda launch, path, dependent, cluster: (launch, dependent,
+                                                                                             cluster))
+    made = []
+    for checks in (None, verify):
+        launch, _ = launcher.decode_launch(q, store, 0, *inputs, None, None, max(lens), DecodeOptions(),
+                                           launcher._workspace, checks, prepared=True)
+        made.append((launch, launcher.prepare_decode(launch, DecodeOptions())))
+    (plain, (plain_prepared, dependent, cluster)), (checked, (checked_prepared, *rest)) = made
+    assert checked.kernel is plain.kernel.verify_twin() and checked.kernel.plain_twin() is plain.kernel
+    assert checked.grid == plain.grid and checked.args[18:20] == plain.args[18:20]
+    assert rest == [dependent, cluster] and dependent
+    assert checked.args[-launcher.VERIFY_ARGS:] == launcher.checked_verify(verify, store)
+    if cluster > 1:
+        assert checked_prepared.kernel is plain_prepared.kernel.verify_twin()
+    # an uncapped plain kernel's verify twin compiles under a cap that keeps three CTAs an SM
+    assert compiled_cap(launcher.UNCAPPED_REGISTERS, True) == VERIFY_MAX_REGISTERS < launcher.UNCAPPED_REGISTERS
+    assert compiled_cap(None, True) == compiled_cap(None, False) == 128
 
 
 def test_a_prepared_fp16_launch_compares_its_kernels_as_prepared(monkeypatch):
@@ -300,7 +343,7 @@ def test_a_prepared_fp16_launch_compares_its_kernels_as_prepared(monkeypatch):
 
 def test_a_prepared_launch_prices_clusters_only_where_it_can_merge_in_them():
     """``cluster_rule``: none on the simulator (no clusters) or for a kernel without a
-    cluster twin (the verify and partials kernels); on a GPU, ``options.cluster``'s answer."""
+    cluster twin (the partials kernel); on a GPU, ``options.cluster``'s answer."""
     shape = DecodeShape(2, 8, 128, 32, 4, 64)
     plain = launcher.decode_kernel(shape)
     partials = launcher.decode_kernel(shape, partials=True)
@@ -513,16 +556,23 @@ def _write_after(delay_ns, src, dst):
 def check_dependent_launch(dtype, head_dim, block_size, seq_lens, rng, runs):
     """``DecodeOptions(dependent_launch=True)``: the plan's decode may start while the kernel
     ahead of it runs (on a GPU), so it must wait for it: a slow kernel writes q just before
-    each run, and every run attends with that q, in a one-split and a split launch."""
+    each run, and every run attends with that q, in a one-split and a split launch, and in a
+    verifying one (every block checked against its recorded head digests: no false alarm)."""
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=head_dim, block_size=block_size, kv_dtype=dtype)
     store, tables, tails, keys, values = random_cache(cfg, seq_lens, rng)
     shape = (len(seq_lens), 8, head_dim)
     q, staged = cuda.device_array(shape, np.float16), cuda.device_array(shape, np.float16)
     d_tables, lens, slots = (cuda.to_device(a) for a in (tables, np.array(seq_lens, np.int32), tails))
-    for options in (DecodeOptions(dependent_launch=True),
-                    DecodeOptions(dependent_launch=True, ctas_per_sm=64, split_blocks=1)):
+    head_sums = cuda.to_device(np.zeros((store.num_blocks, 1, 2), np.uint32))
+    record_head_sums(store, np.arange(store.num_blocks, dtype=np.int32), head_sums)
+    verify = launcher.DecodeVerify(head_sums, cuda.to_device(np.array([1, 0], np.int32)),
+                                   cuda.to_device(np.zeros(1, np.uint32)), cuda.to_device(np.zeros((4, 2), np.int32)))
+    dependent = DecodeOptions(dependent_launch=True)
+    for options, checks in ((dependent, None), (dataclasses.replace(dependent, ctas_per_sm=64, split_blocks=1), None),
+                            (dependent, verify)):
         out = cuda.device_array(shape, np.float16)
-        plan = DecodePlan(q, store, d_tables, lens, slots, max_seq_len=max(seq_lens), out=out, options=options)
+        plan = DecodePlan(q, store, d_tables, lens, slots, max_seq_len=max(seq_lens), out=out, options=options,
+                          verify=checks)
         assert plan.launch(0).dependent
         for _ in range(runs):
             q_host = rng.standard_normal(shape).astype(np.float16)
@@ -533,12 +583,13 @@ def check_dependent_launch(dtype, head_dim, block_size, seq_lens, rng, runs):
             assert not np.isnan(got).any(), "an output element was not written"
             err = ref.relative_l2(got, ref.decode_attention(q_host, keys, values, 1 / math.sqrt(head_dim)))
             assert err <= TOLERANCE, f"relative L2 error {err:.2e} (a q of the previous run?)"
+    assert verify.flags.copy_to_host()[0] == 0, "a verifying run found a block corrupt"
 
 
 def test_dependent_launch_is_the_default_on_sm90_and_the_raw_path(monkeypatch, rng):
     """None resolves to dependent launches on sm_90+ with the raw path only; a plan prepares
-    its launch as dependent exactly when its kernel waits for the grid before it (not the
-    verify variant, nor a plain kernel)."""
+    its launch as dependent exactly when its kernel waits for the grid before it (a verifying
+    plan too: ``check_dependent_launch``)."""
     default, plain, core = DecodeOptions(), DecodeOptions(dependent_launch=False), DecodeOptions(launch_path="core")
     assert default.dependent((9, 0)) and default.dependent((10, 0))
     assert not default.dependent((8, 0)) and not core.dependent((9, 0)) and not plain.dependent((9, 0))
