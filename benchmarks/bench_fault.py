@@ -2,7 +2,7 @@
 against a decode step (separate launch, and inside a captured DecodeGraph step), and migration.
 
     python -m benchmarks.bench_fault --cpu     (this machine: FNV-1a and the CPU block checksum)
-    python -m benchmarks.bench_fault --graph [--every 16,32] [--name NAME]
+    python -m benchmarks.bench_fault --graph [--every 16,32] [--dtypes fp16,int4] [--name NAME]
                                                (an NVIDIA GPU: verification inside a graph step only,
                                                 a line per row; writes $OUT/NAME.json, fault_graph)
     NUMBA_ENABLE_CUDASIM=1 python -m benchmarks.bench_fault --sample
@@ -325,7 +325,8 @@ if __name__ == "__main__":
             at = sys.argv.index(flag) + 1 if flag in sys.argv else len(sys.argv)
             return sys.argv[at] if at < len(sys.argv) else default
 
-        rows = graph_rows(every=tuple(int(n) for n in option("--every", "16,32,64").split(",")))
+        rows = graph_rows(every=tuple(int(n) for n in option("--every", "16,32,64").split(",")),
+                          dtypes=tuple(option("--dtypes", "fp16,int4,int2").split(",")))
         for r in rows:
             print(f"{r['op']} | off {r['off_us']:.1f} us | on {r['on_us']:.1f} us | overhead "
                   f"{100 * r['overhead']:.2f}% | false alarms {r['false_alarms']} | {r['items']}", flush=True)

@@ -45,7 +45,23 @@ mixer)  # (~330 s) the head digest's mixer in 32-bit instructions: the GPU tests
             grep -E "^graph" "$R/$which.log")
     done
     ;;
+fp16)  # (~250 s; prepared, not run) issue 14: FP16's checked layer hashing the rows from the
+    # registers its k-steps loaded (fp16-in-loop.diff) instead of re-reading them after the
+    # loop: the GPU tests of the patched copy, then FP16's graph rows as it is and patched
+    source benchmarks/experiments/device-site.sh  # site, R
+    export PYTHONPATH="$site:$PWD"
+    patched_copy /tmp/fp16 "$PWD/benchmarks/experiments/2026-12-05-s39/fp16-in-loop.diff" || exit 1
+    (cd /tmp/fp16 && PYTHONPATH="$site:/tmp/fp16" timeout 120 python3 -m pytest -q -p no:cacheprovider -n 6 \
+        tests/test_fault.py tests/cuda/test_head_digest.py -k "layers or head_digest" > "$R/tests.log" 2>&1)
+    echo "tests rc $?"; tail -2 "$R/tests.log"; grep -E "^(FAILED|ERROR)" "$R/tests.log" | head
+    for which in main patched; do
+        d=$PWD; [ $which = patched ] && d=/tmp/fp16
+        (cd $d && OUT=$R PYTHONPATH="$site:$d" timeout 90 python3 -m benchmarks.bench_fault --graph --every 16 \
+            --dtypes fp16 --name fault_graph_$which > "$R/$which.log" 2>&1; echo "$which rc $?"
+            grep -E "^graph" "$R/$which.log")
+    done
+    ;;
 *)
-    echo "usage: $0 bench|mixer" >&2; exit 2
+    echo "usage: $0 bench|mixer|fp16" >&2; exit 2
     ;;
 esac
