@@ -95,10 +95,10 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
                   joint_softmax: bool = True, partials: bool = False, verify: bool = False, dependent: bool = False,
                   cluster: bool = False):
     """The decode kernel of ``shape``, compiled on first launch (cached: the same arguments,
-    by position or by name, give the same kernel object); the other
-    arguments are DecodeOptions fields of the same names (``max_registers`` None: 128; a verify
-    kernel compiles with at most ``VERIFY_MAX_REGISTERS``: ``compiled_cap``). One CTA per work item: the grid
-    ``(splits, num_kv_heads * head_groups, batch)`` names the item's split, KV head and head
+    by position or by name, give the same kernel object); the other arguments are
+    DecodeOptions fields of the same names (``max_registers`` None: 128; a verify kernel
+    compiles with at most ``VERIFY_MAX_REGISTERS``: ``compiled_cap``). One CTA per work
+    item: the grid ``(splits, num_kv_heads * head_groups, batch)`` names the item's split, KV head and head
     group, and sequence (``decode_item_function``). ``partials``: the kernel of one pool of a
     format by age (``decode_item_function``). ``verify``: the variant that checks sampled
     sealed blocks against their head digests as it reads them, with four more arguments
@@ -111,9 +111,9 @@ def decode_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefe
     ``splits``, 2 to ``MAX_CLUSTER``): the splits merge through distributed shared memory
     (``decode_item_function``), not the workspace; not with ``partials``. Every grid kernel
     but a cluster one has ``cluster_twin()``, itself with ``cluster``; a plain one has
-    ``verify_twin()``, itself with ``verify`` (same ``max_registers``, dependence and merge), and a verify
-    one ``plain_twin()``: the launcher gives a verify launch its plain twin's grid, splits
-    and merge, so checking a layer never changes its output by a bit."""
+    ``verify_twin()``, itself with ``verify`` (same ``max_registers``, dependence and
+    merge), and a verify one ``plain_twin()``: the launcher gives a verify launch its plain
+    twin's grid, splits and merge, so checking a layer never changes its output by a bit."""
     if cluster and partials:
         raise ValueError("decode_kernel: cluster is for the grid kernel (not with partials)")
     decode_item = decode_item_function(shape, l2_prefetch, joint_softmax, partials, verify=verify, cluster=cluster)
