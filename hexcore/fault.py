@@ -778,11 +778,7 @@ def _credit_phase(missing, round_start, blocks, phase, full, now):
     w, bit = phase // 64, np.uint64(1) << np.uint64(phase % 64)
     for b in blocks:
         missing[b, w] &= ~bit
-        done = True
-        for j in range(missing.shape[1]):
-            if missing[b, j] != 0:
-                done = False
-        if done:
+        if not missing[b].any():
             missing[b] = full
             round_start[b] = now
 

@@ -77,15 +77,22 @@ else:
 
 def _cached_by_arguments(fn):
     """``functools.cache`` of ``fn`` keyed by its bound arguments, defaults applied, so a
-    call by position and one by name share an entry (and the same kernel object)."""
+    call by position and one by name share an entry (and the same kernel object). Each
+    spelling of a call is remembered as given, so only its first use binds the arguments
+    (binding costs ~10 us, and launches look kernels up several times each)."""
     signature = inspect.signature(fn)
     cached = functools.cache(fn)
+    spellings: dict = {}
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return cached(*bound.args, **bound.kwargs)
+        key = (args, tuple(kwargs.items()))
+        found = spellings.get(key)
+        if found is None:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            found = spellings[key] = cached(*bound.args, **bound.kwargs)
+        return found
 
     return call
 
