@@ -5,6 +5,8 @@
         python3 -m benchmarks.profile_decode int4 1     (dtype, index into bench_decode.SHAPES)
 
 A format by age (``int2-aged``; or ``+merge``) runs its plan's launches as ``bench_decode`` times them.
+``--variant NAME`` runs it with one of ``bench_decode``'s ``--variants`` options (e.g. ``--variant
+"last pool merges"``).
 
 ``--lineinfo`` compiles every kernel with ``lineinfo=True`` (numba's line table; the code is
 the same), for ncu's per-line sections: ``--section SourceCounters --import-source yes``,
@@ -37,13 +39,31 @@ def main(argv: list[str]) -> None:
         with_lineinfo()
     from benchmarks.bench_decode import SHAPES, case_for
 
+    options, variant = None, ""
+    if "--variant" in argv:
+        at = argv.index("--variant")
+        variant = argv[at + 1] if at + 1 < len(argv) else ""
+        options = variant_options(variant)
+        argv = argv[:at] + argv[at + 2:]
     dtype = argv[0] if argv else "fp16"
     shape = SHAPES[int(argv[1]) if len(argv) > 1 else 0]
-    run, nbytes, _store, info = case_for(dtype)(dtype, *shape)
+    run, nbytes, _store, info = case_for(dtype)(dtype, *shape, options=options)
     for _ in range(3):
         run()
     cuda.synchronize()
-    print(f"profiled {dtype} {shape} ({nbytes / 1e9:.3f} GB) {info}")
+    print(f"profiled {dtype}{' ' + variant if variant else ''} {shape} ({nbytes / 1e9:.3f} GB) {info}")
+
+
+def variant_options(name: str):
+    """The options of ``bench_decode``'s variant ``name`` (``--variant "last pool merges"``):
+    a DecodeOptions, or a ``VerifySample`` for the ``verify ...`` ones (grid decode kernels
+    only, not formats by age); an unknown name exits naming the known ones."""
+    from benchmarks.bench_decode import option_variants
+
+    variants = {key.strip(): options for key, options in option_variants().items() if key.strip()}
+    if name not in variants:
+        raise SystemExit(f"--variant: {name!r} is not one of {', '.join(sorted(variants))}")
+    return variants[name]
 
 
 if __name__ == "__main__":

@@ -74,17 +74,17 @@ SEGMENTS = {"fp16": ("k_codes", "v_codes"), "int4": ("k_codes", "v_codes", "k_me
             "int2": ("k_codes", "v_codes", "k_meta", "v_meta")}
 
 
-def verify_case(rng, kv_dtype, block_size, group_size=64):
+def verify_case(rng, kv_dtype, block_size, group_size=64, head_dim=64):
     """A 2-layer cache (layer 1 filled, one KV head), every block's head digests recorded;
     a verifying DecodePlan over device buffers, the plain kernel's output, the verify
     buffers, and four sealed blocks that only one sequence reads."""
-    cfg = KVCacheConfig(num_layers=2, num_kv_heads=1, head_dim=64, block_size=block_size, kv_dtype=kv_dtype,
+    cfg = KVCacheConfig(num_layers=2, num_kv_heads=1, head_dim=head_dim, block_size=block_size, kv_dtype=kv_dtype,
                         group_size=group_size)
     seq_lens = [3 * block_size + 5, 3 * block_size]
     store, tables, tails, _, _ = random_cache(cfg, seq_lens, rng, layer=LAYER)
     head_sums = cuda.to_device(np.zeros((store.num_blocks, 2, 1), np.uint32))
     integrity.record_head_sums(store, np.arange(store.num_blocks, dtype=np.int32), head_sums)
-    q = rng.standard_normal((2, 4, 64)).astype(np.float16)
+    q = rng.standard_normal((2, 4, head_dim)).astype(np.float16)
     lens = np.array(seq_lens, np.int32)
     plain = paged_decode(q, store, LAYER, tables, lens, tails).copy_to_host()
     verify = DecodeVerify(head_sums, cuda.to_device(np.array([1, 0], np.int32)),
@@ -114,15 +114,18 @@ def flip(store, rng, name, layer, block):
     return name, layer, block, byte, mask
 
 
-# (fp16; int4 with two chunks per block: the sum carried across chunks; int2 with 16 words
-# of value metadata per chunk, fewer than the warp's lanes)
-@pytest.mark.parametrize("kv_dtype,block_size", [("fp16", 16), ("int4", 64), ("int2", 16)])
-def test_decode_verify_finds_flips_in_sampled_blocks_only(rng, kv_dtype, block_size):
+# (fp16 at D 64, block 16: one k-step, one value chunk a row, and at D 128, block 32: two
+# k-steps and two chunks, so FP16's in-loop terms index by k-step and chunk; int4 with two
+# chunks per block: the sum carried across chunks; int2 with 16 words of value metadata per
+# chunk, fewer than the warp's lanes)
+@pytest.mark.parametrize("kv_dtype,block_size,head_dim", [("fp16", 16, 64), ("fp16", 32, 128), ("int4", 64, 64),
+                                                          ("int2", 16, 64)])
+def test_decode_verify_finds_flips_in_sampled_blocks_only(rng, kv_dtype, block_size, head_dim):
     """Outputs equal the plain kernel's; every block checked and clean: no alarm; a bit
     flipped in each segment of four blocks (key codes, value codes, key and value metadata)
     is found with its (block, layer), a flip in layer 0 (not decoded) is not; sampling one
     block finds its flip only (the sample is honoured); every 0 checks nothing."""
-    store, plan, plain, verify, own = verify_case(rng, kv_dtype, block_size)
+    store, plan, plain, verify, own = verify_case(rng, kv_dtype, block_size, head_dim=head_dim)
     out, n, _ = run_verify(plan, verify, 1, 0)  # every sealed block checked
     assert np.array_equal(out.view(np.uint16), plain.view(np.uint16)) and n == 0
     segments = SEGMENTS[kv_dtype]

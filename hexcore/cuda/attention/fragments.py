@@ -44,7 +44,9 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda, float32
 
+from ...host.checksum import HEAD_K1
 from ..device import cp_async16_at, device_function, exp2, ld, load_words, shfl_idx, shfl_xor, warp_any
+from ..integrity import head_add, head_chunk, head_key
 from .mma import F16X2_ONES, half2_hi, half2_lo, hmul2, mma_f16, pack_f16x2, prmt, transpose8x8
 from .shape import DecodeShape
 
@@ -139,7 +141,7 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
     CK, RW = s.chunk_ksteps, s.D * s.bits // 32
     SOFTMAX_KSTEPS = CK if joint_softmax else 1
     RING_K, RING_V, RING_VM = s.ring_regions
-    QUANTIZED = s.quantized
+    QUANTIZED, s_BS = s.quantized, s.BS
     COPIES = tuple(_per_lane(words // 4) for words in (RING_K, RING_V, D, RING_VM))  # per lane and stage
     BITS = s.bits if s.quantized else 4  # (FP16 shapes never call the code functions)
     key_code, value_code = key_code_function(BITS), value_code_function(BITS)
@@ -430,9 +432,37 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
         return prmt(ld(vm, base + half // 2), ld(vm, base + NG + half // 2), HI if half % 2 else LO)
 
     @device_function
-    def kstep_rows(pool, kbase, vbase, kstep, ntok, lane, qh, kw, vw, s, o, stats, state):
+    def key_terms(total, kw, kstep, lane):
+        # total + the head-digest terms of the key words kstep_rows loaded (FP16 block): words
+        # tig * ROW_KW.. of the key row of token 16 kstep + 8 n + gid (each word of the block
+        # is loaded by one lane of the warp)
+        gid, tig = lane >> 2, lane & 3
+        for n in range(2):
+            key = head_key((16 * kstep + 8 * n + gid) * (D // 2) + tig * ROW_KW)
+            for i in range(ROW_KW // 4):
+                j = n * ROW_KW + 4 * i
+                total = head_chunk(total, kw[j], kw[j + 1], kw[j + 2], kw[j + 3],
+                                   head_add(key, np.uint32((4 * i * HEAD_K1) & 0xFFFFFFFF)))
+        return total
+
+    @device_function
+    def value_terms(total, vw, kstep, lane):
+        # the same for its value words: CW (8 c + gid) / 2.. of the value row of token
+        # 16 kstep + 8 (u // 2) + 2 tig + u % 2, after the block's BS key rows
+        gid, tig = lane >> 2, lane & 3
+        for u in range(4):
+            row = (s_BS + 16 * kstep + 8 * (u // 2) + 2 * tig + u % 2) * (D // 2)
+            for c in range(NCH):
+                j = (u * NCH + c) * 4
+                total = head_chunk(total, vw[j], vw[j + 1], vw[j + 2], vw[j + 3], head_key(row + 4 * (8 * c + gid)))
+        return total
+
+    @device_function
+    def kstep_rows(pool, kbase, vbase, kstep, ntok, lane, qh, kw, vw, s, o, stats, state, dg):
         # one k-step of FP16 rows (a tail, or an FP16 block): rows at word kbase / vbase +
-        # token * D/2, tokens >= ntok masked (they read row 0, always written)
+        # token * D/2, tokens >= ntok masked (they read row 0, always written); in an FP16
+        # kernel with dg[1] != 0 (a checked block) dg[0] also gets the terms of the words
+        # loaded, each hashed where the k-step reads it anyway
         gid, tig = (lane >> 2), (lane & 3)
         for n in range(2):
             t = 16 * kstep + 8 * n + gid
@@ -445,6 +475,9 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
             for c in range(NCH):
                 load_words(pool, at + CW * (8 * c + gid) // 2, CW // 2, vw, (u * NCH + c) * (CW // 2))
         s[0], s[1], s[2], s[3] = scores(kw, 0, ROW_KW, qh, False)
+        if not QUANTIZED:
+            if dg[1] != 0:
+                dg[0] = key_terms(dg[0], kw, kstep, lane)
         if 16 * kstep + gid >= ntok:  # s[0], s[1]: token gid; s[2], s[3]: token gid + 8
             s[0] = s[1] = NEG_INF
         if 16 * kstep + 8 + gid >= ntok:
@@ -453,6 +486,9 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
         rescale(o, stats, state)
         b0, b1 = probabilities(s, 0)
         step_stats(stats, 0, 0, F16X2_ONES if gid == 0 else 0, b0, b1)
+        if not QUANTIZED:
+            if dg[1] != 0:
+                dg[0] = value_terms(dg[0], vw, kstep, lane)
         for t in range(MT):
             c, i = t // (CW // 2), t % (CW // 2)
             w0 = vw[(0 * NCH + c) * (CW // 2) + i]

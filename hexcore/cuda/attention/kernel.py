@@ -39,10 +39,10 @@ from numba import cuda, float32, int32, uint32
 from ...host.checksum import HEAD_K1
 from ..device import (SHARED_ALIGN16, SIMULATOR, add_acq_rel_i32, allow_dependent_grids, cluster_sync,
                       cluster_sync_relaxed, cp_async_commit, cp_async_wait_all, cp_async_wait_one, device_function,
-                      exp2, ld, load_cg_f32, load_cg_f32x4, load_cluster_f32, load_u32x4, load_where, prefetch_l2,
+                      exp2, ld, load_cg_f32, load_cg_f32x4, load_cluster_f32, load_where, prefetch_l2,
                       shfl_idx_int, shfl_xor, syncwarp, thread_index_volatile, wait_prior_grids, warp_ballot)
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
-from ..integrity import head_add, head_chunk, head_key, head_mix, warp_sum_u32
+from ..integrity import head_add, head_key, head_mix, warp_sum_u32
 from ..launch import MAX_CLUSTER  # the portable cluster size: a cluster merge's most splits
 from .fragments import NEG_INF, warp_functions
 from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape
@@ -196,11 +196,12 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     ``[>= 1]`` and ``found`` int32 ``[F, 2]``, and checks each sealed block ``block`` it reads
     with ``every > 0`` and ``(block + phase) % every == 0`` (``0 <= phase``): the warp that
     reads the block sums the terms of the KV head's words (the quantized path from the
-    shared ring once each chunk's copies have landed, the FP16 path by re-reading the
-    block's rows, L1/L2 hits, after computing them), then lane 0 compares the sum with
-    ``head_sums[block, layer, h]``; a mismatch adds 1 to ``flags[0]`` (atomic) and, as
-    mismatch ``k < F``, writes (block, layer) into ``found[k]``. Nothing else changes: the
-    outputs are the plain item's. Tails are never checked (they are not sealed).
+    shared ring once each chunk's copies have landed, the FP16 path from the registers each
+    k-step loaded its rows into: ``fragments.key_terms`` / ``value_terms``), then lane 0
+    compares the sum with ``head_sums[block, layer, h]``; a mismatch adds 1 to ``flags[0]``
+    (atomic) and, as mismatch ``k < F``, writes (block, layer) into ``found[k]``. Nothing
+    else changes: the outputs are the plain item's. Tails are never checked (they are not
+    sealed).
 
     ``cluster`` (the grid kernel of a cluster launch, ``decode_kernel``): the CTAs of a
     cluster are the splits of one (sequence, KV head, head group), cluster rank = ``split``.
@@ -265,22 +266,11 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
         return ring_terms(total, ring, stage + KMETA + D, RING_VM, 2 * CODE + D + sub * RING_VM, lane)
 
     @cuda.jit(device=True)
-    def row_terms(pool, krun, vrun, lane):
-        # the terms of an FP16 block's key and value rows of the KV head (words krun.., vrun..)
-        total = uint32(0)
-        for c in range(lane, CODE // 4, 32):
-            a0, a1, a2, a3 = load_u32x4(pool, krun + 4 * c)
-            total = head_chunk(total, a0, a1, a2, a3, head_key(4 * c))
-        for c in range(lane, CODE // 4, 32):
-            a0, a1, a2, a3 = load_u32x4(pool, vrun + 4 * c)
-            total = head_chunk(total, a0, a1, a2, a3, head_key(CODE + 4 * c))
-        return total
-
-    @cuda.jit(device=True)
     def sampled(block, vctl):
         # whether the launch checks sealed block `block` (in range): every > 0 and
         # (block + phase) % every == 0, in unsigned arithmetic (phase >= 0); vctl read here
-        # (L1 hits), not held in registers across the loop
+        # (L1 hits) for each block, not held across the block loop (the FP16 path keeps the
+        # one answer for its block's k-steps, in dg[1])
         every = vctl[0]
         return every > 0 and uint32(block + vctl[1]) % uint32(every) == 0
 
@@ -429,6 +419,9 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
         qs = cuda.local.array(KREGS, np.uint32)
         kw = cuda.local.array(KWORDS, np.uint32)
         vw = cuda.local.array(VWORDS, np.uint32)
+        dg = cuda.local.array(2, np.uint32)  # an FP16 block's digest so far, whether it is checked
+        no_digest = cuda.local.array(2, np.uint32)  # (tails: never checked)
+        no_digest[1] = 0
         sc = cuda.local.array(SCORES, float32)
         o = cuda.local.array(O_REGS, float32)
         stats = cuda.local.array(4, float32)
@@ -571,12 +564,15 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                 if not in_range(block, num_blocks):
                     continue  # a block id outside the store: skipped
                 rows = code_offset(layer, block, h, 0, num_blocks, H, BS, RW * 4) // 4
-                for k in range(KSB):
-                    kstep_rows(pool, k_codes + rows, v_codes + rows, k, BS, lane, qh, kw, vw, sc, o, stats, state)
+                dg[0], dg[1] = 0, 0
                 if VERIFY:
-                    if sampled(block, check[1]):  # (the block id is warp-uniform)
-                        check_block(row_terms(pool, k_codes + rows, v_codes + rows, lane), check[0], block, layer, h,
-                                    check[2], check[3], lane)
+                    dg[1] = sampled(block, check[1])  # (the block id is warp-uniform)
+                for k in range(KSB):
+                    kstep_rows(pool, k_codes + rows, v_codes + rows, k, BS, lane, qh, kw, vw, sc, o, stats, state,
+                               dg)
+                if VERIFY:
+                    if dg[1] != 0:  # the digest of the words the k-steps loaded
+                        check_block(dg[0], check[0], block, layer, h, check[2], check[3], lane)
         unscale_values(o)  # (a quantized kernel's sealed outputs were in the subnormal codes' units)
         tail = n_virtual - 1  # the tail, when there is one, is the sequence's last virtual block
         slot = tail_slots[b]
@@ -585,7 +581,8 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
             ntail = seq_len - n_sealed * BS
             rows = tail_offset(layer, slot, h, 0, max_seqs, H, BS, D) // 4
             for k in range((ntail + 15) // 16):
-                kstep_rows(pool, k_tails + rows, v_tails + rows, k, ntail, lane, qh, kw, vw, sc, o, stats, state)
+                kstep_rows(pool, k_tails + rows, v_tails + rows, k, ntail, lane, qh, kw, vw, sc, o, stats, state,
+                           no_digest)
         m_lo, l_lo, m_hi, l_hi = finish(o, stats, state, lane)
 
         # ---- the CTA's four warps -> one partial per head --------------------------------

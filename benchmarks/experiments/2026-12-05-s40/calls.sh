@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# GPU calls of the fortieth session, run from the repository root on the lent GPU with .whl/
+# carried; results into $OUT.
+#   rest (~300 s): the GPU tests the thirty-ninth/fortieth sessions' whole check left unrun
+#      (cut by its limit after 261 of 272: rest.txt here), then where int2-aged's B=1 32k time goes:
+#      ncu's per-instruction stall samples (SourceCounters, lineinfo) of int2-aged and INT2 at
+#      B=1 32/8 32k, summed by stall reason and by 1 KB of code (source_rows.py). The
+#      counters' run (ncu-aged.sh) showed equal instructions and DRAM bytes, 1.5x the SM
+#      cycles, and "no instruction" stalls 3.99 a issue against 0.22: instruction fetch.
+set -u
+source benchmarks/experiments/device-site.sh  # site, R
+export PYTHONPATH="$site:$PWD"
+here=benchmarks/experiments/2026-12-05-s40
+case "${1:-}" in
+rest)
+    mapfile -t rest < $here/rest.txt
+    timeout 200 python3 -m pytest -m gpu -q -rs -p no:cacheprovider -n 6 "${rest[@]}" > "$R/rest-tests.log" 2>&1
+    echo "rest tests rc $?"; tail -2 "$R/rest-tests.log"; grep -E "^(FAILED|ERROR)" "$R/rest-tests.log" | head
+    for dtype in int2-aged int2; do
+        timeout 90 ncu --clock-control none -k regex:"^(kernel|one_launch_kernel|pool_kernel)" --launch-skip 2 \
+            --launch-count 1 --section WarpStateStats --section SourceCounters --import-source yes \
+            -f -o /tmp/src-$dtype python3 -m benchmarks.profile_decode --lineinfo $dtype 5 > "$R/src-$dtype.log" 2>&1
+        echo "$dtype rc $?"
+        ncu -i /tmp/src-$dtype.ncu-rep --page source --csv --print-source sass > /tmp/src-$dtype.csv 2>> "$R/src-$dtype.log"
+        gzip -c /tmp/src-$dtype.csv > "$R/src-$dtype.csv.gz"
+        python3 $here/source_rows.py /tmp/src-$dtype.csv | tee "$R/src-$dtype.txt"
+    done
+    ;;
+fetch)  # (~450 s, its own call; prepared, not run) issue 19: is int2-aged's instruction fetch the one launch's
+    # code (three items inlined, 165 KB) or ncu's cache flush? Counters and warp states of
+    # INT2 and int2-aged at B=1 32/8 32k as "one" (the default there), "last pool merges" and
+    # "merge launch" (a kernel per pool, each about a plain kernel's size), with ncu's default
+    # cache flush and without (--cache-control none: code warm in L2 as in a timed loop);
+    # then bench_decode's times of the same variants, one after the other. Every launch of
+    # the three runs is profiled: read the last run's (one kernel, or a kernel per pool)
+    metrics=gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_active.max,smsp__inst_executed.sum,dram__bytes_read.sum,launch__registers_per_thread,launch__grid_size,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
+    for cache in all none; do
+        for v in "int2" "int2-aged" "int2-aged|last pool merges" "int2-aged|merge launch"; do
+            dtype=${v%%|*}; variant=(); [ "$v" != "$dtype" ] && variant=(--variant "${v#*|}")
+            name="$cache-${v//[ |]/_}"
+            timeout 60 ncu --clock-control none --cache-control $cache -k regex:"^(kernel|one_launch_kernel|pool_kernel|merge_kernel|fused_merge_kernel)" \
+                --metrics $metrics --csv --page raw \
+                python3 -m benchmarks.profile_decode $dtype 5 "${variant[@]}" > "$R/ncu-$name.csv" 2> "$R/ncu-$name.err"
+            echo "== $name rc $?"; python3 benchmarks/experiments/ncu_rows.py "$R/ncu-$name.csv"
+        done
+    done
+    OUT=$R timeout 90 python3 -m benchmarks.bench_decode --shapes "1,32,8,32768;1,32,8,131072" --dtypes int2,int2-aged \
+        --variants --variant-names "default,last pool merges,merge launch" --flex none --no-peers --queued --name fetch \
+        > "$R/fetch.log" 2>&1
+    echo "== fetch (rc $?)"; grep -E "^hexcore" "$R/fetch.log" | cut -d'|' -f1-7
+    ;;
+*)
+    echo "usage: $0 rest|fetch" >&2; exit 2
+    ;;
+esac
