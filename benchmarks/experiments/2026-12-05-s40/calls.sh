@@ -49,7 +49,20 @@ fetch)  # (~450 s, its own call; prepared, not run) issue 19: is int2-aged's ins
         > "$R/fetch.log" 2>&1
     echo "== fetch (rc $?)"; grep -E "^hexcore" "$R/fetch.log" | cut -d'|' -f1-7
     ;;
+fetch64)  # (~250 s; prepared, not run) issue 19 at B=64 x 32/8 4k (shape 1), where int2-aged
+    # is about 35% over INT2: the same counters for INT2, int2-aged (its default there) and
+    # "packed", ncu's cache flush on; the last run's launches are the ones to read
+    metrics=gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_active.max,smsp__inst_executed.sum,dram__bytes_read.sum,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
+    for v in "int2" "int4" "int2-aged" "int2-aged|packed" "int4-aged"; do
+        dtype=${v%%|*}; variant=(); [ "$v" != "$dtype" ] && variant=(--variant "${v#*|}")
+        name="b64-${v//[ |]/_}"
+        timeout 60 ncu --clock-control none -k regex:"^(kernel|one_launch_kernel|pool_kernel|merge_kernel|fused_merge_kernel)" \
+            --metrics $metrics --csv --page raw \
+            python3 -m benchmarks.profile_decode $dtype 1 "${variant[@]}" > "$R/ncu-$name.csv" 2> "$R/ncu-$name.err"
+        echo "== $name rc $?"; python3 benchmarks/experiments/ncu_rows.py "$R/ncu-$name.csv"
+    done
+    ;;
 *)
-    echo "usage: $0 rest|fetch" >&2; exit 2
+    echo "usage: $0 rest|fetch|fetch64" >&2; exit 2
     ;;
 esac
