@@ -62,7 +62,18 @@ fetch64)  # (~250 s; prepared, not run) issue 19 at B=64 x 32/8 4k (shape 1), wh
         echo "== $name rc $?"; python3 benchmarks/experiments/ncu_rows.py "$R/ncu-$name.csv"
     done
     ;;
+check-tests)  # (~450 s on an H100 at -n 12, its own call) the GPU tests alone; the outcomes file
+    # names every test that finished, so a cut run's rest can be run by id (as `rest` did)
+    OUT=/tmp/check/tests HEXCORE_GPU_CHECK=tests timeout 570 scripts/gpu-check -n 12 > "$R/tests-stage.log" 2>&1
+    echo "tests rc $?"; tail -2 "$R/tests-stage.log"; grep -E "^FAILED" "$R/tests-stage.log" | head
+    cp /tmp/check/tests/gpu-tests-outcomes.txt "$R/" 2>/dev/null
+    ;;
+check-sanitizers)  # (~200 s) the four compute-sanitizer tools over benchmarks.sanitize, side by side
+    OUT=/tmp/check/san HEXCORE_GPU_CHECK=sanitize timeout 500 scripts/gpu-check > "$R/sanitize-stage.log" 2>&1
+    echo "sanitizers rc $?"; grep -E "exit" "$R/sanitize-stage.log"
+    for f in /tmp/check/san/sanitize-*.log; do echo "== $f"; tail -n 40 "$f"; done > "$R/sanitize-tails.log"
+    ;;
 *)
-    echo "usage: $0 rest|fetch|fetch64" >&2; exit 2
+    echo "usage: $0 rest|fetch|fetch64|check-tests|check-sanitizers" >&2; exit 2
     ;;
 esac
