@@ -366,10 +366,10 @@ def parse_shapes(text: str) -> list:
 
 
 def main(argv) -> None:
-    from benchmarks.gpu_common import QUEUE_NS, save
+    from benchmarks.gpu_common import QUEUE_NS, flag_value, save
 
     def arg(flag, default):
-        return argv[argv.index(flag) + 1] if flag in argv else default
+        return flag_value(argv, flag, default)
 
     shapes = parse_shapes(arg("--shapes", "all"))
     dtypes = tuple(arg("--dtypes", "fp16,int4,int2").split(","))

@@ -319,11 +319,10 @@ if __name__ == "__main__":
             print(" | ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
         sys.exit(0)
     if "--graph" in sys.argv:
-        from benchmarks.gpu_common import save
+        from benchmarks.gpu_common import flag_value, save
 
         def option(flag, default):
-            at = sys.argv.index(flag) + 1 if flag in sys.argv else len(sys.argv)
-            return sys.argv[at] if at < len(sys.argv) else default
+            return flag_value(sys.argv, flag, default)
 
         rows = graph_rows(every=tuple(int(n) for n in option("--every", "16,32,64").split(",")),
                           dtypes=tuple(option("--dtypes", "fp16,int4,int2").split(",")))

@@ -192,10 +192,10 @@ def latency_rows() -> list[dict]:
 
 
 def main(argv) -> None:
-    from benchmarks.gpu_common import QUEUE_NS
+    from benchmarks.gpu_common import QUEUE_NS, flag_value
 
     def arg(flag, default):
-        return argv[argv.index(flag) + 1] if flag in argv else default
+        return flag_value(argv, flag, default)
 
     shapes = parse_shapes(arg("--shapes", "all"))
     dtypes = arg("--dtypes", "fp16,int4,int2").split(",")

@@ -112,8 +112,10 @@ def policy_regret(rows: list[dict]) -> list[dict]:
 
 
 def main(argv) -> None:
+    from benchmarks.gpu_common import flag_value
+
     def arg(flag, default):
-        return argv[argv.index(flag) + 1] if flag in argv else default
+        return flag_value(argv, flag, default)
 
     shapes = [tuple(int(x) for x in s.split("x")) for s in arg("--shapes", "1x32x8x32768,1x32x8x131072").split(",")]
     dtypes = arg("--dtypes", "fp16,int4,int2").split(",")

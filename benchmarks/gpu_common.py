@@ -17,6 +17,17 @@ CEILING_COPY_TBS = 4.27  # measured device-to-device copy (read + write)
 QUEUE_NS = 2_000_000  # the benchmarks' --queued: the stream held 2 ms before each timed run
 
 
+def flag_value(argv: list, flag: str, default: str) -> str:
+    """The benchmarks' ``--flag VALUE`` options: the word after ``flag`` in ``argv``, or
+    ``default`` where ``flag`` is absent; a flag with nothing after it exits naming it."""
+    if flag not in argv:
+        return default
+    at = argv.index(flag) + 1
+    if at == len(argv):
+        raise SystemExit(f"{flag} needs a value")
+    return argv[at]
+
+
 @cuda.jit(device=True)
 def _hash(x):
     # a 32-bit integer hash; each step is cut back to 32 bits: numba types uint32 * uint32

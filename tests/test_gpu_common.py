@@ -1,10 +1,10 @@
-"""benchmarks.gpu_common.save: rows as JSON and a printed table."""
+"""benchmarks.gpu_common: save (rows as JSON and a printed table), flag_value (the benchmarks' options)."""
 
 import json
 
 import pytest
 
-from benchmarks.gpu_common import save
+from benchmarks.gpu_common import flag_value, save
 
 
 def test_save_prints_rows_whose_keys_differ(tmp_path, monkeypatch, capsys):
@@ -115,3 +115,11 @@ def test_time_gpu_with_a_queue_holds_the_stream_before_each_timed_run(monkeypatc
     assert len(calls) == 2 + 3 * 4 and seconds >= 0
     assert spins[0::2] == [300_000] * 3  # one spin before each timed run, none in the warm-up
     assert all(s >= 300e-6 for s in spins[1::2])  # each held its 0.3 ms (the simulator's clock is real time)
+
+
+def test_flag_value_reads_the_word_after_its_flag():
+    argv = ["--shapes", "quick", "--queued", "--dtypes"]
+    assert flag_value(argv, "--shapes", "all") == "quick"
+    assert flag_value(argv, "--name", "decode") == "decode"
+    with pytest.raises(SystemExit, match="--dtypes needs a value"):
+        flag_value(argv, "--dtypes", "fp16")

@@ -11,6 +11,17 @@ set -u
 source benchmarks/experiments/device-site.sh  # site, R
 export PYTHONPATH="$site:$PWD"
 here=benchmarks/experiments/2026-12-05-s40
+metrics=gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_active.max,smsp__inst_executed.sum,dram__bytes_read.sum,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
+counters() {  # counters NAME SHAPE CACHE "DTYPE[|VARIANT]": ncu's counters of every decode launch of
+    # profile_decode's three runs (read the last run's) into $R/ncu-NAME.csv, and their rows
+    local name=$1 shape=$2 cache=$3 v=$4 dtype variant=()
+    dtype=${v%%|*}; [ "$v" != "$dtype" ] && variant=(--variant "${v#*|}")
+    timeout 60 ncu --clock-control none --cache-control "$cache" \
+        -k regex:"^(kernel|one_launch_kernel|pool_kernel|merge_kernel|fused_merge_kernel)" --metrics $metrics \
+        --csv --page raw python3 -m benchmarks.profile_decode "$dtype" "$shape" "${variant[@]}" \
+        > "$R/ncu-$name.csv" 2> "$R/ncu-$name.err"
+    echo "== $name rc $?"; python3 benchmarks/experiments/ncu_rows.py "$R/ncu-$name.csv"
+}
 case "${1:-}" in
 rest)
     mapfile -t rest < $here/rest.txt
@@ -33,15 +44,9 @@ fetch)  # (~450 s, its own call; prepared, not run) issue 19: is int2-aged's ins
     # cache flush and without (--cache-control none: code warm in L2 as in a timed loop);
     # then bench_decode's times of the same variants, one after the other. Every launch of
     # the three runs is profiled: read the last run's (one kernel, or a kernel per pool)
-    metrics=gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_active.max,smsp__inst_executed.sum,dram__bytes_read.sum,launch__registers_per_thread,launch__grid_size,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
     for cache in all none; do
         for v in "int2" "int2-aged" "int2-aged|last pool merges" "int2-aged|merge launch"; do
-            dtype=${v%%|*}; variant=(); [ "$v" != "$dtype" ] && variant=(--variant "${v#*|}")
-            name="$cache-${v//[ |]/_}"
-            timeout 60 ncu --clock-control none --cache-control $cache -k regex:"^(kernel|one_launch_kernel|pool_kernel|merge_kernel|fused_merge_kernel)" \
-                --metrics $metrics --csv --page raw \
-                python3 -m benchmarks.profile_decode $dtype 5 "${variant[@]}" > "$R/ncu-$name.csv" 2> "$R/ncu-$name.err"
-            echo "== $name rc $?"; python3 benchmarks/experiments/ncu_rows.py "$R/ncu-$name.csv"
+            counters "$cache-${v//[ |]/_}" 5 $cache "$v"
         done
     done
     OUT=$R timeout 90 python3 -m benchmarks.bench_decode --shapes "1,32,8,32768;1,32,8,131072" --dtypes int2,int2-aged \
@@ -52,14 +57,8 @@ fetch)  # (~450 s, its own call; prepared, not run) issue 19: is int2-aged's ins
 fetch64)  # (~250 s; prepared, not run) issue 19 at B=64 x 32/8 4k (shape 1), where int2-aged
     # is about 35% over INT2: the same counters for INT2, int2-aged (its default there) and
     # "packed", ncu's cache flush on; the last run's launches are the ones to read
-    metrics=gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_active.max,smsp__inst_executed.sum,dram__bytes_read.sum,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
     for v in "int2" "int4" "int2-aged" "int2-aged|packed" "int4-aged"; do
-        dtype=${v%%|*}; variant=(); [ "$v" != "$dtype" ] && variant=(--variant "${v#*|}")
-        name="b64-${v//[ |]/_}"
-        timeout 60 ncu --clock-control none -k regex:"^(kernel|one_launch_kernel|pool_kernel|merge_kernel|fused_merge_kernel)" \
-            --metrics $metrics --csv --page raw \
-            python3 -m benchmarks.profile_decode $dtype 1 "${variant[@]}" > "$R/ncu-$name.csv" 2> "$R/ncu-$name.err"
-        echo "== $name rc $?"; python3 benchmarks/experiments/ncu_rows.py "$R/ncu-$name.csv"
+        counters "b64-${v//[ |]/_}" 1 all "$v"
     done
     ;;
 check-tests)  # (~450 s on an H100 at -n 12, its own call) the GPU tests alone; the outcomes file
