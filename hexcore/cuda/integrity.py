@@ -31,7 +31,8 @@ a CTA, warp ``w`` of CTA ``(i, layer, y)`` taking head ``y * W + w`` of block ``
 (lane ``j`` sums the terms of
 16-byte chunks ``j, j + 32, ...`` of each segment, the warp adds the lanes' sums). The
 decode kernel checks sampled blocks against them as it reads them (``attention/kernel.py``,
-``verify``); ``head_key``, ``head_mix`` and ``head_add`` are the device functions both use.
+``verify``); ``head_key``, ``head_key_ahead``, ``head_mix`` and ``head_add`` are the device
+functions both use.
 """
 
 from __future__ import annotations
@@ -58,7 +59,6 @@ WARPS = 4  # layers per CTA, a warp each
 _canary = cuda.jit(device=True)(canary_word)
 _PRIME = np.uint64(FNV32_PRIME)
 _MASK = np.uint64(0xFFFFFFFF)
-_KEY1, _KEY2, _KEY3 = (np.uint32((j * HEAD_K1) & 0xFFFFFFFF) for j in (1, 2, 3))  # key(i + j) - key(i)
 
 
 @cuda.jit(device=True, inline=True)
@@ -92,6 +92,13 @@ def head_key(i):
 
 
 @cuda.jit(device=True, inline=True)
+def head_key_ahead(key, n):
+    """``key(i + n)`` from ``key = key(i)`` (uint32): ``key + n * HEAD_K1 mod 2**32``, one add
+    where ``n`` is a compile-time constant (an unrolled loop's index too)."""
+    return add_u32(key, mad_u32(n, HEAD_K1, 0))
+
+
+@cuda.jit(device=True, inline=True)
 def head_mix(x):
     """The term of a word whose ``w ^ key(i)`` is ``x`` (uint32; ``checksum.head_term``), in
     32-bit instructions (``device.mad_u32``, ``xorshift_u32``)."""
@@ -110,9 +117,9 @@ def head_add(total, x):
 def head_chunk(total, a0, a1, a2, a3, key):
     """``total`` plus the terms of four consecutive words whose first index has ``key``."""
     total = head_add(total, head_mix(a0 ^ key))
-    total = head_add(total, head_mix(a1 ^ head_add(key, _KEY1)))
-    total = head_add(total, head_mix(a2 ^ head_add(key, _KEY2)))
-    return head_add(total, head_mix(a3 ^ head_add(key, _KEY3)))
+    total = head_add(total, head_mix(a1 ^ head_key_ahead(key, 1)))
+    total = head_add(total, head_mix(a2 ^ head_key_ahead(key, 2)))
+    return head_add(total, head_mix(a3 ^ head_key_ahead(key, 3)))
 
 
 @cuda.jit(device=True, inline=True)

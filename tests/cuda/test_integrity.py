@@ -12,7 +12,7 @@ from hexcore import KVCacheConfig
 from hexcore.cuda import integrity, seal
 from hexcore.cuda.store import GUARD_WORDS, DeviceKVStore
 from hexcore.errors import HexcoreInvalidArgumentError
-from hexcore.host.checksum import layer_digests
+from hexcore.host.checksum import HEAD_K1, HEAD_K2, layer_digests
 from tests.cuda.fill import host_block, random_store
 
 
@@ -189,3 +189,33 @@ def test_gpu_checksum_matches_cpu_on_hardware(kv_dtype):
     integrity.checksum_launch(store, ids, sums, out, bad, "verify").run()
     assert sorted(np.flatnonzero(out.copy_to_host().any(axis=1)).tolist()) == sorted(flipped.tolist())
     assert not bad.copy_to_host().any()
+
+
+@cuda.jit
+def _key_ahead_kernel(first, out):
+    i = cuda.grid(1)
+    if i < first.shape[0]:
+        key = integrity.head_key(first[i])
+        out[0, i] = integrity.head_key_ahead(key, 3)  # a constant step, as head_chunk's
+        for j in range(4):  # an unrolled loop's index, as fragments.key_terms' and kernel.ring_terms'
+            out[1 + j, i] = integrity.head_key_ahead(key, 32 * j)
+
+
+def check_key_ahead(rng):
+    """``head_key_ahead(key(i), n) == key(i + n) mod 2**32``, across the wrap of ``i`` too."""
+    first = rng.integers(0, 1 << 32, 64, dtype=np.uint64).astype(np.uint32)
+    first[:2] = [0xFFFFFFFF, 0xFFFFFFE0]
+    out = cuda.to_device(np.zeros((5, 64), np.uint32))
+    _key_ahead_kernel[1, 64](first, out)
+    got = out.copy_to_host()
+    key = [[(int(i) + n) % (1 << 32) * HEAD_K1 + HEAD_K2 & 0xFFFFFFFF for i in first] for n in (3, 0, 32, 64, 96)]
+    assert got.tolist() == key
+
+
+def test_head_key_ahead_steps_the_word_index(rng):
+    check_key_ahead(rng)
+
+
+@pytest.mark.gpu
+def test_head_key_ahead_steps_the_word_index_on_gpu():
+    check_key_ahead(np.random.default_rng(19))

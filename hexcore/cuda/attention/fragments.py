@@ -44,9 +44,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda, float32
 
-from ...host.checksum import HEAD_K1
 from ..device import cp_async16_at, device_function, exp2, ld, load_words, shfl_idx, shfl_xor, warp_any
-from ..integrity import head_add, head_chunk, head_key
+from ..integrity import head_chunk, head_key, head_key_ahead
 from .mma import F16X2_ONES, half2_hi, half2_lo, hmul2, mma_f16, pack_f16x2, prmt, transpose8x8
 from .shape import DecodeShape
 
@@ -441,8 +440,7 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
             key = head_key((16 * kstep + 8 * n + gid) * (D // 2) + tig * ROW_KW)
             for i in range(ROW_KW // 4):
                 j = n * ROW_KW + 4 * i
-                total = head_chunk(total, kw[j], kw[j + 1], kw[j + 2], kw[j + 3],
-                                   head_add(key, np.uint32((4 * i * HEAD_K1) & 0xFFFFFFFF)))
+                total = head_chunk(total, kw[j], kw[j + 1], kw[j + 2], kw[j + 3], head_key_ahead(key, 4 * i))
         return total
 
     @device_function

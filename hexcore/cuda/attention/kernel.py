@@ -36,13 +36,12 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from ...host.checksum import HEAD_K1
 from ..device import (SHARED_ALIGN16, SIMULATOR, add_acq_rel_i32, allow_dependent_grids, cluster_sync,
                       cluster_sync_relaxed, cp_async_commit, cp_async_wait_all, cp_async_wait_one, device_function,
                       exp2, ld, load_cg_f32, load_cg_f32x4, load_cluster_f32, load_where, prefetch_l2,
                       shfl_idx_int, shfl_xor, syncwarp, thread_index_volatile, wait_prior_grids, warp_ballot)
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
-from ..integrity import head_add, head_key, head_mix, warp_sum_u32
+from ..integrity import head_add, head_key, head_key_ahead, head_mix, warp_sum_u32
 from ..launch import MAX_CLUSTER  # the portable cluster size: a cluster merge's most splits
 from .fragments import NEG_INF, warp_functions
 from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape
@@ -252,8 +251,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
         key = head_key(first + lane)
         for j in range(-(-words // 32)):
             if words % 32 == 0 or lane + 32 * j < words:
-                total = head_add(total, head_mix(ld(ring, at + lane + 32 * j) ^ head_add(key, uint32(
-                    (32 * j * HEAD_K1) & 0xFFFFFFFF))))
+                total = head_add(total, head_mix(ld(ring, at + lane + 32 * j) ^ head_key_ahead(key, 32 * j)))
         return total
 
     @cuda.jit(device=True)
