@@ -8,7 +8,8 @@ kernels instead (plain and with fitted keys).
     python -m benchmarks.ptx_report --tiered [--only BITS,D,BS,G]
 
 ``--verify``: each shape's line is followed by one for the decode kernel's verify variant
-(``decode_kernel(verify=True)``: sampled blocks checked against their head digests).
+(``decode_kernel(verify=True)``: sampled blocks checked against their head digests); with
+``--sass``, then by what the variant's hot loop adds to the plain one's, by opcode.
 
 ``--persistent``: the persistent slice kernel (``persistent.persistent_kernel``, item inlined,
 at the grid kernel's register cap) instead, FP16/INT4/INT2 at D=128, block 32, group 4 by
@@ -50,7 +51,7 @@ from numba import cuda, types  # noqa: E402
 _dispatcher.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=(9, 0))
 
 from hexcore.cuda.attention.kernel import GRID_REGISTERS, decode_kernel  # noqa: E402
-from benchmarks.sass_loop import describe, hot_loop  # noqa: E402
+from benchmarks.sass_loop import describe, difference, hot_loop  # noqa: E402
 from hexcore.cuda.attention.shape import DecodeShape  # noqa: E402
 
 U32, I32, I64, F32 = types.uint32[::1], types.int32[::1], types.int64, types.float32[::1]
@@ -72,9 +73,11 @@ def ptx_of(shape: DecodeShape, verify: bool = False) -> str:
     return ptx
 
 
-def ptxas(ptx: str, sass: bool = False, dump: str | None = None, name: str = "k", cap: int = GRID_REGISTERS) -> str:
+def ptxas(ptx: str, sass: bool = False, dump: str | None = None, name: str = "k", cap: int = GRID_REGISTERS,
+          loops: list | None = None) -> str:
     """ptxas -v resource usage (and SASS instruction counts when ``sass``) for one PTX module
-    compiled with the register cap ``cap`` (the decode kernel's by default)."""
+    compiled with the register cap ``cap`` (the decode kernel's by default); with ``sass``,
+    the hot loop (``sass_loop.HotLoop``, or None) is also appended to ``loops`` if given."""
     if not shutil.which("ptxas"):
         return "ptxas not found"
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,7 +93,10 @@ def ptxas(ptx: str, sass: bool = False, dump: str | None = None, name: str = "k"
             count = {k: sum(1 for o in ops if o.startswith(k)) for k in ("HMMA", "LDG", "LOP3", "HFMA2", "SHFL",
                                                                          "LDL", "STL", "BAR")}
             info += " | SASS " + ", ".join(f"{k} {v}" for k, v in count.items()) + f", total {len(ops)}"
-            info += " | " + describe(hot_loop(dump_text))
+            loop = hot_loop(dump_text)
+            info += " | " + describe(loop)
+            if loops is not None:
+                loops.append(loop)
             if dump:
                 with open(os.path.join(dump, f"{name}.sass"), "w") as f:
                     f.write(dump_text)
@@ -99,10 +105,12 @@ def ptxas(ptx: str, sass: bool = False, dump: str | None = None, name: str = "k"
 
 def report(sass: bool = False, dump: str | None = None, only: str | None = None, verify: bool = False) -> None:
     """One line per shape of SHAPES (or only ``only``, "bits,head_dim,block_size,group"); with
-    ``verify``, one more per shape for the verify variant."""
+    ``verify``, one more per shape for the verify variant, and with ``sass`` too, what its hot
+    loop adds to the plain one's (``sass_loop.difference``)."""
     shapes = [tuple(int(x) for x in only.split(","))] if only else SHAPES
     for bits, head_dim, block_size, group in shapes:
         shape = DecodeShape(bits, 8, head_dim, block_size, group, 64)
+        loops = []
         for variant in (False, True) if verify else (False,):
             ptx = ptx_of(shape, variant)
             name = f"decode_b{bits}_d{head_dim}_bs{block_size}_g{group}" + ("_verify" if variant else "")
@@ -112,7 +120,9 @@ def report(sass: bool = False, dump: str | None = None, only: str | None = None,
                     f.write(ptx)
             print(f"decode{' verify' if variant else ''} bits={bits:2} D={head_dim} BS={block_size} G={group}: "
                   f"mma {ptx.count('mma.sync')}, v4 loads {ptx.count('ld.global.v4')}, local {ptx.count('.local')}, "
-                  f"cvt.s64 {ptx.count('cvt.rn.f32.s64')} | {ptxas(ptx, sass, dump, name)}", flush=True)
+                  f"cvt.s64 {ptx.count('cvt.rn.f32.s64')} | {ptxas(ptx, sass, dump, name, loops=loops)}", flush=True)
+        if len(loops) == 2:
+            print(f"    verify's hot loop against the plain one: {difference(*loops)}", flush=True)
 
 
 def persistent_report(dump: str | None = None, only: str | None = None, count_items: bool = False) -> None:

@@ -63,3 +63,16 @@ def describe(loop: HotLoop | None, top: int = 8) -> str:
     ops = ", ".join(f"{op} {n}" for op, n in loop.ops.most_common(top))
     return f"hot loop {loop.size} instructions (0x{loop.start:x}..0x{loop.end:x}): {ops}"
 
+
+
+def difference(base: HotLoop | None, other: HotLoop | None, top: int = 8) -> str:
+    """One line: how many more instructions ``other``'s loop has than ``base``'s, by opcode
+    (the ``top`` largest changes first; e.g. a decode kernel's verify variant against the
+    plain kernel: what checking a block adds to each pass)."""
+    if base is None or other is None:
+        return "no loop to compare"
+    change = Counter(other.ops)
+    change.subtract(base.ops)
+    moved = sorted(((op, n) for op, n in change.items() if n), key=lambda item: (-abs(item[1]), item[0]))
+    ops = ", ".join(f"{op} {n:+d}" for op, n in moved[:top])
+    return f"{other.size - base.size:+d} instructions a pass ({base.size} -> {other.size}): {ops}"

@@ -2,7 +2,7 @@
 
 from collections import Counter
 
-from benchmarks.sass_loop import describe, hot_loop
+from benchmarks.sass_loop import HotLoop, describe, difference, hot_loop
 
 
 def test_hot_loop_finds_the_loop_with_the_most_mma():
@@ -23,3 +23,11 @@ def test_hot_loop_finds_the_loop_with_the_most_mma():
     assert loop.ops == Counter({"HMMA": 2, "LOP3": 1, "BRA": 1})  # not 0x0..0x90: an unpredicated return
     assert describe(loop).startswith("hot loop 4 instructions (0x30..0x60): HMMA 2")
     assert hot_loop("/*0000*/ EXIT ;") is None
+
+
+def test_difference_counts_what_one_loop_adds_by_opcode():
+    plain = HotLoop(0, 0x50, 6, Counter({"HMMA": 2, "LDS": 2, "LEA": 1, "BRA": 1}))
+    verify = HotLoop(0, 0xa0, 11, Counter({"HMMA": 2, "LDS": 3, "IMAD": 2, "SHF": 3, "BRA": 1}))
+    assert difference(plain, verify) == "+5 instructions a pass (6 -> 11): SHF +3, IMAD +2, LDS +1, LEA -1"
+    assert difference(verify, plain, top=1) == "-5 instructions a pass (11 -> 6): SHF -3"
+    assert difference(None, verify) == "no loop to compare"
