@@ -31,8 +31,8 @@ a CTA, warp ``w`` of CTA ``(i, layer, y)`` taking head ``y * W + w`` of block ``
 (lane ``j`` sums the terms of
 16-byte chunks ``j, j + 32, ...`` of each segment, the warp adds the lanes' sums). The
 decode kernel checks sampled blocks against them as it reads them (``attention/kernel.py``,
-``verify``); ``head_key``, ``head_key_ahead``, ``head_mix`` and ``head_add`` are the device
-functions both use.
+``verify``); ``head_key``, ``head_key_ahead``, ``head_term``, ``head_mix`` and ``head_add`` are
+the device functions both use.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from ..errors import HexcoreInvalidArgumentError
 from .._checks import as_int
 from ..host.checksum import FNV32_BASIS, FNV32_PRIME, HEAD_K1, HEAD_K2, HEAD_M1, HEAD_M2, LANES, canary_word
 from .arrays import checked, checked_ids, checked_layer, checked_store, device_only
-from .device import add_u32, load_u32x4, mad_u32, shfl_xor_u32, xorshift_u32
+from .device import add_u32, load_u32x4, mad_u32, opaque_u32, shfl_xor_u32, xorshift_u32
 from .device_layout import code_offset, key_meta_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch
 from .store import GUARD_WORDS, DeviceKVStore
@@ -87,8 +87,11 @@ def _absorb(h, pool, start, words, lane):
 
 @cuda.jit(device=True, inline=True)
 def head_key(i):
-    """``key(i) = (i * HEAD_K1 + HEAD_K2) mod 2**32`` of word index ``i`` (``0 <= i < 2**32``)."""
-    return mad_u32(i, HEAD_K1, HEAD_K2)
+    """``key(i) = (i * HEAD_K1 + HEAD_K2) mod 2**32`` of word index ``i`` (``0 <= i < 2**32``),
+    opaque to LLVM (``device.opaque_u32``): ``head_term(w, head_key_ahead(k, n))`` with a
+    compile-time ``n`` is then one IADD3 ``w + k + n * HEAD_K1`` a word, where LLVM would fold
+    the index's multiply into every word (an IMAD and a VIADD)."""
+    return opaque_u32(mad_u32(i, HEAD_K1, HEAD_K2))
 
 
 @cuda.jit(device=True, inline=True)
@@ -100,11 +103,18 @@ def head_key_ahead(key, n):
 
 @cuda.jit(device=True, inline=True)
 def head_mix(x):
-    """The term of a word whose ``w ^ key(i)`` is ``x`` (uint32; ``checksum.head_term``), in
+    """The term of a word whose ``w + key(i)`` is ``x`` (uint32; ``checksum.head_term``), in
     32-bit instructions (``device.mad_u32``, ``xorshift_u32``)."""
     x = mad_u32(xorshift_u32(x, 16), HEAD_M1, 0)
     x = mad_u32(xorshift_u32(x, 13), HEAD_M2, 0)
     return xorshift_u32(x, 16)
+
+
+@cuda.jit(device=True, inline=True)
+def head_term(w, key):
+    """The term of word ``w`` (uint32) whose index has key ``key`` (``checksum.head_term``):
+    the mixer of ``w + key mod 2**32`` (``key`` from ``head_key``, ``head_key_ahead``)."""
+    return head_mix(add_u32(w, key))
 
 
 @cuda.jit(device=True, inline=True)
@@ -116,10 +126,10 @@ def head_add(total, x):
 @cuda.jit(device=True, inline=True)
 def head_chunk(total, a0, a1, a2, a3, key):
     """``total`` plus the terms of four consecutive words whose first index has ``key``."""
-    total = head_add(total, head_mix(a0 ^ key))
-    total = head_add(total, head_mix(a1 ^ head_key_ahead(key, 1)))
-    total = head_add(total, head_mix(a2 ^ head_key_ahead(key, 2)))
-    return head_add(total, head_mix(a3 ^ head_key_ahead(key, 3)))
+    total = head_add(total, head_term(a0, key))
+    total = head_add(total, head_term(a1, head_key_ahead(key, 1)))
+    total = head_add(total, head_term(a2, head_key_ahead(key, 2)))
+    return head_add(total, head_term(a3, head_key_ahead(key, 3)))
 
 
 @cuda.jit(device=True, inline=True)

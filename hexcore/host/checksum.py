@@ -53,7 +53,7 @@ indexed ``i = 0, 1, ...`` in this order::
 same. The digest is a sum of one term per word, mod 2**32::
 
     key(i)     = (i * 0x9E3779B1 + 0x7F4A7C15) mod 2**32
-    term(i, w) = x ^ (x >> 16)  where  x = w ^ key(i),
+    term(i, w) = x ^ (x >> 16)  where  x = w + key(i)  mod 2**32,
                                        x = x ^ (x >> 16),
                                        x = (x * 0x85EBCA6B) mod 2**32,
                                        x = x ^ (x >> 13),
@@ -63,16 +63,23 @@ same. The digest is a sum of one term per word, mod 2**32::
 (:func:`head_term`, :func:`head_digests`, :func:`head_digest`). A sum is order-free: each
 lane sums the words it holds, with their indices, and a warp adds the lanes' sums.
 
-What it guarantees: ``term(i, .)`` is a bijection (XOR with a constant, multiplications
+What it guarantees: ``term(i, .)`` is a bijection (adding a constant, multiplications
 by odd numbers and ``x ^ (x >> s)`` are each invertible), so a change of any *one* word
 changes exactly one term and the digest, with certainty -- every single-bit flip is
 detected. Several changed words escape with probability about ``2**-32`` (the mixer's
 terms behave as independent random values). Why a mixer and not the cheaper ``term = (w
 ^ key(i)) * P``: flipping bit ``k`` of any word changes that term by ``+-2**k * P``, so the
 same bit flipped in two words (one 0 -> 1, the other 1 -> 0) cancels in the sum, half of
-all same-bit double flips (tested in ``tests/host/test_checksum.py``). Words that swap
+all same-bit double flips (tested in ``tests/host/test_head_digest.py``). Words that swap
 places are caught too (the key depends on the index). A block copied whole over another
 is caught by the other's recorded digest.
+
+The key is added, not XORed: with a key ``k + c`` (a lane's key and a compile-time step)
+the GPU forms ``w + k + c`` in one three-input add, where an XOR took an add and a LOP3.
+Both are bijections, and the same-bit double flips cancel about as rarely with either
+(``benchmarks/experiments/2026-12-05-s42/mixers.py``). Every step of the mixer is needed:
+without the last xorshift the change of a term for one flipped bit takes few distinct
+values, and same-bit double flips cancel 1,000 to 5,000 times more often (same script).
 
 Canary words (:func:`canary_word`) are the fixed pattern of the store's guard regions.
 """
@@ -237,7 +244,7 @@ def block_checksum(digests) -> int:
 
 
 # -- the head digest: order-free, per (block, layer, KV head) -----------------------------
-HEAD_K1 = 0x9E3779B1  # index key: word i is XORed with (i * HEAD_K1 + HEAD_K2) mod 2**32
+HEAD_K1 = 0x9E3779B1  # index key: word i gets (i * HEAD_K1 + HEAD_K2) added, mod 2**32
 HEAD_K2 = 0x7F4A7C15
 HEAD_M1 = 0x85EBCA6B  # the mixer's multipliers (murmur3's fmix32, all of it: the first xorshift too)
 HEAD_M2 = 0xC2B2AE35
@@ -245,13 +252,13 @@ HEAD_M2 = 0xC2B2AE35
 
 def head_term(i, w):
     """The term of word ``w`` at index ``i`` of a head digest (Python ints in [0, 2**32)):
-    ``x = w ^ key(i)``, ``x ^= x >> 16``, ``x *= M1``, ``x ^= x >> 13``, ``x *= M2``, ``x ^=
+    ``x = w + key(i)``, ``x ^= x >> 16``, ``x *= M1``, ``x ^= x >> 13``, ``x *= M2``, ``x ^=
     x >> 16`` (mod 2**32), ``key(i) = (i * HEAD_K1 + HEAD_K2) mod 2**32``. Every step is a
     bijection of ``x``, so the term is a bijection of ``w`` for each ``i``. The first xorshift
     matters: without it a flip of a high bit reaches the first product as that bit alone,
     and the term's change took few distinct values (about 15,000 for bit 31 over 200,000
     words), so two same-bit flips cancelled far more often than 2**-32."""
-    x = (w ^ (i * HEAD_K1 + HEAD_K2)) & MASK32
+    x = (w + i * HEAD_K1 + HEAD_K2) & MASK32
     x ^= x >> 16
     x = (x * HEAD_M1) & MASK32
     x ^= x >> 13
@@ -267,7 +274,7 @@ _S13, _S16 = np.uint64(13), np.uint64(16)
 @numba.njit(cache=True, inline="always")
 def _head_term(i, w):
     # uint64 i, w; every operand uint64 (see _step), products of two words below 2**64
-    x = (w ^ ((i * _HK1 + _HK2) & _MASK)) & _MASK
+    x = (w + ((i * _HK1 + _HK2) & _MASK)) & _MASK
     x ^= x >> _S16
     x = (x * _HM1) & _MASK
     x ^= x >> _S13

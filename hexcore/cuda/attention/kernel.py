@@ -41,7 +41,7 @@ from ..device import (SHARED_ALIGN16, SIMULATOR, add_acq_rel_i32, allow_dependen
                       exp2, ld, load_cg_f32, load_cg_f32x4, load_cluster_f32, load_where, prefetch_l2,
                       shfl_idx_int, shfl_xor, syncwarp, thread_index_volatile, wait_prior_grids, warp_ballot)
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
-from ..integrity import head_add, head_key, head_key_ahead, head_mix, warp_sum_u32
+from ..integrity import head_add, head_key, head_key_ahead, head_term, warp_sum_u32
 from ..launch import MAX_CLUSTER  # the portable cluster size: a cluster merge's most splits
 from .fragments import NEG_INF, warp_functions
 from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape
@@ -251,7 +251,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
         key = head_key(first + lane)
         for j in range(-(-words // 32)):
             if words % 32 == 0 or lane + 32 * j < words:
-                total = head_add(total, head_mix(ld(ring, at + lane + 32 * j) ^ head_key_ahead(key, 32 * j)))
+                total = head_add(total, head_term(ld(ring, at + lane + 32 * j), head_key_ahead(key, 32 * j)))
         return total
 
     @cuda.jit(device=True)
@@ -288,7 +288,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     def check_block(total, head_sums, block, layer, h, flags, found, lane):
         # the warp's lane sums added up; lane 0 compares with the recorded head digest
         total = warp_sum_u32(total)
-        if lane == 0 and total != head_sums[block, layer, h]:
+        if lane == 0 and total != head_sums[uint32(block), uint32(layer), uint32(h)]:
             k = cuda.atomic.add(flags, 0, uint32(1))
             if k < found.shape[0]:
                 found[k, 0] = block
