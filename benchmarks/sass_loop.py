@@ -41,19 +41,26 @@ def instructions(sass: str) -> list[tuple[int, str, int | None]]:
 
 
 def hot_loop(sass: str, opcode: str = "HMMA") -> HotLoop | None:
-    """The loop (a backward branch's span) holding the most ``opcode`` instructions; among
-    equals the shortest. None when no loop holds one."""
+    """The loop (a backward branch's span) holding the most ``opcode`` instructions. Among
+    equals, the innermost (one that encloses no other of them), and of those the first in
+    the code: in an FP16 decode kernel the sealed blocks' k-step loop and the tail's hold the
+    same mma count, and the sealed one comes first in the plain and verify kernels alike
+    (taking the shortest compared the verify kernel's tail loop with the plain kernel's block
+    loop). None when no loop holds one."""
     insts = instructions(sass)
-    best = None
+    loops = []
     for address, _, target in insts:
         if target is None or target >= address:
             continue
         body = [op for a, op, _ in insts if target <= a <= address]
-        ops = Counter(body)
-        key = (ops[opcode], -len(body))
-        if ops[opcode] and (best is None or key > best[0]):
-            best = (key, HotLoop(target, address, len(body), ops))
-    return best[1] if best else None
+        loops.append(HotLoop(target, address, len(body), Counter(body)))
+    most = max((loop.ops[opcode] for loop in loops), default=0)
+    if not most:
+        return None
+    best = [loop for loop in loops if loop.ops[opcode] == most]
+    inner = [loop for loop in best if not any(o is not loop and loop.start <= o.start and o.end <= loop.end
+                                              for o in best)]
+    return min(inner, key=lambda loop: (loop.start, loop.size))
 
 
 def describe(loop: HotLoop | None, top: int = 8) -> str:

@@ -66,8 +66,10 @@ lane sums the words it holds, with their indices, and a warp adds the lanes' sum
 What it guarantees: ``term(i, .)`` is a bijection (adding a constant, multiplications
 by odd numbers and ``x ^ (x >> s)`` are each invertible), so a change of any *one* word
 changes exactly one term and the digest, with certainty -- every single-bit flip is
-detected. Several changed words escape with probability about ``2**-32`` (the mixer's
-terms behave as independent random values). Why a mixer and not the cheaper ``term = (w
+detected. Several changed words escape with probability near ``2**-32`` (the mixer's
+terms behave nearly as independent random values); the same bit flipped both ways in two
+words, the pattern likeliest to cancel, escapes with about ``2**-28`` to ``2**-30``
+(measured: see below). Why a mixer and not the cheaper ``term = (w
 ^ key(i)) * P``: flipping bit ``k`` of any word changes that term by ``+-2**k * P``, so the
 same bit flipped in two words (one 0 -> 1, the other 1 -> 0) cancels in the sum, half of
 all same-bit double flips (tested in ``tests/host/test_head_digest.py``). Words that swap
@@ -76,10 +78,11 @@ is caught by the other's recorded digest.
 
 The key is added, not XORed: with a key ``k + c`` (a lane's key and a compile-time step)
 the GPU forms ``w + k + c`` in one three-input add, where an XOR took an add and a LOP3.
-Both are bijections, and the same-bit double flips cancel about as rarely with either
+Both are bijections, and same-bit double flips cancel 4 to 20 times as often as
+uniform 32-bit terms would with either, with no consistent difference between the two
 (``benchmarks/experiments/2026-12-05-s42/mixers.py``). Every step of the mixer is needed:
 without the last xorshift the change of a term for one flipped bit takes few distinct
-values, and same-bit double flips cancel 1,000 to 5,000 times more often (same script).
+values, and same-bit double flips cancel 1,200 to 5,200 times more often (same script).
 
 Canary words (:func:`canary_word`) are the fixed pattern of the store's guard regions.
 """

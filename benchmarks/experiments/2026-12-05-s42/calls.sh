@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # GPU calls of the forty-second session (prepared; no GPU was lent), run from the repository
 # root on the lent GPU with .whl/ carried; results into $OUT.
-#   digest (~450 s, issue 14): the head digest's key added (one IADD3 a word) and its check's
+#   digest (~500 s, issue 14): the head digest's key added (one IADD3 a word) and its check's
 #      unsigned index. First the GPU tests it touches (head digests on the device against the
 #      CPU, the u32 helpers with opaque_u32, the decode's verify variant, the layered graph's
 #      bit-identity), then bench_fault's graph rows (B=64 x 32/8 4k, 32 layers: plain,
 #      separate 1-in-16, 2 and 1 whole layers a step), before (digest-before.diff: the key
-#      XORed, the signed index) and after: every dtype, then INT4 again in the other order.
+#      XORed, the signed index; its own copy, /tmp/before-s42) and after: every dtype, then INT4
+#      again in the other order. Step limits 120 + 2 x 110 + 2 x 60 = 460 s, within the call's 600.
 #      INT4's "2 layers a step" row is the question: +3.57% on the H200 in the thirty-ninth
 #      session, 3% wanted.
-#   digest-san (~300 s): racecheck and memcheck over the verify variant's runs
+#   digest-san (at most 480 s): racecheck and memcheck over the verify variant's runs
 #      (benchmarks.sanitize --verify; under a sanitizer the compile alone took most of 60 s
 #      in the thirty-ninth session, hence their own call and 240 s each).
 set -u
@@ -18,21 +19,21 @@ case "${1:-}" in
 digest)
     source benchmarks/experiments/device-site.sh  # site, R
     export PYTHONPATH="$site:$PWD"
-    timeout 150 python3 -m pytest -m gpu -q -rs -p no:cacheprovider -n 6 tests/test_fault.py \
+    timeout 120 python3 -m pytest -m gpu -q -rs -p no:cacheprovider -n 6 tests/test_fault.py \
         tests/cuda/test_head_digest.py tests/cuda/test_device.py tests/cuda/test_integrity.py \
         tests/cuda/attention/test_decode.py -k "layers or head or u32 or verify or integrity" \
         > "$R/tests.log" 2>&1
     echo "tests rc $?"; tail -2 "$R/tests.log"; grep -E "^(FAILED|ERROR)" "$R/tests.log" | head
-    patched_copy /tmp/before "$PWD/$here/digest-before.diff" || exit 1
-    rows() {  # rows WHICH NAME [bench_fault options]: the graph rows of the tree before or after
-        local which=$1 name=$2 d=$PWD; shift 2
-        [ $which = before ] && d=/tmp/before
-        (cd $d && OUT=$R PYTHONPATH="$site:$d" timeout 110 python3 -m benchmarks.bench_fault --graph \
-            --every 16 --name $name "$@" > "$R/$name.log" 2>&1
+    patched_copy /tmp/before-s42 "$PWD/$here/digest-before.diff" || exit 1
+    rows() {  # rows WHICH LIMIT NAME [bench_fault options]: the graph rows of the tree before or after
+        local which=$1 limit=$2 name=$3 d=$PWD; shift 3
+        [ "$which" = before ] && d=/tmp/before-s42
+        (cd "$d" && OUT=$R PYTHONPATH="$site:$d" timeout "$limit" python3 -m benchmarks.bench_fault --graph \
+            --every 16 --name "$name" "$@" > "$R/$name.log" 2>&1
             echo "$name rc $?"; grep -E "^graph" "$R/$name.log")
     }
-    rows before fault_graph_before; rows after fault_graph_after
-    rows after fault_graph_after_int4 --dtypes int4; rows before fault_graph_before_int4 --dtypes int4
+    rows before 110 fault_graph_before; rows after 110 fault_graph_after
+    rows after 60 fault_graph_after_int4 --dtypes int4; rows before 60 fault_graph_before_int4 --dtypes int4
     ;;
 digest-san)
     source benchmarks/experiments/device-site.sh  # site, R
