@@ -48,10 +48,8 @@ Helpers
   32-bit instructions (one IMAD, one IADD3, SHF and LOP3). numba computes uint32
   arithmetic in 64 bits and masks it, which leaves ptxas a mask per shift and a key
   multiply per word (the head digest in the decode's verify loop: about 14 instructions a
-  word, 12 with these, about 11 with the key added and opaque).
-- ``opaque_u32(x)``: ``x`` (uint32) through an inline-assembly move, so LLVM cannot see how
-  it was computed and re-associate the adds that use it (the head digest's lane key: ``w +
-  key + c`` stays one IADD3 a word instead of an IMAD and a VIADD); ptxas removes the move.
+  word, 12 with these, about 11 with the key added and kept from LLVM's sight:
+  ``integrity.head_key_opaque``).
 - ``exp2(x)``: ``2**x`` in float32 (``ex2.approx.ftz``: 2 ulp; the twin uses math.exp2).
 - ``cp_async16(dst, j, src, i)``: start copying words ``src[i:i+4]`` (global) to
   ``dst[j:j+4]`` (a shared uint32 array declared with ``alignment=SHARED_ALIGN16``), 16
@@ -492,16 +490,6 @@ if not SIMULATOR:
         return sig and (sig, lambda context, builder, sig, ops: builder.add(ops[0], ops[1]))
 
     @intrinsic
-    def opaque_u32(typingctx, x):
-        sig = _u32_signature(x)
-
-        def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32)])
-            return builder.call(ir.InlineAsm(fnty, "mov.b32 $0, $1;", "=r,r"), list(args))
-
-        return sig and (sig, codegen)
-
-    @intrinsic
     def xorshift_u32(typingctx, x, s):
         sig = _u32_signature(x, s)
         return sig and (sig, lambda context, builder, sig, ops: builder.xor(ops[0], builder.lshr(ops[0], ops[1])))
@@ -682,10 +670,6 @@ else:
     @cuda.jit(device=True)
     def add_u32(a, b):
         return np.uint32((int(a) + int(b)) & FULL_MASK)
-
-    @cuda.jit(device=True)
-    def opaque_u32(x):
-        return np.uint32(int(x) & FULL_MASK)
 
     @cuda.jit(device=True)
     def xorshift_u32(x, s):

@@ -31,8 +31,8 @@ a CTA, warp ``w`` of CTA ``(i, layer, y)`` taking head ``y * W + w`` of block ``
 (lane ``j`` sums the terms of
 16-byte chunks ``j, j + 32, ...`` of each segment, the warp adds the lanes' sums). The
 decode kernel checks sampled blocks against them as it reads them (``attention/kernel.py``,
-``verify``); ``head_key``, ``head_key_ahead``, ``head_term``, ``head_mix`` and ``head_add`` are
-the device functions both use.
+``verify``); ``head_key``, ``head_key_opaque``, ``head_key_ahead``, ``head_term``, ``head_mix`` and
+``head_add`` are the device functions both use.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from ..errors import HexcoreInvalidArgumentError
 from .._checks import as_int
 from ..host.checksum import FNV32_BASIS, FNV32_PRIME, HEAD_K1, HEAD_K2, HEAD_M1, HEAD_M2, LANES, canary_word
 from .arrays import checked, checked_ids, checked_layer, checked_store, device_only
-from .device import add_u32, load_u32x4, mad_u32, opaque_u32, shfl_xor_u32, xorshift_u32
+from .device import add_u32, load_u32x4, mad_u32, shfl_xor_u32, xorshift_u32
 from .device_layout import code_offset, key_meta_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch
 from .store import GUARD_WORDS, DeviceKVStore
@@ -87,11 +87,19 @@ def _absorb(h, pool, start, words, lane):
 
 @cuda.jit(device=True, inline=True)
 def head_key(i):
-    """``key(i) = (i * HEAD_K1 + HEAD_K2) mod 2**32`` of word index ``i`` (``0 <= i < 2**32``),
-    opaque to LLVM (``device.opaque_u32``): ``head_term(w, head_key_ahead(k, n))`` with a
-    compile-time ``n`` is then one IADD3 ``w + k + n * HEAD_K1`` a word, where LLVM would fold
-    the index's multiply into every word (an IMAD and a VIADD)."""
-    return opaque_u32(mad_u32(i, HEAD_K1, HEAD_K2))
+    """``key(i) = (i * HEAD_K1 + HEAD_K2) mod 2**32`` of word index ``i`` (``0 <= i < 2**32``)."""
+    return mad_u32(i, HEAD_K1, HEAD_K2)
+
+
+@cuda.jit(device=True, inline=True)
+def head_key_opaque(i):
+    """``head_key(i)`` passed through a shuffle from the lane itself (every lane of the warp
+    calls it), so that LLVM cannot see the index's multiply: ``head_term(w,
+    head_key_ahead(k, n))`` with a compile-time ``n`` is then one IADD3 ``w + k + n *
+    HEAD_K1`` a word, where LLVM folds the multiply into every word (an IMAD and a VIADD).
+    Not an inline-assembly move: with one, the lent GPU's NVVM miscompiled a loop's store
+    addresses (``benchmarks/experiments/2026-12-05-s42/key_ahead_probe.py``)."""
+    return shfl_xor_u32(head_key(i), 0)
 
 
 @cuda.jit(device=True, inline=True)

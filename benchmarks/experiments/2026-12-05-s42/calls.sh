@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# GPU calls of the forty-second session (prepared; no GPU was lent), run from the repository
-# root on the lent GPU with .whl/ carried; results into $OUT.
+# GPU calls of the forty-second session, run from the repository root on the lent GPU with
+# .whl/ carried; results into $OUT.
 #   digest (~500 s, issue 14): the head digest's key added (one IADD3 a word) and its check's
 #      unsigned index. First the GPU tests it touches (head digests on the device against the
-#      CPU, the u32 helpers with opaque_u32, the decode's verify variant, the layered graph's
-#      bit-identity), then bench_fault's graph rows (B=64 x 32/8 4k, 32 layers: plain,
-#      separate 1-in-16, 2 and 1 whole layers a step), before (digest-before.diff: the key
-#      XORed, the signed index; its own copy, /tmp/before-s42) and after: every dtype, then INT4
-#      again in the other order. Step limits 120 + 2 x 110 + 2 x 60 = 460 s, within the call's 600.
-#      INT4's "2 layers a step" row is the question: +3.57% on the H200 in the thirty-ninth
-#      session, 3% wanted.
+#      CPU, the u32 helpers, the decode's verify variant, the layered graph's bit-identity),
+#      then opaque_probe.py (the NVVM miscompile an inline-assembly move set off), then
+#      bench_fault's graph rows (B=64 x 32/8 4k, 32 layers: plain, separate 1-in-16, 2 and 1
+#      whole layers a step), before (digest-before.diff: the key XORed, the signed index; its
+#      own copy, /tmp/before-s42) and after: every dtype, then INT4 again in the other order.
+#      Step limits 120 + 60 + 2 x 110 + 2 x 60 = 520 s, within the call's 600. INT4's "2 layers
+#      a step" row is the question: +3.57% on the H200 in the thirty-ninth session, 3% wanted.
 #   digest-san (at most 480 s): racecheck and memcheck over the verify variant's runs
 #      (benchmarks.sanitize --verify; under a sanitizer the compile alone took most of 60 s
 #      in the thirty-ninth session, hence their own call and 240 s each).
@@ -24,6 +24,8 @@ digest)
         tests/cuda/attention/test_decode.py -k "layers or head or u32 or verify or integrity" \
         > "$R/tests.log" 2>&1
     echo "tests rc $?"; tail -2 "$R/tests.log"; grep -E "^(FAILED|ERROR)" "$R/tests.log" | head
+    timeout 60 python3 $here/opaque_probe.py > "$R/opaque_probe.log" 2>&1; echo "probe rc $?"
+    grep -E "rows|NVVM|numba" "$R/opaque_probe.log"
     patched_copy /tmp/before-s42 "$PWD/$here/digest-before.diff" || exit 1
     rows() {  # rows WHICH LIMIT NAME [bench_fault options]: the graph rows of the tree before or after
         local which=$1 limit=$2 name=$3 d=$PWD; shift 3

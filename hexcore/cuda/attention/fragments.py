@@ -45,7 +45,7 @@ import numpy as np
 from numba import cuda, float32
 
 from ..device import cp_async16_at, device_function, exp2, ld, load_words, shfl_idx, shfl_xor, warp_any
-from ..integrity import head_chunk, head_key, head_key_ahead
+from ..integrity import head_chunk, head_key_ahead, head_key_opaque
 from .mma import F16X2_ONES, half2_hi, half2_lo, hmul2, mma_f16, pack_f16x2, prmt, transpose8x8
 from .shape import DecodeShape
 
@@ -437,7 +437,7 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
         # is loaded by one lane of the warp)
         gid, tig = lane >> 2, lane & 3
         for n in range(2):
-            key = head_key((16 * kstep + 8 * n + gid) * (D // 2) + tig * ROW_KW)
+            key = head_key_opaque((16 * kstep + 8 * n + gid) * (D // 2) + tig * ROW_KW)
             for i in range(ROW_KW // 4):
                 j = n * ROW_KW + 4 * i
                 total = head_chunk(total, kw[j], kw[j + 1], kw[j + 2], kw[j + 3], head_key_ahead(key, 4 * i))
@@ -452,7 +452,7 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
             row = (s_BS + 16 * kstep + 8 * (u // 2) + 2 * tig + u % 2) * (D // 2)
             for c in range(NCH):
                 j = (u * NCH + c) * 4
-                total = head_chunk(total, vw[j], vw[j + 1], vw[j + 2], vw[j + 3], head_key(row + 4 * (8 * c + gid)))
+                total = head_chunk(total, vw[j], vw[j + 1], vw[j + 2], vw[j + 3], head_key_opaque(row + 4 * (8 * c + gid)))
         return total
 
     @device_function

@@ -41,7 +41,7 @@ from ..device import (SHARED_ALIGN16, SIMULATOR, add_acq_rel_i32, allow_dependen
                       exp2, ld, load_cg_f32, load_cg_f32x4, load_cluster_f32, load_where, prefetch_l2,
                       shfl_idx_int, shfl_xor, syncwarp, thread_index_volatile, wait_prior_grids, warp_ballot)
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
-from ..integrity import head_add, head_key, head_key_ahead, head_term, warp_sum_u32
+from ..integrity import head_add, head_key_ahead, head_key_opaque, head_term, warp_sum_u32
 from ..launch import MAX_CLUSTER  # the portable cluster size: a cluster merge's most splits
 from .fragments import NEG_INF, warp_functions
 from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape
@@ -247,8 +247,9 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     @cuda.jit(device=True)
     def ring_terms(total, ring, at, words, first, lane):
         # total + the terms of ring[at:at + words] (word p at index first + p); lane takes p
-        # = lane, lane + 32, ... (one conflict-free LDS each); words a compile-time constant
-        key = head_key(first + lane)
+        # = lane, lane + 32, ... (one conflict-free LDS each); words a compile-time constant;
+        # every lane of the warp takes part (head_key_opaque's shuffle)
+        key = head_key_opaque(first + lane)
         for j in range(-(-words // 32)):
             if words % 32 == 0 or lane + 32 * j < words:
                 total = head_add(total, head_term(ld(ring, at + lane + 32 * j), head_key_ahead(key, 32 * j)))
