@@ -47,7 +47,7 @@ from ..errors import HexcoreInvalidArgumentError
 from .._checks import as_int
 from ..host.checksum import FNV32_BASIS, FNV32_PRIME, HEAD_K1, HEAD_K2, HEAD_M1, HEAD_M2, LANES, canary_word
 from .arrays import checked, checked_ids, checked_layer, checked_store, device_only
-from .device import add_u32, load_u32x4, mad_u32, shfl_xor_u32, xorshift_u32
+from .device import SIMULATOR, add_u32, load_u32x4, mad_u32, shfl_xor_u32, xorshift_u32
 from .device_layout import code_offset, key_meta_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch
 from .store import GUARD_WORDS, DeviceKVStore
@@ -98,7 +98,11 @@ def head_key_opaque(i):
     head_key_ahead(k, n))`` with a compile-time ``n`` is then one IADD3 ``w + k + n *
     HEAD_K1`` a word, where LLVM folds the multiply into every word (an IMAD and a VIADD).
     Not an inline-assembly move: with one, the lent GPU's NVVM miscompiled a loop's store
-    addresses (``benchmarks/experiments/2026-12-05-s42/key_ahead_probe.py``)."""
+    addresses (``benchmarks/experiments/2026-12-05-s42/key_ahead_probe.py``). The simulator,
+    where a shuffle is a warp barrier in Python and there is no LLVM to hide from, returns
+    ``head_key(i)`` as it is (the same value)."""
+    if SIMULATOR:
+        return head_key(i)
     return shfl_xor_u32(head_key(i), 0)
 
 

@@ -1,5 +1,9 @@
 """Why the GPU twin of test_head_key_ahead_steps_the_word_index failed (forty-second
-session, H100): the kernel's rows against Python's, and the PTX this numba-cuda emits."""
+session, H100): the kernel's rows against Python's, and the PTX this numba-cuda emits.
+
+As run (call 3), ``integrity.head_key`` passed the key through ``device.opaque_u32``, an
+inline-assembly move, since removed; on today's tree both kernels below are the same.
+``opaque_probe.py`` reproduces the fault without the library's helpers."""
 import numpy as np
 from numba import cuda
 

@@ -452,7 +452,8 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
             row = (s_BS + 16 * kstep + 8 * (u // 2) + 2 * tig + u % 2) * (D // 2)
             for c in range(NCH):
                 j = (u * NCH + c) * 4
-                total = head_chunk(total, vw[j], vw[j + 1], vw[j + 2], vw[j + 3], head_key_opaque(row + 4 * (8 * c + gid)))
+                total = head_chunk(total, vw[j], vw[j + 1], vw[j + 2], vw[j + 3],
+                                   head_key_opaque(row + 4 * (8 * c + gid)))
         return total
 
     @device_function
