@@ -195,14 +195,15 @@ def test_gpu_checksum_matches_cpu_on_hardware(kv_dtype):
 def _key_ahead_kernel(first, out):
     i = cuda.grid(1)
     if i < first.shape[0]:
-        key = integrity.head_key(first[i])
+        key = integrity.head_key_opaque(first[i])  # (every lane of the launch's two warps calls it)
         out[0, i] = integrity.head_key_ahead(key, 3)  # a constant step, as head_chunk's
         for j in range(4):  # an unrolled loop's index, as fragments.key_terms' and kernel.ring_terms'
             out[1 + j, i] = integrity.head_key_ahead(key, 32 * j)
 
 
 def check_key_ahead(rng):
-    """``head_key_ahead(key(i), n) == key(i + n) mod 2**32``, across the wrap of ``i`` too."""
+    """``head_key_ahead(key(i), n) == key(i + n) mod 2**32``, across the wrap of ``i`` too, from
+    the key as the decode's verify loops take it (``head_key_opaque``: on the GPU a shuffle)."""
     first = rng.integers(0, 1 << 32, 64, dtype=np.uint64).astype(np.uint32)
     first[:2] = [0xFFFFFFFF, 0xFFFFFFE0]
     out = cuda.to_device(np.zeros((5, 64), np.uint32))

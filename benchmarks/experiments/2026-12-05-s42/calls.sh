@@ -10,7 +10,8 @@
 #      own copy, /tmp/before-s42) and after: every dtype, then INT4 again in the other order.
 #      Step limits 120 + 60 + 2 x 110 + 2 x 60 = 520 s, within the call's 600. INT4's "2 layers
 #      a step" row is the question: +3.57% on the H200 in the thirty-ninth session, 3% wanted.
-#   digest-int4 (~300 s, for an H200): INT4's graph rows alone, before and after, twice.
+#   digest-int4 (~300 s, for an H200): the GPU twin of test_head_key_ahead (now through
+#      head_key_opaque, unrun on a GPU), then INT4's graph rows alone, before and after, twice.
 #   digest-san (at most 480 s): racecheck and memcheck over the verify variant's runs
 #      (benchmarks.sanitize --verify; under a sanitizer the compile alone took most of 60 s
 #      in the thirty-ninth session, hence their own call and 240 s each).
@@ -41,6 +42,8 @@ digest)
 digest-int4)  # (~300 s, on an H200) INT4's graph rows alone, before and after, twice in alternation
     source benchmarks/experiments/device-site.sh  # site, R
     export PYTHONPATH="$site:$PWD"
+    timeout 60 python3 -m pytest -m gpu -q -p no:cacheprovider tests/cuda/test_integrity.py -k key_ahead \
+        > "$R/tests.log" 2>&1; echo "key_ahead test rc $?"; tail -1 "$R/tests.log"
     patched_copy /tmp/before-s42 "$PWD/$here/digest-before.diff" || exit 1
     rows before 60 fault_graph_before_int4_1 --dtypes int4; rows after 60 fault_graph_after_int4_1 --dtypes int4
     rows after 60 fault_graph_after_int4_2 --dtypes int4; rows before 60 fault_graph_before_int4_2 --dtypes int4
