@@ -71,7 +71,6 @@ def describe(loop: HotLoop | None, top: int = 8) -> str:
     return f"hot loop {loop.size} instructions (0x{loop.start:x}..0x{loop.end:x}): {ops}"
 
 
-
 def difference(base: HotLoop | None, other: HotLoop | None, top: int = 8) -> str:
     """One line: how many more instructions ``other``'s loop has than ``base``'s, by opcode
     (the ``top`` largest changes first; e.g. a decode kernel's verify variant against the
