@@ -97,8 +97,10 @@ def head_key_opaque(i):
     calls it), so that LLVM cannot see the index's multiply: ``head_term(w,
     head_key_ahead(k, n))`` with a compile-time ``n`` is then one IADD3 ``w + k + n *
     HEAD_K1`` a word, where LLVM folds the multiply into every word (an IMAD and a VIADD).
-    Not an inline-assembly move: with one, the lent GPU's NVVM miscompiled a loop's store
-    addresses (``benchmarks/experiments/2026-12-05-s42/key_ahead_probe.py``). The simulator,
+    (An inline-assembly move was dropped for a wrong store address in its test kernel; that
+    was NVVM's optimizer, which misplaces a loop's stores into a 2-D array whose row length is
+    known only at run time with no shuffle or assembly in sight:
+    ``benchmarks/experiments/2026-12-05-s43/ahead_probe.py``.) The simulator,
     where a shuffle is a warp barrier in Python and there is no LLVM to hide from, returns
     ``head_key(i)`` as it is (the same value)."""
     if SIMULATOR:

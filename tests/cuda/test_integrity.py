@@ -191,24 +191,33 @@ def test_gpu_checksum_matches_cpu_on_hardware(kv_dtype):
     assert not bad.copy_to_host().any()
 
 
+_AHEAD_ROW = 64  # the kernel's output row: a compile-time stride (see check_key_ahead)
+
+
 @cuda.jit
 def _key_ahead_kernel(first, out):
     i = cuda.grid(1)
     if i < first.shape[0]:
         key = integrity.head_key_opaque(first[i])  # (every lane of the launch's two warps calls it)
-        out[0, i] = integrity.head_key_ahead(key, 3)  # a constant step, as head_chunk's
+        out[i] = integrity.head_key_ahead(key, 3)  # a constant step, as head_chunk's
         for j in range(4):  # an unrolled loop's index, as fragments.key_terms' and kernel.ring_terms'
-            out[1 + j, i] = integrity.head_key_ahead(key, 32 * j)
+            out[(1 + j) * _AHEAD_ROW + i] = integrity.head_key_ahead(key, 32 * j)
 
 
 def check_key_ahead(rng):
     """``head_key_ahead(key(i), n) == key(i + n) mod 2**32``, across the wrap of ``i`` too, from
-    the key as the decode's verify loops take it (``head_key_opaque``: on the GPU a shuffle)."""
-    first = rng.integers(0, 1 << 32, 64, dtype=np.uint64).astype(np.uint32)
+    the key as the decode's verify loops take it (``head_key_opaque``: on the GPU a shuffle).
+
+    The output is 1-D with a compile-time row stride. Written to a 2-D array (a row stride
+    known only at run time), the lent H100's NVVM (numba-cuda 0.30.4) put the loop's stores
+    of rows 2-4 at rows 3, 6 and 10, with the key hidden by a shuffle as by an inline-assembly
+    move (``benchmarks/experiments/2026-12-05-s43/ahead_probe.py``); the decode's verify loops
+    step values, not addresses, by these keys."""
+    first = rng.integers(0, 1 << 32, _AHEAD_ROW, dtype=np.uint64).astype(np.uint32)
     first[:2] = [0xFFFFFFFF, 0xFFFFFFE0]
-    out = cuda.to_device(np.zeros((5, 64), np.uint32))
-    _key_ahead_kernel[1, 64](first, out)
-    got = out.copy_to_host()
+    out = cuda.to_device(np.zeros(5 * _AHEAD_ROW, np.uint32))
+    _key_ahead_kernel[1, _AHEAD_ROW](first, out)
+    got = out.copy_to_host().reshape(5, _AHEAD_ROW)
     key = [[(int(i) + n) % (1 << 32) * HEAD_K1 + HEAD_K2 & 0xFFFFFFFF for i in first] for n in (3, 0, 32, 64, 96)]
     assert got.tolist() == key
 
