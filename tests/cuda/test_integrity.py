@@ -209,10 +209,11 @@ def check_key_ahead(rng):
     the key as the decode's verify loops take it (``head_key_opaque``: on the GPU a shuffle).
 
     The output is 1-D with a compile-time row stride. Written to a 2-D array (a row stride
-    known only at run time), the lent H100's NVVM (numba-cuda 0.30.4) put the loop's stores
-    of rows 2-4 at rows 3, 6 and 10, with the key hidden by a shuffle as by an inline-assembly
-    move (``benchmarks/experiments/2026-12-05-s43/ahead_probe.py``); the decode's verify loops
-    step values, not addresses, by these keys."""
+    known only at run time), NVVM misplaces the loop's stores: on the lent H100 row 2 read 0
+    with the key hidden by a shuffle, and rows 2-4 landed at rows 3, 6 and 10 with it hidden by
+    an inline-assembly move; CUDA 13.5's NVVM on a CPU emits those addresses for the shuffle's
+    kernel too (``benchmarks/experiments/2026-12-05-s43/ahead_probe.py --cpu``). The decode's
+    verify loops step values, not addresses, by these keys."""
     first = rng.integers(0, 1 << 32, _AHEAD_ROW, dtype=np.uint64).astype(np.uint32)
     first[:2] = [0xFFFFFFFF, 0xFFFFFFE0]
     out = cuda.to_device(np.zeros(5 * _AHEAD_ROW, np.uint32))

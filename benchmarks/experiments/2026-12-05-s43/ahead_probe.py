@@ -1,13 +1,16 @@
 """Which form of the head-key test kernel does the lent GPU's NVVM miscompile (forty-third
 session)? The GPU twin of test_head_key_ahead_steps_the_word_index failed on an H100 with the
-key through integrity.head_key_opaque (a shuffle): rows 2-4 of its 2-D output were not
-written where they belong, as with the forty-second session's inline-assembly move. Six
-forms of the kernel, their rows right or wrong, and the PTX of their stores. On the CPU
-(CUDA 13.5's NVVM, `cuda.compile_ptx` for sm_90) "minimal" -- no shuffle, no assembly, no
-head key: a store to row 0, then a loop storing rows 1-4 of a 2-D array whose row length is
-known only at run time -- gets the same wrong addresses (row 2 at 3 rows, row 3 at 6, row 4
-at 10), while llvmlite's LLVM, optimizing and emitting PTX from the same numba IR, stores
-every row at its place: the fault is NVVM's optimizer, not the shuffle or the assembly."""
+key through integrity.head_key_opaque (a shuffle): row 2 of its 2-D output read 0, as with
+the forty-second session's inline-assembly move (rows 2-4 at rows 3, 6 and 10). Six forms of
+the kernel, their rows right or wrong, and the PTX of their stores. On the CPU (`--cpu`:
+CUDA 13.5's NVVM, `cuda.compile_ptx` for sm_90; output ahead_probe_cpu.txt) "minimal" --
+no shuffle, no assembly, no head key: a store to row 0, then a loop storing rows 1-4 of a
+2-D array whose row length is known only at run time -- gets wrong addresses (row 2 at 3
+rows, row 3 at 6, row 4 at 10), while llvmlite's LLVM, optimizing and emitting PTX from the
+same numba IR, stores every row at its place: the fault is NVVM's optimizer; a hidden key
+is one trigger in the test's kernel ("unhidden" compiles right)."""
+import sys
+
 import numpy as np
 from numba import cuda
 
@@ -102,15 +105,49 @@ def main():
                   f"rows 5-15 written: {[r for r in range(5, 16) if got[r].any()]}")
         if not hasattr(kernel, "inspect_asm"):  # (the simulator)
             continue
-        ptx = next(iter(kernel.inspect_asm().values()))
-        body = ptx[ptx.index("{", ptx.index(".entry")):]
-        print("    " + "\n    ".join(line.strip() for line in body.splitlines()
-                                     if any(op in line for op in ("st.global", "mul.lo.s64", "shl.b64", "shfl"))))
+        print_stores(next(iter(kernel.inspect_asm().values())))
     if not hasattr(as_tested, "inspect_asm"):
         return
     from numba.cuda.cudadrv import nvvm
     print("NVVM", nvvm.NVVM().get_version())
 
 
+def cpu():
+    """``--cpu`` (no GPU: ptx_report's environment): NVVM's PTX stores of each form for sm_90,
+    then "minimal" through llvmlite's own LLVM (O3, NVPTX) from the same numba IR."""
+    import benchmarks.ptx_report  # noqa: F401  (a device stub for compiling without a GPU)
+    import llvmlite.binding as llvm
+    from numba import uint32
+    from numba.cuda import compiler
+    two, one = (uint32[::1], uint32[:, ::1]), (uint32[::1], uint32[::1])
+    for kernel in (as_tested, straight, flat, summed, unhidden, minimal):
+        sig = one if kernel in (flat, summed) else two
+        ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+        print(kernel.py_func.__name__, "(NVVM)")
+        print_stores(ptx)
+    lib, _ = compiler._compile_pyfunc_with_fixup(minimal.py_func, two, debug=False, lineinfo=False, device=False,
+                                                 fastmath=False, cc=(9, 0), opt=True, abi="numba", abi_info=None,
+                                                 forceinline=False, launch_bounds=None, lto=False)
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    module = llvm.parse_assembly(lib.get_llvm_str())
+    machine = llvm.Target.from_triple("nvptx64-nvidia-cuda").create_target_machine(cpu="sm_90", opt=3)
+    builder = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(speed_level=3))
+    builder.getModulePassManager().run(module, builder)
+    print("minimal (llvmlite's LLVM", ".".join(map(str, llvm.llvm_version_info)) + ")")
+    print_stores(machine.emit_assembly(module))
+    from numba.cuda.cudadrv import nvvm
+    print("NVVM", nvvm.NVVM().get_version())
+
+
+OPS = ("st.global", "mul.lo.s64", "shl.b64", "add.s64", "mad.lo.s64", "shfl")  # the address arithmetic shown
+
+
+def print_stores(ptx):
+    body = ptx[ptx.index("{", ptx.index(".entry")):]
+    print("    " + "\n    ".join(line.strip() for line in body.splitlines()
+                                 if any(op in line for op in OPS)))
+
+
 if __name__ == "__main__":
-    main()
+    cpu() if "--cpu" in sys.argv else main()

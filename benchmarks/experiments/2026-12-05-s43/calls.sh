@@ -4,14 +4,14 @@
 #   hi (~520 s, issue 14): the head digest's right shifts as multiply-highs by constants
 #      hidden in shuffles (integrity.head_shifts_opaque): the same value, but IMAD.HI on the
 #      multiply-add pipe where SHF took the integer pipe, which the CPU's SASS count says
-#      binds a checked pass (INT4 D128 BS32 G4: 569 integer-pipe instructions, 1,138 of its
-#      cycles, against 1,077 issue slots; after, 455 of 1,081). First the GPU tests it
+#      binds a checked pass (INT4 D128 BS32 G4: 568 integer-pipe instructions, 1,136 of its
+#      cycles, against 1,077 issue slots; after, 454 of 1,081). First the GPU tests it
 #      touches, then pipe_probe.py (the mixer's throughput by how its shifts are made,
 #      and each pipe's rate), then bench_fault's graph rows (B=64 x 32/8 4k, 32 layers: plain, separate
 #      1-in-16, 2 and 1 whole layers a step), before (hi-before.diff: the shifts, HEAD's
 #      kernels; its own copy, /tmp/before-s43) and after: every dtype, then INT4 again in the
 #      other order. Step limits 150 + 60 + 2 x 110 + 2 x 60 = 550 s, within the call's 600.
-#   check (~330 s), check-min (~120 s): see their cases below.
+#   check (~330 s; step limits 460 s), check-min (~120 s): see their cases below.
 #   table (~280 s, issue 12): the decode table on this tree, SDPA and paged FlexAttention
 #      beside it (not timed as a whole since the twenty-seventh session).
 set -u
