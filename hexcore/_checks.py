@@ -50,13 +50,17 @@ def int_value(name: str, value) -> int:
     try:
         return operator.index(value)
     except TypeError:
-        shown = str(value) if isinstance(value, np.generic) else repr(value)  # float64 2.0, not np.float64(2.0)
-        raise HexcoreInvalidArgumentError(f"{name}: expected an int, got {type(value).__name__} {shown}") from None
+        text = str(value) if isinstance(value, np.generic) else shown(value, 1000)  # float64 2.0, not np.float64(2.0)
+        raise HexcoreInvalidArgumentError(f"{name}: expected an int, got {type(value).__name__} {text}") from None
 
 
 def shown(value, limit: int = 60) -> str:
-    """``repr(value)`` cut to ``limit`` characters (with "..."), for error messages."""
-    text = repr(value)
+    """``repr(value)`` cut to ``limit`` characters (with "..."), for error messages; a
+    value whose ``__repr__`` raises is shown by its type (the message must still be typed)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 (the caller's object: any exception)
+        text = f"<{type(value).__name__} whose repr raised>"
     return text if len(text) <= limit else text[:limit] + "..."
 
 

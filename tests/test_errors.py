@@ -103,3 +103,18 @@ def test_positive_real_names_the_argument_and_a_short_value():
             positive_real("x", value)
     assert shown("a" * 100) == repr("a" * 100)[:60] + "..." and shown(5) == "5"
 
+
+class _FailingRepr:
+    def __repr__(self):
+        raise RuntimeError("repr")
+
+
+def test_a_value_whose_repr_raises_is_still_a_typed_error():
+    """``shown`` (every message's value) and ``int_value`` show such a value by its type:
+    the RuntimeError of its ``__repr__`` no longer replaces the typed error."""
+    value = _FailingRepr()
+    assert shown(value) == "<_FailingRepr whose repr raised>"
+    with pytest.raises(HexcoreInvalidArgumentError, match="^n: expected an int, got _FailingRepr <_FailingRepr "):
+        as_int("n", value)
+    with pytest.raises(HexcoreInvalidArgumentError, match="^x: expected a positive finite number, got <_Failing"):
+        positive_real("x", value)

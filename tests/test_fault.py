@@ -767,6 +767,29 @@ def test_layers_in_turn_refuse_a_graph_of_other_head_digests_and_change_nothing_
             rig.graph.step(result.block_tables, result.seq_lens, result.tail_slots, phase=value)
 
 
+def test_a_layered_step_refused_for_its_bucket_records_nothing():
+    """A step whose seals outnumber its batch bucket's rows was refused by the graph only
+    after the fault cache had launched the records of the step's unrecorded blocks (their
+    digests and head digests written); the graph's input check now refuses it first."""
+    from hexcore.host._step import StepResult
+
+    cache, store = PagedKVCache(CFG, 12, 4), DeviceKVStore(CFG, 12, 4)
+    ft = FaultTolerantKVCache(cache, store, decode_layers=1)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    cache.step(np.array([a, b], np.int32), np.array([20, 17], np.int32)).raise_for_status()  # unrecorded
+    result = cache.step(np.array([a, b], np.int32))
+    seals = np.array([[0, 1, 3], [0, 0, 0], [7, 8, 9]], np.int32)  # (slot, logical, block) rows: 3 seals
+    forged = StepResult(result.statuses, seals, result.block_tables, result.seq_lens, result.tail_slots,
+                        result.seq_ids, 0, 3, 0)
+    graph = ft.decode_graph(1, batch_buckets=(2,), backend="eager")
+    before = ft.sums.copy_to_host(), ft.head_sums.copy_to_host()
+    for call in (ft.graph_step, ft.graph_load):
+        with pytest.raises(HexcoreInvalidArgumentError, match="seal_slots: 3 entries exceed the batch bucket of 2"):
+            call(graph, forged)
+    assert np.array_equal(ft.sums.copy_to_host(), before[0]) and np.array_equal(ft.head_sums.copy_to_host(), before[1])
+    assert not ft.recorded.any() and graph.phase == 0
+
+
 def test_layers_in_turn_name_every_bad_block_when_the_found_list_overflows(seed, monkeypatch):
     """One bad block read by every item of four forks fills the device's found list (cut to
     2 rows here); check_graph then checks every recorded block and names the second bad

@@ -14,7 +14,8 @@ argument, so every launcher (``write.py``, ``blocks.py``, ``attention/launcher.p
 - :func:`check_distinct`, :func:`check_disjoint`, :func:`check_distinct_pairs`: ids
   that one launch writes must not repeat, nor be read by the same launch (a race on a
   GPU); :func:`check_outside_store`: an input must not be a view of the store the
-  launch writes.
+  launch writes; :func:`check_separate`: an output must not overlap another array of
+  the launch.
 
 What is not checked, because it would need a device-to-host copy (a synchronisation):
 the values of device id arrays, repeats and overlaps among device id arrays, and the
@@ -278,6 +279,25 @@ def check_outside_store(store, **arrays) -> None:
             raise HexcoreInvalidArgumentError(
                 f"{name}: lies inside the store's memory, which this launch also uses (a race); pass a "
                 f"separate array")
+
+
+def check_separate(outputs: dict, inputs: dict | None = None) -> None:
+    """Raise when a device array a launch writes (``outputs``: name -> array) shares memory
+    with another of them or with one it reads (``inputs``): one launch would write one
+    place twice, or read what it writes (a race). The message names the output first (of two
+    outputs, the later one). None, host and empty arrays are skipped
+    (a host array is copied to a fresh buffer). Checked from addresses, nothing is read back."""
+    written = [(n, x) for n, x in outputs.items() if _on_device(x)]
+    others = written + [(n, x) for n, x in (inputs or {}).items() if _on_device(x)]
+    for i, (name, x) in enumerate(written):
+        for other, y in others[i + 1:]:
+            if shares_memory(x, y):  # named first: the later of two outputs, or the output over an input
+                bad, good = (other, name) if other in outputs else (name, other)
+                raise HexcoreInvalidArgumentError(f"{bad}: shares memory with {good}; pass separate arrays")
+
+
+def _on_device(x) -> bool:
+    return x is not None and not isinstance(x, np.ndarray) and _nbytes(x) > 0
 
 
 def shares_memory(x, y) -> bool:

@@ -44,9 +44,10 @@ from numba import cuda, uint32, uint64
 
 from ..config import KVCacheConfig
 from ..errors import HexcoreInvalidArgumentError
-from .._checks import as_int
+from .._checks import as_int, shown
 from ..host.checksum import FNV32_BASIS, FNV32_PRIME, HEAD_K1, HEAD_K2, HEAD_M1, HEAD_M2, LANES, canary_word
-from .arrays import checked, checked_ids, checked_layer, checked_store, device_only
+from .arrays import (check_outside_store, check_separate, checked, checked_ids, checked_layer, checked_store,
+                     device_only)
 from .device import SIMULATOR, add_u32, load_u32x4, mad_u32, shfl_xor_u32, xorshift_u32
 from .device_layout import code_offset, key_meta_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch
@@ -207,12 +208,15 @@ def head_record_launch(store: DeviceKVStore, block_ids, head_sums, layer: int | 
     """Validate a head-digest RECORD launch: ``head_sums[block, layer, h]`` = the head digest
     of every (layer, KV head) of each block of ``block_ids`` (int32 ``[n]``; host ids are
     range-checked, device ids outside the store -- -1 padding -- are skipped).
-    ``head_sums``: device uint32 ``[num_blocks, L, H]``; ``layer``: an int in [0, L) to
-    record that layer only (a step sealing layer by layer), or None for all."""
+    ``head_sums``: device uint32 ``[num_blocks, L, H]``, outside the store and apart from
+    ``block_ids``; ``layer``: an int in [0, L) to record that layer only (a step sealing
+    layer by layer), or None for all."""
     cfg = checked_store(store).config
     ids = checked_ids(block_ids, "block_ids", None, store.num_blocks)
     L, H = cfg.num_layers, cfg.num_kv_heads
     head_sums = checked(head_sums, "head_sums", np.uint32, (store.num_blocks, L, H), align=4, output=True)
+    check_outside_store(store, head_sums=head_sums)
+    check_separate({"head_sums": head_sums}, {"block_ids": ids})
     first, layers = (0, L) if layer is None else (checked_layer(layer, L)[0], 1)
     offsets = store.word_offsets
     W = _head_warps(cfg)
@@ -318,21 +322,36 @@ def checksum_launch(store: DeviceKVStore, block_ids, sums, out, guard_bad, mode:
     mode : ``"compute"``, ``"record"`` or ``"verify"``.
     flags, found : device uint32 ``[2]`` and int32 ``[F, 2]`` (both or neither): the
         mismatch count and list of the module docstring; None turns them off.
+
+    What the launch writes (``out``, ``guard_bad``, ``flags``, ``found``; ``sums`` with
+    ``record``) must lie outside the store and share no memory with another of its arrays
+    (HexcoreInvalidArgumentError naming it).
     """
     cfg = checked_store(store).config
     if not isinstance(mode, str) or mode not in MODES:
-        raise HexcoreInvalidArgumentError(f"mode: expected one of {tuple(MODES)}, got {mode!r}")
+        raise HexcoreInvalidArgumentError(f"mode: expected one of {tuple(MODES)}, got {shown(mode)}")
     ids = checked_ids(block_ids, "block_ids", None, store.num_blocks)
     n, L = ids.shape[0], cfg.num_layers
     sums = checked(sums, "sums", np.uint32, (store.num_blocks, L))
     out = checked(out, "out", np.uint32, (n, L))
     guard_bad = checked(guard_bad, "guard_bad", np.uint32, (len(store.guard_offsets),))
     flags, found = _checked_flags(store, flags, found)
+    _check_outputs(store, mode, ids, sums, out=out, guard_bad=guard_bad, flags=flags, found=found)
     offsets = store.word_offsets
     W = _warps(cfg)
     return Launch(_checksum_kernel(cfg), (n + 1, -(-L // W)), W * LANES, (
         store.pool, offsets["k_codes"], offsets["v_codes"], offsets.get("k_meta", 0), offsets.get("v_meta", 0), ids,
         store.num_blocks, sums, out, MODES[mode], _guard_offsets(store), guard_bad, flags, found))
+
+
+def _check_outputs(store, mode: str, ids, sums, **outputs) -> None:
+    """A checksum launch's ``outputs`` (and ``sums`` where ``record`` writes them) outside the
+    store it reads and apart from each other and from what it reads (``ids``; ``sums``
+    where ``verify`` reads them; ``compute`` never touches them)."""
+    if mode == "record":
+        outputs["sums"] = sums
+    check_outside_store(store, **outputs)
+    check_separate(outputs, {"block_ids": ids, **({"sums": sums} if mode == "verify" else {})})
 
 
 def _checked_flags(store, flags, found) -> tuple:
@@ -419,7 +438,7 @@ def flip_bits(store: DeviceKVStore, name: str, layer: int, unit: int, byte: int,
     """
     arrays = checked_store(store).arrays
     if not isinstance(name, str) or name not in arrays:
-        raise HexcoreInvalidArgumentError(f"name: expected one of {tuple(arrays)}, got {name!r}")
+        raise HexcoreInvalidArgumentError(f"name: expected one of {tuple(arrays)}, got {shown(name)}")
     array = arrays[name]
     L, units = array.shape[0], array.shape[1]
     run = array.nbytes // (L * units)

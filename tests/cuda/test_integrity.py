@@ -230,3 +230,39 @@ def test_head_key_ahead_steps_the_word_index(rng):
 @pytest.mark.gpu
 def test_head_key_ahead_steps_the_word_index_on_gpu():
     check_key_ahead(np.random.default_rng(19))
+
+
+def test_checksum_and_head_record_outputs_lie_outside_the_store_and_apart():
+    """Outputs given as views of the store (the launch reads it: a race that writes into the
+    cache) or of another array of the launch are refused before any launch; ``sums`` only
+    where ``record`` writes them (``verify`` reads them)."""
+    store = DeviceKVStore(config("int4"), num_blocks=6, max_seqs=2)
+    ids, L, H = cuda.to_device(np.array([0, 1], np.int32)), 2, store.config.num_kv_heads
+    pool = store.pool
+
+    def words(n, dtype=np.uint32, shape=None):  # the store's first words as an array
+        return pool[:n].view(dtype).reshape(shape or (n,))
+
+    args = dict(sums=cuda.device_array((6, L), np.uint32), out=cuda.device_array((2, L), np.uint32),
+                guard_bad=cuda.device_array(len(store.guard_offsets), np.uint32),
+                flags=cuda.device_array(2, np.uint32), found=cuda.device_array((4, 2), np.int32))
+    inside = dict(sums=words(6 * L, shape=(6, L)), out=words(2 * L, shape=(2, L)),
+                  guard_bad=words(len(store.guard_offsets)), flags=words(2), found=words(8, np.int32, (4, 2)))
+    for name, view in inside.items():
+        for mode in ("record", "verify"):
+            call = lambda: integrity.checksum_launch(store, ids, mode=mode, **{**args, name: view})  # noqa: E731
+            if (name, mode) == ("sums", "verify"):
+                call()
+                continue
+            with pytest.raises(HexcoreInvalidArgumentError, match=f"^{name}: lies inside the store's memory"):
+                call()
+    sums = args["sums"]
+    for changes, text in (({"out": sums[:2]}, "out: shares memory with sums"),  # verify reads sums, writes out
+                          ({"flags": args["out"].reshape(2 * L)[:2]}, "flags: shares memory with out"),
+                          ({"found": args["out"].view(np.int32)}, "found: shares memory with out")):
+        with pytest.raises(HexcoreInvalidArgumentError, match=re.escape(text)):
+            integrity.checksum_launch(store, ids, mode="verify", **{**args, **changes})
+    with pytest.raises(HexcoreInvalidArgumentError, match="^head_sums: lies inside the store's memory"):
+        integrity.record_head_sums(store, np.array([0, 1], np.int32), words(6 * L * H, shape=(6, L, H)), layer=0)
+    record = integrity.head_record_launch(store, ids, cuda.device_array((6, L, H), np.uint32), layer=1)
+    assert record.grid[1] == 1 and integrity.checksum_launch(store, ids, mode="verify", **args).grid == (3, 1)

@@ -12,8 +12,8 @@ from numba import cuda
 
 from ..._checks import as_int, real_value, shown
 from ...errors import HexcoreInvalidArgumentError
-from ..arrays import (check_id_range, check_outside_store, checked, checked_ids, checked_layer, checked_store,
-                      device_only)
+from ..arrays import (check_id_range, check_outside_store, check_separate, checked, checked_ids, checked_layer,
+                      checked_store, device_only)
 from ..device import SIMULATOR
 from ..launch import Launch, PreparedLaunch
 from ..store import DeviceKVStore, flat_words
@@ -75,6 +75,9 @@ class DecodeVerify(NamedTuple):
     - ``flags``: uint32 ``[>= 1]``: ``flags[0]`` counts mismatches (atomic adds; never
       cleared by the kernel).
     - ``found``: int32 ``[F, 2]``: mismatch ``k < F`` writes its (block, layer) into row ``k``.
+
+    ``flags`` and ``found`` lie outside the store and share no memory with each other, the
+    decode's ``out``, ``head_sums`` or ``vctl`` (HexcoreInvalidArgumentError).
     """
 
     head_sums: object
@@ -101,6 +104,14 @@ def checked_verify(verify, store) -> tuple:
         raise HexcoreInvalidArgumentError(f"verify.flags: expected shape (n >= 1,), got {tuple(flags.shape)}")
     found = checked(verify.found, "verify.found", np.int32, (None, 2), align=4, output=True)
     return head_sums, vctl, flags, found
+
+
+def _check_verify_apart(store, out, head_sums, vctl, flags, found) -> None:
+    """What a verify decode writes (``out``, the mismatch flags and list) outside the store and
+    apart from each other and from the head digests and ``vctl`` it reads."""
+    check_outside_store(store, **{"verify.flags": flags, "verify.found": found})
+    check_separate({"out": out, "verify.flags": flags, "verify.found": found},
+                   {"verify.head_sums": head_sums, "verify.vctl": vctl})
 
 
 class Workspace:
@@ -413,7 +424,7 @@ def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scal
     check_outside_store(store, out=out)
     checks = () if verify is None else checked_verify(verify, store)
     if checks:
-        check_outside_store(store, **{f"verify.{n}": a for n, a in zip(("flags", "found"), checks[2:])})
+        _check_verify_apart(store, out, *checks)
 
     shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
                         num_q_heads // cfg.num_kv_heads, cfg.group_size)

@@ -29,8 +29,8 @@ from numba import cuda
 
 from ..._checks import as_int
 from ...errors import HexcoreInvalidArgumentError
-from ..arrays import (as_device_array, check_outside_store, checked, checked_layer, checked_store, device_pointer,
-                      is_numba_array, shares_memory)
+from ..arrays import (as_device_array, check_outside_store, check_separate, checked, checked_layer, checked_store,
+                      device_pointer, is_numba_array)
 from ..launch import Launch
 from ..store import flat_words
 from ..uploads import upload_once
@@ -76,8 +76,7 @@ def gather_prefix(store, layer: int, block_table, prefix_len: int, tail_slot: in
     outs = checked(k_out, "k_out", np.float16, shape, output=True), checked(v_out, "v_out", np.float16, shape,
                                                                             output=True)
     check_outside_store(store, k_out=outs[0], v_out=outs[1])
-    if shares_memory(*outs):  # (the gather writes both: one would overwrite the other)
-        raise HexcoreInvalidArgumentError("v_out: shares memory with k_out; pass separate arrays")
+    check_separate({"k_out": outs[0], "v_out": outs[1]})  # (the gather writes both: one would overwrite the other)
     _gather(store, layer, table, prefix_len, slot, k_new, v_new, *outs, launch_stream)
     return k_out, v_out
 

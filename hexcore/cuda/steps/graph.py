@@ -36,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda
 
-from ..._checks import as_int, int_value
+from ..._checks import as_int, int_value, shown
 from ...errors import HexcoreInvalidArgumentError
 from ..attention.launcher import Workspace, check_q_heads, checked_scale, paged_decode, resolved_options
 from ..arrays import checked_store
@@ -93,7 +93,7 @@ class DecodeGraph:
         max_blocks_per_seq = _positive("max_blocks_per_seq", max_blocks_per_seq, MAX_TABLE_WIDTH)
         if not isinstance(batch_buckets, (tuple, list, range)) or not batch_buckets:
             raise HexcoreInvalidArgumentError(f"batch_buckets: expected a non-empty sequence of sizes, got "
-                                              f"{batch_buckets!r:.100}")
+                                              f"{shown(batch_buckets, 100)}")
         if len(batch_buckets) > MAX_BUCKETS:
             raise HexcoreInvalidArgumentError(f"batch_buckets: expected at most {MAX_BUCKETS} sizes, got "
                                               f"{len(batch_buckets)}")
@@ -164,7 +164,7 @@ class DecodeGraph:
         if phase is None:
             return self.phase
         if not self.phases:
-            raise HexcoreInvalidArgumentError(f"phase: {phase!r:.40} given, but this DecodeGraph checks no layers "
+            raise HexcoreInvalidArgumentError(f"phase: {shown(phase, 40)} given, but this DecodeGraph checks no layers "
                                               "in turn (verify_layers 0)")
         return as_int("phase", phase, 0, self.phases - 1)
 
@@ -304,11 +304,23 @@ class DecodeGraph:
         if indices.verify_blocks.shape[0] > self.max_verify_blocks:
             raise HexcoreInvalidArgumentError(f"verify_blocks: {indices.verify_blocks.shape[0]} ids exceed "
                                               f"max_verify_blocks {self.max_verify_blocks}")
-        batch = indices.seq_lens.shape[0]
-        if load and batch > self.batch_buckets[-1]:
-            raise HexcoreInvalidArgumentError(f"seq_lens: batch {batch} exceeds the largest bucket "
-                                              f"{self.batch_buckets[-1]} (step() runs such batches eagerly)")
+        self._check_bucket_rows(indices, load)
         return indices
+
+    def _check_bucket_rows(self, indices: StepIndices, load: bool) -> None:
+        # a batch above the largest bucket runs eagerly (a load refuses it); else its seals and
+        # forks must fit its bucket's rows (checked here, before a caller acts on the step)
+        batch = indices.seq_lens.shape[0]
+        if batch > self.batch_buckets[-1]:
+            if load:
+                raise HexcoreInvalidArgumentError(f"seq_lens: batch {batch} exceeds the largest bucket "
+                                                  f"{self.batch_buckets[-1]} (step() runs such batches eagerly)")
+            return
+        size = self.batch_buckets[bisect.bisect_left(self.batch_buckets, batch)]
+        for name, ids in (("seal_slots", indices.seal_slots), ("fork_src", indices.fork_src)):
+            if ids.shape[0] > size:
+                raise HexcoreInvalidArgumentError(f"{name}: {ids.shape[0]} entries exceed the batch bucket of {size} "
+                                                  "rows")
 
     def _bucket(self, batch: int):
         size = self.batch_buckets[bisect.bisect_left(self.batch_buckets, batch)]
@@ -319,11 +331,7 @@ class DecodeGraph:
 
     def _load(self, indices: StepIndices, resolved, bucket=None, phase=None) -> DecodeStep | PhaseStep:
         # copy a checked step into its bucket's index buffer, run its forks; its launches (of ``phase``)
-        bucket = bucket or self._bucket(indices.seq_lens.shape[0])
-        for name, ids in (("seal_slots", indices.seal_slots), ("fork_src", indices.fork_src)):
-            if ids.shape[0] > bucket.size:
-                raise HexcoreInvalidArgumentError(
-                    f"{name}: {ids.shape[0]} entries exceed the batch bucket of {bucket.size} rows")
+        bucket = bucket or self._bucket(indices.seq_lens.shape[0])  # (its rows fit: _check_bucket_rows)
         key = (bucket.size, self.context_bucket(indices.longest))
         launches = self._steps.get(key)
         if launches is None:

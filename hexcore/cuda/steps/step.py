@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from ..._checks import as_int
+from ..._checks import as_int, shown
 from ...errors import HexcoreInvalidArgumentError, HexcoreOOMError
 from ..arrays import checked_layer, checked_store
 from ..attention.launcher import Workspace, check_q_heads, decode_launch, prepare_decode
@@ -258,7 +258,7 @@ class DecodeStep:
         if not self.phases:
             if phase is not None:
                 raise HexcoreInvalidArgumentError(f"phase: this step checks no layers in turn; expected None, "
-                                                  f"got {phase!r:.40}")
+                                                  f"got {shown(phase, 40)}")
             return None
         return as_int("phase", phase, 0, self.phases - 1)
 
@@ -324,12 +324,19 @@ class DecodeStep:
 
 
 class PhaseStep:
-    """A :class:`DecodeStep` bound to one phase of whole-layer checking: ``key`` is
-    ``(bucket, max_seq_len, phase)``; ``enqueue(layer, stream)`` and ``enqueue_all(stream,
-    num_seals, num_verify)`` are the step's with that phase; ``buffers``, ``width`` and
-    ``block_tables`` are the step's."""
+    """A :class:`DecodeStep` bound to one phase of whole-layer checking, an int in [0,
+    ``step.phases``) (HexcoreInvalidArgumentError otherwise, or for a step that checks no
+    layers in turn): ``key`` is ``(bucket, max_seq_len, phase)``; ``enqueue(layer,
+    stream)`` and ``enqueue_all(stream, num_seals, num_verify)`` are the step's with that
+    phase; ``buffers``, ``width`` and ``block_tables`` are the step's."""
 
     def __init__(self, step: DecodeStep, phase: int):
+        if not isinstance(step, DecodeStep):
+            raise HexcoreInvalidArgumentError(f"step: expected a DecodeStep, got {type(step).__name__}")
+        if not step.phases:
+            raise HexcoreInvalidArgumentError("step: checks no layers in turn; a PhaseStep binds a phase of a step "
+                                              "that does (verify_layers > 0)")
+        phase = step._phase(phase)
         self.step, self.phase = step, phase
         self.key = (*step.key, phase)
         self.buffers, self.width, self.block_tables = step.buffers, step.width, step.block_tables

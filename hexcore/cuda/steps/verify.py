@@ -44,10 +44,11 @@ from numba import cuda
 
 from ..._checks import as_int
 from ...errors import HexcoreInvalidArgumentError
-from ..arrays import checked
+from ..arrays import check_outside_store, check_separate, checked, checked_ids, checked_store, device_only
 from ..attention.launcher import DecodeVerify
 from ..integrity import checksum_launch, prepare_checksum, prepare_head_record, record_head_sums, to_host
 from ..launch import PreparedLaunch
+from ..streams import resolve_stream
 
 FOUND = 1024  # (block, layer) mismatches listed between two reads
 MAX_CAPACITY = 1 << 20  # block ids one step may verify
@@ -80,27 +81,16 @@ class StepVerify:
     ``sums``: device uint32 ``[num_blocks, L]``; ``capacity``: block ids one step may
     verify, an int in [1, 2**20]; ``head_sums``: device uint32 ``[num_blocks, L, H]`` or
     None; ``layers_per_step``: layers each step checks inside its decode, an int in [1, L]
-    with ``head_sums``, 0 without.
+    with ``head_sums``, 0 without. ``sums`` and ``head_sums`` (written by the step's
+    records) lie outside the store and share no memory.
     """
 
     def __init__(self, store, sums, capacity: int, head_sums=None, layers_per_step: int = 0):
-        cfg = store.config
-        L = cfg.num_layers
-        self.store, self.capacity = store, capacity
-        for name, a in (("verify_sums", sums), ("verify_heads", head_sums)):
-            if isinstance(a, np.ndarray):
-                raise HexcoreInvalidArgumentError(f"{name}: expected a device array (the recorded digests), "
-                                                  "got a host numpy array")
-        self.sums = checked(sums, "verify_sums", np.uint32, (store.num_blocks, L), output=False)
-        self.layers_per_step = as_int("verify_layers", layers_per_step, 0, L)
-        if (head_sums is None) != (self.layers_per_step == 0):
-            raise HexcoreInvalidArgumentError(f"verify_layers: expected an int in [1, {L}] with verify_heads and 0 "
-                                              f"without, got {self.layers_per_step} with verify_heads "
-                                              f"{'None' if head_sums is None else 'given'}")
-        self.head_sums = None if head_sums is None else checked(
-            head_sums, "verify_heads", np.uint32, (store.num_blocks, L, cfg.num_kv_heads), align=4, output=True)
+        L = checked_store(store).config.num_layers
+        self.store, self.capacity = store, as_int("capacity", capacity, 1, MAX_CAPACITY)
+        self.sums, self.head_sums, self.layers_per_step = _checked_digests(store, sums, head_sums, layers_per_step)
         self.phases = -(-L // self.layers_per_step) if self.layers_per_step else 0
-        self.out = cuda.device_array((capacity, L), np.uint32)
+        self.out = cuda.device_array((self.capacity, L), np.uint32)
         self.flags = cuda.to_device(np.zeros(2, np.uint32))
         self.found = cuda.to_device(np.full((FOUND, 2), -1, np.int32))
         self.guard_bad = cuda.to_device(np.zeros(len(store.guard_offsets), np.uint32))
@@ -122,8 +112,12 @@ class StepVerify:
         return prepare_head_record(self.store, seal_blocks, self.head_sums, layer)
 
     def prepare(self, block_ids) -> PreparedLaunch:
-        """The capture-safe VERIFY launch over ``block_ids`` (a device int32 row)."""
-        n = block_ids.shape[0]
+        """The capture-safe VERIFY launch over ``block_ids`` (a device int32 row of at most
+        ``capacity`` ids)."""
+        device_only(block_ids=block_ids)
+        n = checked_ids(block_ids, "block_ids", None, self.store.num_blocks).shape[0]
+        if n > self.capacity:
+            raise HexcoreInvalidArgumentError(f"block_ids: {n} ids exceed the capacity {self.capacity}")
         return prepare_checksum(self.store, block_ids, self.sums, self.out[:n], self.guard_bad, "verify",
                                 self.flags, self.found)
 
@@ -148,7 +142,8 @@ class StepVerify:
 
     def read(self, stream) -> VerifyResults:
         """The counts (and, when not zero, the list and guard counts) since the last read,
-        once the work queued on ``stream`` (resolved) is done; clears them (synchronises)."""
+        once the work queued on ``stream`` (resolved or not) is done; clears them (synchronises)."""
+        stream = resolve_stream(stream)
         flags = to_host(self.flags, stream)
         mismatches, guard_words = int(flags[0]), int(flags[1])
         found = np.zeros((0, 2), np.int32)
@@ -160,6 +155,30 @@ class StepVerify:
         if mismatches or guard_words:
             self.flags.copy_to_device(np.zeros(2, np.uint32))  # synchronous; the stream is idle now
         return VerifyResults(mismatches, found, guard_words, guard_bad)
+
+
+def _checked_digests(store, sums, head_sums, layers_per_step) -> tuple:
+    """StepVerify's ``(sums, head_sums, layers_per_step)`` checked: device arrays of their
+    shapes, outside the store (the step's records write them) and apart; an int in [1, L]
+    with ``head_sums``, 0 without."""
+    cfg = store.config
+    L = cfg.num_layers
+    for name, a in (("verify_sums", sums), ("verify_heads", head_sums)):
+        if isinstance(a, np.ndarray):
+            raise HexcoreInvalidArgumentError(f"{name}: expected a device array (the recorded digests), "
+                                              "got a host numpy array")
+    sums = checked(sums, "verify_sums", np.uint32, (store.num_blocks, L), output=False)
+    layers = as_int("verify_layers", layers_per_step, 0, L)
+    if (head_sums is None) != (layers == 0):
+        raise HexcoreInvalidArgumentError(f"verify_layers: expected an int in [1, {L}] with verify_heads and 0 "
+                                          f"without, got {layers} with verify_heads "
+                                          f"{'None' if head_sums is None else 'given'}")
+    if head_sums is not None:
+        head_sums = checked(head_sums, "verify_heads", np.uint32, (store.num_blocks, L, cfg.num_kv_heads), align=4,
+                            output=True)
+    check_outside_store(store, verify_sums=sums, verify_heads=head_sums)
+    check_separate({"verify_sums": sums, "verify_heads": head_sums})
+    return sums, head_sums, layers
 
 
 __all__ = ["FOUND", "MAX_CAPACITY", "StepVerify", "VerifyResults"]

@@ -752,3 +752,29 @@ def test_a_plan_launches_the_cluster_its_split_count_was_priced_for_gpu(rng):
 ])
 def test_cluster_merge_matches_reference_gpu(dtype, head_dim, group, seq_lens, splits, rng):
     assert check_cluster_merge(dtype, head_dim, group, seq_lens, rng) == splits
+
+
+def test_a_verify_decode_refuses_outputs_that_share_memory(rng):
+    """The verify variant's flags and found list were taken as views of the head digests or
+    ``vctl`` it reads, or of each other (the kernel's atomic adds and rows then land in what
+    it reads); refused naming both, before any launch."""
+    cfg = KVCacheConfig(num_layers=2, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
+    store, tables, tails, _, _ = random_cache(cfg, [37, 16], rng)
+    q, lens = rng.standard_normal((2, 1, 64)).astype(np.float16), np.array([37, 16], np.int32)
+    q, tables, lens, tails = (cuda.to_device(a) for a in (q, tables, lens, tails))  # (a plan takes device arrays)
+    heads = cuda.to_device(np.zeros((store.num_blocks, 2, 1), np.uint32))
+    vctl, words = cuda.to_device(np.array([1, 0], np.int32)), cuda.to_device(np.zeros(64, np.uint32))
+    base = dict(head_sums=heads, vctl=vctl, flags=words[:2], found=words[8:16].view(np.int32).reshape(4, 2))
+    for changes, text in (({"flags": heads.reshape(2 * store.num_blocks)[:2]}, "verify.flags: shares memory "
+                                                                                "with verify.head_sums"),
+                          ({"found": vctl.reshape(1, 2)}, "verify.found: shares memory with verify.vctl"),
+                          ({"found": words[:8].view(np.int32).reshape(4, 2)}, "verify.found: shares memory with "
+                                                                                "verify.flags")):
+        verify = launcher.DecodeVerify(**{**base, **changes})
+        for call in (lambda: paged_decode(q, store, 0, tables, lens, tails, verify=verify),
+                     lambda: DecodePlan(q, store, tables, lens, tails, 37, verify=verify)):
+            with pytest.raises(HexcoreInvalidArgumentError, match=text):
+                call()
+    launch, _ = launcher.decode_launch(q, store, 0, tables, lens, tails, None, None, 37, DecodeOptions(),
+                                       launcher.Workspace(), launcher.DecodeVerify(**base))
+    assert launch.args[-launcher.VERIFY_ARGS:][2] is base["flags"]

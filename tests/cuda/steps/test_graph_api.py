@@ -258,3 +258,26 @@ def test_engine_graph_holds_the_per_layer_enqueue_gpu(dtype, seed):
     kwargs = {"prompts": {"A": 40, "B": 15}, "script": SCRIPT + [{"batch": "AD"}] * 3, "max_seqs": 8,
               "num_blocks": 32}
     assert_same(run_workload(cfg, 32, eager_runner, seed, **kwargs), run_workload(cfg, 32, engine_runner, seed, **kwargs))
+
+
+def test_phase_step_checks_its_step_and_phase():
+    """PhaseStep (exported) was made of anything: a non-step raised AttributeError, and a
+    phase out of range, a float or None made a step that failed only at its first enqueue."""
+    from numba import cuda
+
+    from hexcore.cuda.attention.launcher import Workspace
+    from hexcore.cuda.steps import DecodeStep, PhaseStep, StepBuffers, StepVerify
+
+    store = make_graph().store
+    sums, heads = (cuda.to_device(np.zeros(shape, np.uint32)) for shape in ((16, 2), (16, 2, 1)))
+    layered = DecodeStep(store, StepBuffers(store, 2, 2, 8, StepVerify(store, sums, 4, heads, 1)), 32, None,
+                         Workspace())
+    plain = DecodeStep(store, StepBuffers(store, 2, 2, 8), 32, None, Workspace())
+    for step, phase, text in ((None, 0, "step: expected a DecodeStep, got NoneType"), (layered, 2, "phase"),
+                              (layered, -1, "phase"), (layered, 0.5, "phase"), (layered, None, "phase"),
+                              (layered, True, "phase"), (plain, 0, "^step: checks no layers in turn"),
+                              (plain, None, "^step: checks no layers in turn")):
+        with pytest.raises(HexcoreInvalidArgumentError, match=text):
+            PhaseStep(step, phase)
+    bound = PhaseStep(layered, np.int64(1))
+    assert bound.phase == 1 and bound.key == (2, 32, 1) and layered.at(1).phase == 1

@@ -83,3 +83,37 @@ def test_constructor_rejects_bad_verify_arguments():
                          ({"max_verify_blocks": 2**20 + 1}, "max_verify_blocks")):
         with pytest.raises(HexcoreInvalidArgumentError, match=re.escape(text)):
             make_graph(**kwargs)
+
+
+def test_step_verify_checks_its_own_arguments():
+    """StepVerify (exported): store and capacity checked (raw AttributeError / TypeError /
+    MemoryError before, capacity 0 and 2**20 + 1 taken), digests outside the store and apart
+    (a step's records would write into the cache), ``prepare`` of a non-array or of more ids
+    than its capacity typed, ``read`` of an unresolved stream."""
+    from hexcore.cuda.steps import DecodeGraph, StepVerify
+
+    graph = make_graph()
+    store, L = graph.store, CFG.num_layers
+    sums, heads = sums_for(graph), cuda.to_device(np.zeros((16, L, 1), np.uint32))
+    pool = store.pool
+    for args, text in (((None, sums, 4), "store: expected a DeviceKVStore"),
+                       ((store, sums, None), "capacity: expected an int"),
+                       ((store, sums, 0), "capacity: expected an int in [1, 1048576]"),
+                       ((store, sums, 2**20 + 1), "capacity: expected an int in [1, 1048576]"),
+                       ((store, sums, True), "capacity: expected an int"),
+                       ((store, pool[:16 * L].reshape(16, L), 4), "verify_sums: lies inside the store's memory"),
+                       ((store, sums, 4, pool[:16 * L].reshape(16, L, 1), 1), "verify_heads: lies inside the store"),
+                       ((store, sums, 4, sums.reshape(16, L, 1), 1), "verify_heads: shares memory with verify_sums")):
+        with pytest.raises(HexcoreInvalidArgumentError, match=re.escape(text)):
+            StepVerify(*args)
+    with pytest.raises(HexcoreInvalidArgumentError, match=re.escape("verify_sums: lies inside the store's memory")):
+        DecodeGraph(store, 2, 8, verify_sums=pool[:16 * L].reshape(16, L), verify_heads=heads, verify_layers=1)
+    verify = StepVerify(store, sums, 2, heads, 1)
+    for ids, text in ((np.int64(1), "block_ids: expected"), ([1], "block_ids: expected"),
+                      (np.array([1], np.int32), "block_ids: a prepared launch needs a device array"),
+                      (cuda.to_device(np.zeros(3, np.int32)), "block_ids: 3 ids exceed the capacity 2")):
+        with pytest.raises(HexcoreInvalidArgumentError, match=re.escape(text)):
+            verify.prepare(ids)
+    with pytest.raises(HexcoreInvalidArgumentError, match="stream"):
+        verify.read("x")
+    assert verify.read(None).ok and verify.prepare(cuda.to_device(np.zeros(2, np.int32))) is not None
