@@ -316,14 +316,18 @@ class DecodeGraph:
                 raise HexcoreInvalidArgumentError(f"seq_lens: batch {batch} exceeds the largest bucket "
                                                   f"{self.batch_buckets[-1]} (step() runs such batches eagerly)")
             return
-        size = self.batch_buckets[bisect.bisect_left(self.batch_buckets, batch)]
+        size = self._bucket_size(batch)
         for name, ids in (("seal_slots", indices.seal_slots), ("fork_src", indices.fork_src)):
             if ids.shape[0] > size:
                 raise HexcoreInvalidArgumentError(f"{name}: {ids.shape[0]} entries exceed the batch bucket of {size} "
                                                   "rows")
 
+    def _bucket_size(self, batch: int) -> int:
+        # the smallest bucket that holds ``batch`` rows (batch at most the largest bucket)
+        return self.batch_buckets[bisect.bisect_left(self.batch_buckets, batch)]
+
     def _bucket(self, batch: int):
-        size = self.batch_buckets[bisect.bisect_left(self.batch_buckets, batch)]
+        size = self._bucket_size(batch)
         bucket = self._buckets.get(size)
         if bucket is None:
             bucket = self._buckets[size] = _Bucket(self, size)
