@@ -422,6 +422,7 @@ def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scal
         out = cuda.device_array((batch, num_q_heads, cfg.head_dim), np.float16)
     out = checked(out, "out", np.float16, (batch, num_q_heads, cfg.head_dim), output=True)
     check_outside_store(store, out=out)
+    check_separate({"out": out}, {"q": q, "block_tables": block_tables, "seq_lens": seq_lens, "tail_slots": tail_slots})
     checks = () if verify is None else checked_verify(verify, store)
     if checks:
         _check_verify_apart(store, out, *checks)

@@ -8,6 +8,9 @@ that one of them would have built differently.
 from __future__ import annotations
 
 import dataclasses
+import math
+
+import numpy as np
 
 from ..._checks import as_int, real_value, shown
 from ...errors import HexcoreConfigError, HexcoreInvalidArgumentError
@@ -292,7 +295,17 @@ class DecodeOptions:
         ``blocks_per_sm`` (items times the longest sequence's blocks, per SM) whose launches
         are dependent ones or not (``dependent``): "one", "last" or "launch" (or "packed"
         where ``tiered_merge`` says so). (The caller runs "one" and "packed" as "last" for a
-        number of pools its one launch does not take.)"""
+        number of pools its one launch does not take.)
+
+        Raises HexcoreInvalidArgumentError naming ``items`` or ``pools`` (ints, at least 0
+        and 1), ``blocks_per_sm`` (a finite number at least 0) or ``dependent`` (a bool)."""
+        items, pools = as_int("items", items, 0), as_int("pools", pools, 1)
+        load = real_value(blocks_per_sm)
+        if not (math.isfinite(load) and load >= 0):
+            raise HexcoreInvalidArgumentError(f"blocks_per_sm: expected a finite number >= 0, "
+                                              f"got {shown(blocks_per_sm)}")
+        if not isinstance(dependent, (bool, np.bool_)):
+            raise HexcoreInvalidArgumentError(f"dependent: expected a bool, got {shown(dependent)}")
         if self.tiered_merge is not None:
             return self.tiered_merge
         if dependent and items <= TIERED_ONE_MAX_ITEMS.get(pools, 0):

@@ -76,7 +76,8 @@ def gather_prefix(store, layer: int, block_table, prefix_len: int, tail_slot: in
     outs = checked(k_out, "k_out", np.float16, shape, output=True), checked(v_out, "v_out", np.float16, shape,
                                                                             output=True)
     check_outside_store(store, k_out=outs[0], v_out=outs[1])
-    check_separate({"k_out": outs[0], "v_out": outs[1]})  # (the gather writes both: one would overwrite the other)
+    check_separate({"k_out": outs[0], "v_out": outs[1]},  # (the gather writes both: one would overwrite the other)
+                   {"k_new": k_new, "v_new": v_new, "block_table": table})
     _gather(store, layer, table, prefix_len, slot, k_new, v_new, *outs, launch_stream)
     return k_out, v_out
 
@@ -119,6 +120,7 @@ def prefill_attention(q, k_new, v_new, store, layer: int, block_table, prefix_le
         out = _new_like(q_in, out_shape)
     out_dev = checked(out, "out", np.float16, out_shape)
     check_outside_store(store, out=out_dev)
+    check_separate({"out": out_dev}, {"q": q, "k_new": k_new, "v_new": v_new, "block_table": table})
     launch_stream = resolve_stream(stream, q_in, k_new, v_new, out)
     if n_new == 0:
         return out
@@ -175,7 +177,7 @@ def prefill_attention_batch(q, k_new, v_new, store, layer: int, block_tables, pr
     scale = checked_scale(scale, cfg.head_dim)
     shape = (args.batch, args.n_max, args.num_q_heads, cfg.head_dim)
     out_dev = None if out is None else _reused(rows, "out", (store, args, out),
-                                               lambda: _checked_out(store, out, shape, args.backend))
+                                               lambda: _checked_out(store, out, shape, args))
     launch_stream = resolve_stream(stream, q, args.k_new, args.v_new, out)
     if rows.S_max == 0 or args.n_max == 0:
         return _new_like(q, shape) if out is None else out
@@ -222,11 +224,13 @@ def _checked_batch_args(cfg, q, k_new, v_new, backend) -> BatchArgs:
     return BatchArgs(q, q_dev, k_dev, v_dev, num_q_heads, backend)
 
 
-def _checked_out(store, out, shape: tuple, backend: str):
-    """A given ``out`` of ``shape`` checked: its numba view, or itself where a CUDA tensor is
-    written by SDPA alone (``backend`` ``"sdpa"``)."""
-    out_dev = checked(out, "out", np.float16, shape, view=backend != "sdpa")
+def _checked_out(store, out, shape: tuple, args: BatchArgs):
+    """A given ``out`` of ``shape`` checked, outside the store and apart from what the call
+    reads (``args``): its numba view, or itself where a CUDA tensor is written by SDPA alone
+    (``args.backend`` ``"sdpa"``)."""
+    out_dev = checked(out, "out", np.float16, shape, view=args.backend != "sdpa")
     check_outside_store(store, out=out_dev)
+    check_separate({"out": out_dev}, {"q": args.q_dev, "k_new": args.k_new, "v_new": args.v_new})
     return out_dev
 
 

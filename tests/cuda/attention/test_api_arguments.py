@@ -6,7 +6,8 @@ import pytest
 from numba import cuda
 
 from hexcore import HexcoreConfigError, HexcoreInvalidArgumentError, KVCacheConfig
-from hexcore.cuda import DecodeOptions, DecodePlan, gather_prefix, paged_decode, prefill_attention
+from hexcore.cuda import (DecodeOptions, DecodePlan, gather_prefix, paged_decode, prefill_attention,
+                          prefill_attention_batch)
 from hexcore.cuda.attention.persistent import BudgetError, PersistentDecode, persistent_decode
 from tests.cuda.fill import random_cache
 
@@ -39,6 +40,19 @@ def test_int_fields_take_numpy_ints_and_refuse_the_rest(field):
     for value in bad:
         with pytest.raises(HexcoreConfigError, match=field):
             DecodeOptions(**{field: value})
+
+
+@pytest.mark.parametrize("name, value", [("items", "1"), ("items", None), ("items", -1), ("items", np.zeros(2)),
+                                         ("pools", [1]), ("pools", 0), ("blocks_per_sm", "2"),
+                                         ("blocks_per_sm", float("nan")), ("blocks_per_sm", float("inf")),
+                                         ("blocks_per_sm", -0.5), ("dependent", np.zeros(2)), ("dependent", 1)])
+def test_tiered_mode_refuses_what_is_no_count(name, value):
+    """The format-by-age merge policy's inputs (sixth adversarial pass: TypeError before):
+    a typed error naming the argument; numpy integers are counts."""
+    arguments = dict(dependent=np.bool_(True), items=np.int32(4), blocks_per_sm=np.float32(1.5), pools=np.int64(2))
+    assert DecodeOptions().tiered_mode(**arguments) in ("one", "last", "launch")
+    with pytest.raises(HexcoreInvalidArgumentError, match=name):
+        DecodeOptions().tiered_mode(**{**arguments, name: value})
 
 
 @pytest.mark.parametrize("options", [0, "", False, np.zeros((2, 2)), object()])
@@ -106,3 +120,27 @@ def test_gather_refuses_one_array_for_both_outputs(case):
     both = cuda.device_array((2, 1, 37, 64), np.float16)
     k, _ = gather_prefix(store, 0, tables[0], 37, int(tails[0]), k_out=both[0], v_out=both[1])
     assert np.array_equal(k.copy_to_host(), gather_prefix(store, 0, tables[0], 37, int(tails[0]))[0].copy_to_host())
+
+
+def test_outputs_over_what_the_launch_reads_are_refused(case):
+    """An output that is a view of an input the same launch reads (sixth pass's open items):
+    decode's ``out`` over ``q``, the gather's outputs over the new tokens, prefill's ``out``
+    over ``q``; each a typed error naming both arrays, with nothing launched."""
+    store, q, tables, lens, tails = case
+    q_dev = cuda.to_device(q)
+    with pytest.raises(HexcoreInvalidArgumentError, match="out: shares memory with q"):
+        paged_decode(q_dev, store, 0, tables, lens, tails, out=q_dev)
+    assert np.array_equal(q_dev.copy_to_host(), q)
+    buffer = cuda.to_device(np.ones(40 * 64, np.float16))
+    new = buffer[:3 * 64].reshape(3, 1, 64)  # [n_new, H, D], inside what v_out is
+    with pytest.raises(HexcoreInvalidArgumentError, match="v_out: shares memory with k_new"):
+        gather_prefix(store, 0, tables[0], 37, int(tails[0]), new, new, v_out=buffer.reshape(1, 40, 64))
+    q_new = cuda.to_device(np.ones((3, 2, 64), np.float16))
+    with pytest.raises(HexcoreInvalidArgumentError, match="out: shares memory with q"):
+        prefill_attention(q_new, new, new, store, 0, tables[0], 37, int(tails[0]), out=q_new, backend="numba")
+    assert np.array_equal(buffer.copy_to_host(), np.ones(40 * 64, np.float16))
+    q_batch = cuda.to_device(np.ones((2, 3, 2, 64), np.float16))  # [B, n_max, num_q_heads, D]
+    new_batch = cuda.to_device(np.ones((2, 3, 1, 64), np.float16))
+    with pytest.raises(HexcoreInvalidArgumentError, match="out: shares memory with q"):
+        prefill_attention_batch(q_batch, new_batch, new_batch, store, 0, tables, np.array([37, 16], np.int32), tails,
+                                np.array([3, 3], np.int32), out=q_batch, backend="numba")
