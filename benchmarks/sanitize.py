@@ -212,19 +212,39 @@ def run_tiered(rng) -> None:
     assert not any(check_guards(store).any() for store in stores)
 
 
+DTYPES = ("fp16", "int4", "int2")
+
+
 def main(argv=None) -> None:
     """``--new``: only the kernels added on 2026-12-01 (prefill, checksums, persistent);
     ``--verify``: only the decode's verify variant (``run_verify_decode``); ``--tiered``:
-    only the format by age's (``run_tiered``)."""
+    only the format by age's (``run_tiered``); ``--dtypes fp16,int2``: the per-dtype runs of
+    these dtypes only; ``--no-tiered``: without the format by age's run. The last two split
+    a sanitizer's pass over everything into calls that each fit a time limit."""
     rng = np.random.default_rng(0)
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
     only = next((flag[2:] for flag in ("--new", "--verify") if flag in argv), None)
-    for dtype in () if "--tiered" in argv else ("fp16", "int4", "int2"):
+    dtypes = () if "--tiered" in argv else chosen_dtypes(argv)
+    for dtype in dtypes:
         run_dtype(dtype, rng, only)
         assert layout_agrees(KVCacheConfig(num_layers=2, num_kv_heads=2, head_dim=128, block_size=16, kv_dtype=dtype))
-    if only != "verify":
+    if only != "verify" and "--no-tiered" not in argv:
         run_tiered(rng)
-    print("sanitize run complete")
+    print(f"sanitize run complete: {', '.join(dtypes) or 'no dtype'}"
+          f"{'' if only == 'verify' or '--no-tiered' in argv else ', tiered'}")
+
+
+def chosen_dtypes(argv: list) -> tuple:
+    """The dtypes of ``--dtypes a,b`` in ``argv`` (every one of DTYPES without the flag);
+    SystemExit naming the flag for a missing or unknown value."""
+    if "--dtypes" not in argv:
+        return DTYPES
+    at = argv.index("--dtypes") + 1
+    names = tuple(argv[at].split(",")) if at < len(argv) else ()
+    if not names or not set(names) <= set(DTYPES):
+        raise SystemExit(f"--dtypes: expected a comma-separated subset of {', '.join(DTYPES)}, "
+                         f"got {argv[at] if at < len(argv) else 'nothing'}")
+    return tuple(d for d in DTYPES if d in names)
 
 
 if __name__ == "__main__":
