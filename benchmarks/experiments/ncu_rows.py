@@ -3,8 +3,8 @@
     python3 benchmarks/experiments/ncu_rows.py FILE.csv
 
 Kernel name, time, SM cycles active (average and busiest SM), warp instructions, DRAM bytes
-read, registers, grid size, achieved warp occupancy and the no-instruction and long-scoreboard
-stalls per issue (where collected), each cut to 40 characters; a file
+read, registers, grid size, achieved warp occupancy and the no-instruction, long-scoreboard,
+immediate-constant-miss and branch-resolving stalls per issue (where collected), each cut to 40 characters; a file
 with no rows says so. Used by the experiments' GPU call scripts.
 """
 import csv
@@ -14,7 +14,9 @@ WANT = ["Kernel Name", "gpu__time_duration.sum", "sm__cycles_active.avg", "sm__c
         "smsp__inst_executed.sum", "dram__bytes_read.sum", "launch__registers_per_thread", "launch__grid_size",
         "sm__warps_active.avg.pct_of_peak_sustained_active",
         "smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio",
-        "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"]
+        "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
+        "smsp__average_warps_issue_stalled_imc_miss_per_issue_active.ratio",
+        "smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio"]
 
 
 def main(path: str) -> None:
