@@ -29,11 +29,20 @@ from benchmarks.per_unit import min_ns
 
 HERE = Path(__file__).resolve().parent
 # the latest H200 decode table, peers in the same run (graph.json: the 2026-12-01 run)
-GPU_RUN = HERE / "gpu-runs" / "2026-12-04-s24" / "call3"
+GPU_RUN = HERE / "gpu-runs" / "2026-12-06-s46" / "call6"
 GRAPH_RUN = HERE / "gpu-runs" / "2026-12-01"
 CEILING_TBS = 4.47  # HBM read ceiling measured on the H200 (numba, 16-byte loads)
 POOLS = (1024, 4096, 16384, 65536, 262144)
 BS, BATCH_BLOCKS, NUM_SEQS = 16, 1024, 256
+
+
+def decode_json(folder: Path) -> Path | None:
+    """The decode table in ``folder``: ``decode_new.json`` (what ``hexcore bench`` writes), else
+    its one ``decode_*.json`` (a ``bench_decode --name`` run's), else None."""
+    if (folder / "decode_new.json").is_file():
+        return folder / "decode_new.json"
+    named = sorted(folder.glob("decode_*.json"))
+    return named[0] if len(named) == 1 else None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -174,8 +183,8 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     gpu_json = Path(a.gpu_json) if a.gpu_json else None
-    if gpu_json is not None and not (gpu_json / "decode_new.json").is_file():
-        print(f"bench: --gpu-json {gpu_json}: no decode_new.json there", file=sys.stderr)
+    if gpu_json is not None and decode_json(gpu_json) is None:
+        print(f"bench: --gpu-json {gpu_json}: no decode_new.json there, nor one decode_*.json", file=sys.stderr)
         return 2
     if a.plots_only:
         gpu_json = gpu_json or (out / "gpu" if (out / "gpu" / "decode_new.json").is_file() else GPU_RUN)

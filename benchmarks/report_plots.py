@@ -1,7 +1,7 @@
 """PNG plots of a bench report folder (``benchmarks.report``), drawn from measured JSON only.
 
-GPU plots read ``decode_new.json`` and ``graph.json`` (``bench_decode``/``bench_graph``
-output) from the GPU folder given; CPU plots read ``allocator.json`` and ``ring.json``
+GPU plots read ``decode_new.json`` (or a folder's one ``decode_*.json``) and ``graph.json``
+(``bench_decode``/``bench_graph`` output) from the GPU folder given; CPU plots read ``allocator.json`` and ``ring.json``
 from the report folder. Every plot names the run (date, machine) it shows.
 """
 
@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 
 import matplotlib
+
+from benchmarks.report import decode_json
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -165,12 +167,15 @@ def ring(data: dict, path: Path) -> Path:
 
 
 def draw_all(out: Path, gpu_json: Path, graph_json: Path | None = None) -> list[Path]:
-    """Every plot whose JSON exists (the decode table in ``gpu_json``, the graph run at
-    ``graph_json``, default ``gpu_json / "graph.json"``); the PNG paths written."""
+    """Every plot whose JSON exists (the decode table in ``gpu_json``, see ``decode_json``;
+    the graph run at ``graph_json``, default ``gpu_json / "graph.json"``); the PNG paths
+    written."""
     written = []
-    if (gpu_json / "decode_new.json").is_file():
-        data = _load(gpu_json / "decode_new.json")
-        written += [decode_bandwidth(data, out / "decode_bandwidth.png"), decode_speedup(data, out / "decode_speedup.png")]
+    table = decode_json(gpu_json)
+    if table is not None:
+        data = _load(table)
+        written += [decode_bandwidth(data, out / "decode_bandwidth.png"),
+                    decode_speedup(data, out / "decode_speedup.png")]
     graph_json = graph_json or gpu_json / "graph.json"
     if graph_json.is_file():
         written.append(graph_host(_load(graph_json), out / "graph_host.png"))

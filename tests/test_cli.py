@@ -98,6 +98,19 @@ def test_bench_draws_the_committed_gpu_runs(tmp_path):
                                                         "graph_host.png"}
 
 
+def test_decode_json_finds_a_folders_decode_table(tmp_path):
+    from benchmarks.report import GPU_RUN, decode_json
+
+    assert decode_json(tmp_path) is None
+    (tmp_path / "decode_table.json").write_text("{}")
+    assert decode_json(tmp_path) == tmp_path / "decode_table.json"
+    (tmp_path / "decode_other.json").write_text("{}")
+    assert decode_json(tmp_path) is None  # two named tables: which one is not guessed
+    (tmp_path / "decode_new.json").write_text("{}")
+    assert decode_json(tmp_path) == tmp_path / "decode_new.json"
+    assert decode_json(GPU_RUN) is not None  # the committed run the plots default to
+
+
 def test_plan_rejects_bad_block_size(capsys):
     assert main(["plan", "--block-size", "12"]) == 2
     assert "--block-size" in capsys.readouterr().err
