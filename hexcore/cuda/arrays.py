@@ -15,7 +15,7 @@ argument, so every launcher (``write.py``, ``blocks.py``, ``attention/launcher.p
   that one launch writes must not repeat, nor be read by the same launch (a race on a
   GPU); :func:`check_outside_store`: an input must not be a view of the store the
   launch writes; :func:`check_separate`: an output must not overlap another array of
-  the launch.
+  the launch; :func:`check_writes`: both for a launch's outputs.
 
 What is not checked, because it would need a device-to-host copy (a synchronisation):
 the values of device id arrays, repeats and overlaps among device id arrays, and the
@@ -294,6 +294,14 @@ def check_separate(outputs: dict, inputs: dict | None = None) -> None:
             if shares_memory(x, y):  # named first: the later of two outputs, or the output over an input
                 bad, good = (other, name) if other in outputs else (name, other)
                 raise HexcoreInvalidArgumentError(f"{bad}: shares memory with {good}; pass separate arrays")
+
+
+def check_writes(store, outputs: dict, inputs: dict | None = None) -> None:
+    """What one launch writes (``outputs``: name -> device array) outside ``store``'s memory
+    (:func:`check_outside_store`) and apart from each other and from what it reads
+    (``inputs``; :func:`check_separate`), in that order."""
+    check_outside_store(store, **outputs)
+    check_separate(outputs, inputs)
 
 
 def _on_device(x) -> bool:

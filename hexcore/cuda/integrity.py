@@ -46,8 +46,7 @@ from ..config import KVCacheConfig
 from ..errors import HexcoreInvalidArgumentError
 from .._checks import as_int, shown
 from ..host.checksum import FNV32_BASIS, FNV32_PRIME, HEAD_K1, HEAD_K2, HEAD_M1, HEAD_M2, LANES, canary_word
-from .arrays import (check_outside_store, check_separate, checked, checked_ids, checked_layer, checked_store,
-                     device_only)
+from .arrays import check_writes, checked, checked_ids, checked_layer, checked_store, device_only
 from .device import SIMULATOR, add_u32, load_u32x4, mad_u32, shfl_xor_u32, xorshift_u32
 from .device_layout import code_offset, key_meta_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch
@@ -215,8 +214,7 @@ def head_record_launch(store: DeviceKVStore, block_ids, head_sums, layer: int | 
     ids = checked_ids(block_ids, "block_ids", None, store.num_blocks)
     L, H = cfg.num_layers, cfg.num_kv_heads
     head_sums = checked(head_sums, "head_sums", np.uint32, (store.num_blocks, L, H), align=4, output=True)
-    check_outside_store(store, head_sums=head_sums)
-    check_separate({"head_sums": head_sums}, {"block_ids": ids})
+    check_writes(store, {"head_sums": head_sums}, {"block_ids": ids})
     first, layers = (0, L) if layer is None else (checked_layer(layer, L)[0], 1)
     offsets = store.word_offsets
     W = _head_warps(cfg)
@@ -350,8 +348,7 @@ def _check_outputs(store, mode: str, ids, sums, **outputs) -> None:
     where ``verify`` reads them; ``compute`` never touches them)."""
     if mode == "record":
         outputs["sums"] = sums
-    check_outside_store(store, **outputs)
-    check_separate(outputs, {"block_ids": ids, **({"sums": sums} if mode == "verify" else {})})
+    check_writes(store, outputs, {"block_ids": ids, **({"sums": sums} if mode == "verify" else {})})
 
 
 def _checked_flags(store, flags, found) -> tuple:

@@ -12,8 +12,8 @@ from numba import cuda
 
 from ..._checks import as_int, real_value, shown
 from ...errors import HexcoreInvalidArgumentError
-from ..arrays import (check_id_range, check_outside_store, check_separate, checked, checked_ids, checked_layer,
-                      checked_store, device_only)
+from ..arrays import (check_id_range, check_writes, checked, checked_ids, checked_layer, checked_store,
+                      device_only)
 from ..device import SIMULATOR
 from ..launch import Launch, PreparedLaunch
 from ..store import DeviceKVStore, flat_words
@@ -104,14 +104,6 @@ def checked_verify(verify, store) -> tuple:
         raise HexcoreInvalidArgumentError(f"verify.flags: expected shape (n >= 1,), got {tuple(flags.shape)}")
     found = checked(verify.found, "verify.found", np.int32, (None, 2), align=4, output=True)
     return head_sums, vctl, flags, found
-
-
-def _check_verify_apart(store, out, head_sums, vctl, flags, found) -> None:
-    """What a verify decode writes (``out``, the mismatch flags and list) outside the store and
-    apart from each other and from the head digests and ``vctl`` it reads."""
-    check_outside_store(store, **{"verify.flags": flags, "verify.found": found})
-    check_separate({"out": out, "verify.flags": flags, "verify.found": found},
-                   {"verify.head_sums": head_sums, "verify.vctl": vctl})
 
 
 class Workspace:
@@ -421,11 +413,14 @@ def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scal
     if out is None:
         out = cuda.device_array((batch, num_q_heads, cfg.head_dim), np.float16)
     out = checked(out, "out", np.float16, (batch, num_q_heads, cfg.head_dim), output=True)
-    check_outside_store(store, out=out)
-    check_separate({"out": out}, {"q": q, "block_tables": block_tables, "seq_lens": seq_lens, "tail_slots": tail_slots})
+    reads = {"q": q, "block_tables": block_tables, "seq_lens": seq_lens, "tail_slots": tail_slots}
     checks = () if verify is None else checked_verify(verify, store)
-    if checks:
-        _check_verify_apart(store, out, *checks)
+    writes = {"out": out}
+    if checks:  # a verify decode also writes the mismatch flags and list, and reads the digests and vctl
+        head_sums, vctl, flags, found = checks
+        writes.update({"verify.flags": flags, "verify.found": found})
+        reads.update({"verify.head_sums": head_sums, "verify.vctl": vctl})
+    check_writes(store, writes, reads)
 
     shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
                         num_q_heads // cfg.num_kv_heads, cfg.group_size)

@@ -29,8 +29,8 @@ from numba import cuda
 
 from ..._checks import as_int
 from ...errors import HexcoreInvalidArgumentError
-from ..arrays import (as_device_array, check_outside_store, check_separate, checked, checked_layer, checked_store,
-                      device_pointer, is_numba_array)
+from ..arrays import (as_device_array, check_writes, checked, checked_layer, checked_store, device_pointer,
+                      is_numba_array)
 from ..launch import Launch
 from ..store import flat_words
 from ..uploads import upload_once
@@ -75,9 +75,8 @@ def gather_prefix(store, layer: int, block_table, prefix_len: int, tail_slot: in
     v_out = cuda.device_array(shape, np.float16) if v_out is None else v_out
     outs = checked(k_out, "k_out", np.float16, shape, output=True), checked(v_out, "v_out", np.float16, shape,
                                                                             output=True)
-    check_outside_store(store, k_out=outs[0], v_out=outs[1])
-    check_separate({"k_out": outs[0], "v_out": outs[1]},  # (the gather writes both: one would overwrite the other)
-                   {"k_new": k_new, "v_new": v_new, "block_table": table})
+    check_writes(store, {"k_out": outs[0], "v_out": outs[1]},  # (the gather writes both: one would overwrite the other)
+                 {"k_new": k_new, "v_new": v_new, "block_table": table})
     _gather(store, layer, table, prefix_len, slot, k_new, v_new, *outs, launch_stream)
     return k_out, v_out
 
@@ -119,8 +118,7 @@ def prefill_attention(q, k_new, v_new, store, layer: int, block_table, prefix_le
     if out is None:
         out = _new_like(q_in, out_shape)
     out_dev = checked(out, "out", np.float16, out_shape)
-    check_outside_store(store, out=out_dev)
-    check_separate({"out": out_dev}, {"q": q, "k_new": k_new, "v_new": v_new, "block_table": table})
+    check_writes(store, {"out": out_dev}, {"q": q, "k_new": k_new, "v_new": v_new, "block_table": table})
     launch_stream = resolve_stream(stream, q_in, k_new, v_new, out)
     if n_new == 0:
         return out
@@ -229,8 +227,7 @@ def _checked_out(store, out, shape: tuple, args: BatchArgs):
     reads (``args``): its numba view, or itself where a CUDA tensor is written by SDPA alone
     (``args.backend`` ``"sdpa"``)."""
     out_dev = checked(out, "out", np.float16, shape, view=args.backend != "sdpa")
-    check_outside_store(store, out=out_dev)
-    check_separate({"out": out_dev}, {"q": args.q_dev, "k_new": args.k_new, "v_new": args.v_new})
+    check_writes(store, {"out": out_dev}, {"q": args.q_dev, "k_new": args.k_new, "v_new": args.v_new})
     return out_dev
 
 

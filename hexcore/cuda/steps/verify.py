@@ -44,7 +44,7 @@ from numba import cuda
 
 from ..._checks import as_int
 from ...errors import HexcoreInvalidArgumentError
-from ..arrays import check_outside_store, check_separate, checked, checked_ids, checked_store, device_only
+from ..arrays import check_writes, checked, checked_ids, checked_store, device_only
 from ..attention.launcher import DecodeVerify
 from ..integrity import checksum_launch, prepare_checksum, prepare_head_record, record_head_sums, to_host
 from ..launch import PreparedLaunch
@@ -176,8 +176,7 @@ def _checked_digests(store, sums, head_sums, layers_per_step) -> tuple:
     if head_sums is not None:
         head_sums = checked(head_sums, "verify_heads", np.uint32, (store.num_blocks, L, cfg.num_kv_heads), align=4,
                             output=True)
-    check_outside_store(store, verify_sums=sums, verify_heads=head_sums)
-    check_separate({"verify_sums": sums, "verify_heads": head_sums})
+    check_writes(store, {"verify_sums": sums, "verify_heads": head_sums})
     return sums, head_sums, layers
 
 
