@@ -4,13 +4,19 @@
         --section SpeedOfLight --section Occupancy --section WarpStateStats \\
         python3 -m benchmarks.profile_decode int4 1     (dtype, index into bench_decode.SHAPES)
 
+numba names every kernel's function ``kernel``; to pick one by its module, match the
+demangled name: ``--kernel-name-base demangled -k regex:decode_kernel`` (or
+``one_launch_kernel``, ...).
+
 A format by age (``int2-aged``; or ``+merge``) runs its plan's launches as ``bench_decode`` times them.
 ``--variant NAME`` runs it with one of ``bench_decode``'s ``--variants`` options (e.g. ``--variant
 "last pool merges"``).
 
 ``--lineinfo`` compiles every kernel with ``lineinfo=True`` (numba's line table; the code is
 the same), for ncu's per-line sections: ``--section SourceCounters --import-source yes``,
-then ``ncu -i REPORT --page source --csv --print-source sass``.
+then ``ncu -i REPORT --page source --csv --print-source sass``. ``python -m benchmarks.ncu_source``
+splits such a page (with ``--section SourceCounters --section WarpStateStats``, line info or
+not) into the kernel before its hot loop, the loop and after it.
 """
 
 from __future__ import annotations

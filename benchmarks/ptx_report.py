@@ -2,10 +2,13 @@
 and the hot loop's size and opcodes (``sass_loop``); with ``--seal``, the quantizing seal
 kernels instead (plain and with fitted keys).
 
-    python -m benchmarks.ptx_report [--sass] [--dump DIR] [--only BITS,D,BS,G] [--verify]
+    python -m benchmarks.ptx_report [--sass] [--dump DIR] [--only BITS,D,BS,G] [--verify] [--prefetch MODE]
     python -m benchmarks.ptx_report --seal
     python -m benchmarks.ptx_report --persistent [--dump DIR] [--only BITS,D,BS,G] [--count-items]
     python -m benchmarks.ptx_report --tiered [--only BITS,D,BS,G]
+
+``--prefetch MODE``: the decode kernels built with ``DecodeOptions.l2_prefetch`` MODE
+("quantized", "all"; "none" by default).
 
 ``--verify``: each shape's line is followed by one for the decode kernel's verify variant
 (``decode_kernel(verify=True)``: sampled blocks checked against their head digests); with
@@ -67,8 +70,8 @@ PERSISTENT_SIG = DECODE_SIG + (types.int64[::1], types.int64[::1], I32, I64, I64
 PERSISTENT_SHAPES = [(16, 128, 32, 4), (4, 128, 32, 4), (2, 128, 32, 4)]
 
 
-def ptx_of(shape: DecodeShape, verify: bool = False) -> str:
-    kernel = decode_kernel(shape, verify=verify).py_func
+def ptx_of(shape: DecodeShape, verify: bool = False, l2_prefetch: str = "none") -> str:
+    kernel = decode_kernel(shape, l2_prefetch=l2_prefetch, verify=verify).py_func
     ptx, _ = cuda.compile_ptx(kernel, VERIFY_SIG if verify else DECODE_SIG, cc=(9, 0))
     return ptx
 
@@ -103,16 +106,18 @@ def ptxas(ptx: str, sass: bool = False, dump: str | None = None, name: str = "k"
         return info if res.returncode == 0 else res.stderr[-500:]
 
 
-def report(sass: bool = False, dump: str | None = None, only: str | None = None, verify: bool = False) -> None:
+def report(sass: bool = False, dump: str | None = None, only: str | None = None, verify: bool = False,
+           l2_prefetch: str = "none") -> None:
     """One line per shape of SHAPES (or only ``only``, "bits,head_dim,block_size,group"); with
     ``verify``, one more per shape for the verify variant, and with ``sass`` too, what its hot
-    loop adds to the plain one's (``sass_loop.difference``)."""
+    loop adds to the plain one's (``sass_loop.difference``); ``l2_prefetch``: the kernels'
+    DecodeOptions.l2_prefetch."""
     shapes = [tuple(int(x) for x in only.split(","))] if only else SHAPES
     for bits, head_dim, block_size, group in shapes:
         shape = DecodeShape(bits, 8, head_dim, block_size, group, 64)
         loops = []
         for variant in (False, True) if verify else (False,):
-            ptx = ptx_of(shape, variant)
+            ptx = ptx_of(shape, variant, l2_prefetch)
             name = f"decode_b{bits}_d{head_dim}_bs{block_size}_g{group}" + ("_verify" if variant else "")
             if dump:
                 os.makedirs(dump, exist_ok=True)
@@ -210,4 +215,5 @@ if __name__ == "__main__":
     elif "--persistent" in sys.argv:
         persistent_report(dump=_arg("--dump"), only=_arg("--only"), count_items="--count-items" in sys.argv)
     else:
-        report(sass="--sass" in sys.argv, dump=_arg("--dump"), only=_arg("--only"), verify="--verify" in sys.argv)
+        report(sass="--sass" in sys.argv, dump=_arg("--dump"), only=_arg("--only"), verify="--verify" in sys.argv,
+               l2_prefetch=_arg("--prefetch") or "none")

@@ -1,0 +1,114 @@
+"""Where one kernel's warp time goes, from Nsight Compute's source page: per SASS
+instruction, how often it ran and the warp-state samples that fell on it.
+
+    ncu --kernel-name-base demangled -k regex:decode_kernel --launch-skip 2 --launch-count 1 \\
+        --section SourceCounters --section WarpStateStats -o REPORT python3 -m benchmarks.profile_decode int2 1
+    ncu -i REPORT.ncu-rep --page source --csv --print-source sass | gzip > SOURCE.csv.gz
+    python -m benchmarks.ncu_source SOURCE.csv.gz [--loop]
+
+Prints the warp instructions and the stall samples (with their four largest reasons) before
+the hot loop, in it and after it, the hot loop being everything between the first and the
+last instruction run at least half as often as the most run tensor-core instruction (a
+decode kernel's block loop; inner loops and rarely taken branches inside it are counted with
+it); with ``--loop``, the loop's instructions per iteration by opcode (executions divided by
+that busiest mma's). The file may be gzipped or plain.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import re
+import sys
+from collections import Counter
+from typing import NamedTuple
+
+_OPCODE = re.compile(r"\s*(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+
+
+class Part(NamedTuple):
+    """One part of the kernel: its name, warp instructions executed, stall samples and
+    samples per stall reason (``stall_`` prefix dropped, not-issued columns left out)."""
+
+    name: str
+    instructions: int
+    samples: int
+    reasons: Counter
+
+
+def _number(text: str) -> int:
+    text = text.replace(",", "")
+    return int(text) if text.isdigit() else 0
+
+
+def read_source(path: str) -> tuple[list[str], list[list[str]]]:
+    """The header and the instruction rows of an ncu ``--page source --csv`` file."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", newline="") as f:
+        rows = list(csv.reader(f))
+    at = next((i for i, r in enumerate(rows) if r and r[0] == "Address"), None)
+    if at is None:
+        raise SystemExit(f"{path}: no 'Address' header row: not an ncu source page")
+    head = rows[at]
+    return head, [r for r in rows[at + 1:] if len(r) == len(head)]
+
+
+def loop_span(head: list[str], rows: list[list[str]]) -> tuple[int, int, int]:
+    """(first row, last row, executions of the busiest mma) of the hot loop."""
+    ran = head.index("Instructions Executed")
+    counts = [_number(r[ran]) for r in rows]
+    mma = [counts[i] for i, r in enumerate(rows) if "HMMA" in r[1]]
+    if not mma or max(mma) == 0:
+        raise SystemExit("no tensor-core instruction ran: no hot loop to find")
+    top = max(mma)
+    hot = [i for i, n in enumerate(counts) if n >= top * 0.5]
+    return hot[0], hot[-1], top
+
+
+def parts(head: list[str], rows: list[list[str]]) -> list[Part]:
+    """The kernel before its hot loop, the loop, and after it."""
+    ran, sampled = head.index("Instructions Executed"), head.index("Warp Stall Sampling (All Samples)")
+    reasons = [i for i, h in enumerate(head) if h.startswith("stall_") and "Not Issued" not in h]
+    first, last, _ = loop_span(head, rows)
+    out = []
+    for name, span in (("before the loop", range(0, first)), ("hot loop", range(first, last + 1)),
+                       ("after the loop", range(last + 1, len(rows)))):
+        why = Counter()
+        for i in span:
+            for j in reasons:
+                why[head[j][len("stall_"):]] += _number(rows[i][j])
+        out.append(Part(name, sum(_number(rows[i][ran]) for i in span), sum(_number(rows[i][sampled]) for i in span),
+                        why))
+    return out
+
+
+def loop_opcodes(head: list[str], rows: list[list[str]]) -> Counter:
+    """The hot loop's instructions per iteration (executions over the busiest mma's), by opcode."""
+    ran = head.index("Instructions Executed")
+    first, last, top = loop_span(head, rows)
+    ops = Counter()
+    for r in rows[first:last + 1]:
+        m = _OPCODE.match(r[1])
+        ops[m.group(1) if m else "?"] += _number(r[ran]) / top
+    return ops
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0].startswith("-"):
+        raise SystemExit("usage: python -m benchmarks.ncu_source SOURCE.csv[.gz] [--loop]")
+    head, rows = read_source(argv[0])
+    got = parts(head, rows)
+    total = sum(p.samples for p in got) or 1
+    print(f"{argv[0]}: {sum(p.instructions for p in got):,} warp instructions, {total} stall samples")
+    for p in got:
+        top = ", ".join(f"{k} {v}" for k, v in p.reasons.most_common(4))
+        share = 100 * p.samples / total
+        print(f"  {p.name:16s} {p.instructions:>12,} instructions {p.samples:>7} samples ({share:4.1f}%)  {top}")
+    if "--loop" in argv:
+        ops = loop_opcodes(head, rows)
+        print(f"  per iteration: {round(sum(ops.values()))}: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in ops.most_common(24)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
