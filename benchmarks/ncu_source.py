@@ -11,7 +11,8 @@ the hot loop, in it and after it, the hot loop being everything between the firs
 last instruction run at least half as often as the most run tensor-core instruction (a
 decode kernel's block loop; inner loops and rarely taken branches inside it are counted with
 it); with ``--loop``, the loop's instructions per iteration by opcode (executions divided by
-that busiest mma's). The file may be gzipped or plain.
+that busiest mma's). The file may be gzipped or plain, and may hold the pages of several
+profiled kernels (each after its "Kernel Name" row): each is printed in turn.
 """
 
 from __future__ import annotations
@@ -41,16 +42,30 @@ def _number(text: str) -> int:
     return int(text) if text.isdigit() else 0
 
 
-def read_source(path: str) -> tuple[list[str], list[list[str]]]:
-    """The header and the instruction rows of an ncu ``--page source --csv`` file."""
+def read_pages(path: str) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(kernel name, header, instruction rows) of each kernel's page in an ncu ``--page source
+    --csv`` file, in file order."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", newline="") as f:
         rows = list(csv.reader(f))
-    at = next((i for i, r in enumerate(rows) if r and r[0] == "Address"), None)
-    if at is None:
+    pages, name, head = [], "", None
+    for r in rows:
+        if r and r[0] == "Kernel Name":
+            name, head = (r[1] if len(r) > 1 else ""), None
+        elif r and r[0] == "Address":
+            head = r
+            pages.append((name, head, []))
+        elif head is not None and len(r) == len(head):
+            pages[-1][2].append(r)
+    if not pages:
         raise SystemExit(f"{path}: no 'Address' header row: not an ncu source page")
-    head = rows[at]
-    return head, [r for r in rows[at + 1:] if len(r) == len(head)]
+    return pages
+
+
+def read_source(path: str) -> tuple[list[str], list[list[str]]]:
+    """The header and the instruction rows of the first kernel's page in ``path``."""
+    _name, head, rows = read_pages(path)[0]
+    return head, rows
 
 
 def loop_span(head: list[str], rows: list[list[str]]) -> tuple[int, int, int]:
@@ -96,15 +111,20 @@ def loop_opcodes(head: list[str], rows: list[list[str]]) -> Counter:
 def main(argv: list[str]) -> None:
     if not argv or argv[0].startswith("-"):
         raise SystemExit("usage: python -m benchmarks.ncu_source SOURCE.csv[.gz] [--loop]")
-    head, rows = read_source(argv[0])
+    for name, head, rows in read_pages(argv[0]):
+        print_page(f"{argv[0]}: {name[:60]}", head, rows, "--loop" in argv)
+
+
+def print_page(title: str, head: list[str], rows: list[list[str]], loop: bool) -> None:
+    """One kernel's parts (and with ``loop`` its loop's opcodes), as ``main`` prints them."""
     got = parts(head, rows)
     total = sum(p.samples for p in got) or 1
-    print(f"{argv[0]}: {sum(p.instructions for p in got):,} warp instructions, {total} stall samples")
+    print(f"{title}: {sum(p.instructions for p in got):,} warp instructions, {total} stall samples")
     for p in got:
         top = ", ".join(f"{k} {v}" for k, v in p.reasons.most_common(4))
         share = 100 * p.samples / total
         print(f"  {p.name:16s} {p.instructions:>12,} instructions {p.samples:>7} samples ({share:4.1f}%)  {top}")
-    if "--loop" in argv:
+    if loop:
         ops = loop_opcodes(head, rows)
         print(f"  per iteration: {round(sum(ops.values()))}: "
               + ", ".join(f"{k} {v:.1f}" for k, v in ops.most_common(24)))

@@ -49,6 +49,15 @@ def test_main_prints_the_parts(page, capsys):
     assert "hot loop" in out and "long_sb 9" in out and "per iteration: 5: LOP3 2.0" in out
 
 
+def test_pages_of_several_kernels_are_read_in_turn(tmp_path):
+    page = [["Kernel Name", "one"], HEAD] + ROWS + [["Kernel Name", "two"], HEAD] + ROWS[:3]
+    path = tmp_path / "two.csv"
+    path.write_text("\n".join(",".join(f'"{c}"' for c in r) for r in page) + "\n")
+    pages = ncu_source.read_pages(str(path))
+    assert [(name, len(rows)) for name, _head, rows in pages] == [("one", 7), ("two", 3)]
+    assert ncu_source.read_source(str(path))[1] == ROWS
+
+
 def test_a_file_without_a_source_page_is_refused(tmp_path):
     path = tmp_path / "raw.csv"
     path.write_text('"ID","Kernel Name"\n"0","kernel"\n')

@@ -11,6 +11,10 @@
 #   h200 (falls through to prefetch and prefetch-time): a source page and stalls, the
 #      l2_prefetch GPU test, then the prefetch variants timed (needs prefetch-ahead.diff).
 #   tests-rest: on an H200 only, the gpu-marked tests the s46 session did not run there.
+#   lane-bases: lane-bases.diff against main, INT4 and INT2 at six shapes (bench_decode).
+#   probe-source: issue 19, ncu's source page of each of s46 one_probe.py's kernels.
+#   next-h200: on an H200 only, NEXT.md items 1, 4 and 2 (source page and stalls of INT2,
+#      probe-source, then the s44 folder's rows-table).
 set -u
 source benchmarks/experiments/device-site.sh  # site, R
 profile() {  # profile DTYPE INDEX: one launch of bench_decode.SHAPES[INDEX], four ncu sections
@@ -35,7 +39,7 @@ stalls() {  # stalls DTYPE INDEX: every stall reason per issued instruction, one
     python3 - "$R/stalls-$1-$2.csv" <<'PY'
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]
-head, val = rows[0], rows[-1]
+head, val = next(r for r in rows if r[0] == "ID"), rows[-1]
 pairs = [(h.split("stalled_")[1].split("_per_issue")[0], float(v.replace(",", ""))) for h, v in zip(head, val)
          if "stalled_" in h and v.replace(",", "").replace(".", "", 1).isdigit()]
 print(" ".join(f"{k} {v:.2f}" for k, v in sorted(pairs, key=lambda p: -p[1]) if v >= 0.02))
@@ -50,7 +54,28 @@ source_counts() {  # source_counts DTYPE INDEX [KERNEL]: per-SASS-instruction ex
     ncu -i /tmp/src-$1-$2.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$R/src-$1-$2.csv.gz"
     ls -la "$R/src-$1-$2.csv.gz"; zcat "$R/src-$1-$2.csv.gz" | head -3 | cut -c1-400
 }
+probe_source() {  # issue 19: ncu's source page of each of s46 one_probe.py's seven kernels, sampled alike
+    # (--ncu: three setup kernels and one warm launch of each came first in the forty-sixth
+    # session's run, then three of each: skip 10, take 21, three pages a kernel)
+    PYTHONPATH="$site:$PWD" timeout 300 ncu -k regex:kernel --launch-skip 10 --launch-count 21 \
+        --section SourceCounters --section WarpStateStats -f -o /tmp/probe-src \
+        python3 benchmarks/experiments/2026-12-06-s46/one_probe.py --ncu > "$R/probe-src.log" 2>&1
+    echo "== probe source pages rc $?"
+    ncu -i /tmp/probe-src.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$R/probe-src.csv.gz"
+    python3 -m benchmarks.ncu_source "$R/probe-src.csv.gz" | grep -E "^[^ ]|hot loop|before"
+}
 case "${1:-}" in
+next-h200)  # NEXT.md items 1, 4 and 2 in one call on an H200 (~450 s)
+    grep -q H200 "$R/gpu.txt" || { echo "not an H200: nothing run"; exit 0; }
+    source_counts int2 1
+    stalls int2 1
+    stalls int2 2
+    probe_source
+    bash benchmarks/experiments/2026-12-06-s44/calls.sh rows-table
+    ;;
+probe-source)
+    probe_source
+    ;;
 lane-bases)  # lane-bases.diff (a block's copy addresses stepped from four per-lane bases) against main
     shapes="64,32,8,4096;128,32,8,2048;16,32,8,16384;32,64,8,4096;1,32,8,32768;1,32,8,131072"
     patched_copy /tmp/lb "$PWD/benchmarks/experiments/2026-12-06-s47/lane-bases.diff" || exit 1
