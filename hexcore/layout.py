@@ -81,18 +81,25 @@ def value_code_field(token, dim, bits, head_dim, chunk):
     of ``V^T``, 16 tokens per k-step): k-step ``token // 16`` holds 32 lanes' runs of
     ``head_dim // (4 * R)`` words (``R = 16 // bits`` fragment registers per word), lane
     ``4 * gid + tig`` holding tokens ``2tig, 2tig+1, 2tig+8, 2tig+9`` of the channels
-    ``chunk * (8c + gid) .. + chunk`` for every c. Field ``j`` of a word and field
-    ``j + R`` hold the same channel for two consecutive tokens. ``chunk`` is
-    :func:`value_chunk_dims`.
+    ``chunk * (8c + gid) .. + chunk`` for every c. A word holds ``R / 4`` tiles' registers
+    (``j = 4 * tile + slot``: channel ``+ slot % 2``, token ``+ 8 * (slot // 2)``); register
+    ``j`` is field ``f = 2 * (j // 4) + j % 2 + (R / 2) * (slot // 2)`` and its next token
+    field ``f + R``. So INT4 (``R = 4``) keeps fields in register order, and INT2 (``R = 8``)
+    puts slots 2 and 3 of each tile 8 bits above slots 0 and 1: after one shift by 8 that
+    the word's slot-2/3 registers share, the two registers of an mma row (slots 0 and 2,
+    or 1 and 3) sit at the same bit, which the decode kernel needs (one ``shf`` a word
+    where register order took three). ``chunk`` is :func:`value_chunk_dims`.
     """
     per_word = 16 // bits
     lane_words = head_dim // (4 * per_word)
     kstep, r = token // 16, token % 16
     q, rem = dim // chunk, dim % chunk
     tile = (q // 8) * (chunk // 2) + rem // 2
-    reg = 4 * tile + rem % 2 + 2 * (r // 8)
+    slot = rem % 2 + 2 * (r // 8)
+    reg = 4 * tile + slot
     lane = 4 * (q % 8) + (r % 8) // 2
-    return (kstep * 32 + lane) * lane_words + reg // per_word, reg % per_word + per_word * (r % 2)
+    field = 2 * ((reg % per_word) // 4) + slot % 2 + (per_word // 2) * (slot // 2)
+    return (kstep * 32 + lane) * lane_words + reg // per_word, field + per_word * (r % 2)
 
 
 def value_code_token_dim(word, field, bits, head_dim, chunk):
@@ -100,7 +107,9 @@ def value_code_token_dim(word, field, bits, head_dim, chunk):
     per_word = 16 // bits
     lane_words = head_dim // (4 * per_word)
     kstep, lane = word // (32 * lane_words), (word // lane_words) % 32
-    reg = (word % lane_words) * per_word + field % per_word
+    f = field % per_word
+    high, low = f // (per_word // 2), f % (per_word // 2)  # slot // 2; 2 * (tile in the word) + slot % 2
+    reg = (word % lane_words) * per_word + 4 * (low // 2) + 2 * high + low % 2
     tile, slot = reg // 4, reg % 4
     dim = chunk * (8 * (tile // (chunk // 2)) + lane // 4) + 2 * (tile % (chunk // 2)) + slot % 2
     token = 16 * kstep + 8 * (slot // 2) + 2 * (lane % 4) + field // per_word

@@ -25,3 +25,19 @@ def test_code_order_documented():
             word, field = layout.value_code_field(t, d, bits, 64, chunk)
             assert len(set(zip(word.ravel(), field.ravel()))) == t.size  # a bijection onto the block's fields
             np.testing.assert_array_equal(layout.value_code_token_dim(word, field, bits, 64, chunk), (t, d))
+
+
+def test_int2_value_rows_one_shift_apart():
+    """INT2 value words: the two registers of an mma row (slots 0 and 2: channel c, tokens
+    t and t + 8; slots 1 and 3: channel c + 1) lie exactly 8 bits apart, and the word's
+    first tile sits below its second, so the decode's one shift by 8 a word lines them up
+    (layout.value_code_field); INT4 keeps register order."""
+    head_dim, chunk = 64, 8
+    for tile in range(2):  # tiles 0 and 1 of lane 0's first word: channels 2 * tile, + 1
+        for slot in range(4):
+            dim, token = 2 * tile + slot % 2, 8 * (slot // 2)
+            word, field = layout.value_code_field(token, dim, 2, head_dim, chunk)
+            assert word == 0
+            assert field == 2 * tile + slot % 2 + 4 * (slot // 2)  # bit 2 * field
+            assert layout.value_code_field(token + 1, dim, 2, head_dim, chunk) == (0, field + 8)  # next token
+    assert [layout.value_code_field(8 * (s // 2), s % 2, 4, head_dim, chunk)[1] for s in range(4)] == [0, 1, 2, 3]

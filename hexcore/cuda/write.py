@@ -449,9 +449,9 @@ def _value_word(rows, at, row, params, param_at, gid, first_tile, tiles, chunk, 
     """One value code word (``layout.value_code_field``): for each of its ``tiles`` mma tiles,
     a channel pair of tokens ``T, T+1, T+8, T+9`` (``T``'s row at ``rows[at]``, ``row``
     words apart; its scale and min at ``params[param_at + g]``, ``+ num_groups``, one
-    token every ``2 * num_groups``). Register ``j`` of the word (field ``j``, and ``j +
-    pairs`` for the next token) is tile ``j // 4``, slot ``j % 4``: channel ``+ j % 2``,
-    token ``+ 8 * (j % 4 // 2)``."""
+    token every ``2 * num_groups``). Register ``j`` of the word is tile ``j // 4``, slot
+    ``j % 4``: channel ``+ j % 2``, token ``+ 8 * (j % 4 // 2)``, in field ``f = 2 * (j // 4)
+    + j % 2 + (pairs / 2) * (j % 4 // 2)`` (and ``f + pairs`` for the next token)."""
     word = np.uint32(0)
     for tile_in in range(tiles):
         tile = first_tile + tile_in
@@ -465,9 +465,9 @@ def _value_word(rows, at, row, params, param_at, gid, first_tile, tiles, chunk, 
                 scale, low = params[m], params[m + num_groups]
                 lo = _quantize(half2_lo(w), scale, low, levels)
                 hi = _quantize(half2_hi(w), scale, low, levels)
-                j = 4 * tile_in + 2 * r8
-                word |= (np.uint32(lo) << np.uint32((j + pairs * tb) * bits)) \
-                    | (np.uint32(hi) << np.uint32((j + 1 + pairs * tb) * bits))
+                f = 2 * tile_in + (pairs // 2) * r8  # the field of register 4 * tile_in + 2 * r8
+                word |= (np.uint32(lo) << np.uint32((f + pairs * tb) * bits)) \
+                    | (np.uint32(hi) << np.uint32((f + 1 + pairs * tb) * bits))
     return word
 
 

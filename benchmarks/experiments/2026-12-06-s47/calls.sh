@@ -120,6 +120,10 @@ b1-source)
     source_counts int2 5
     source_counts int4 5
     ;;
+stalls-int2)  # INT2 at 64 x 32/8 4k and 128 x 32/8 2k (the forty-eighth session's h200 mode)
+    stalls int2 1
+    stalls int2 2
+    ;;
 stalls)
     for args in "int2 1" "int2 4" "int4 1" "fp16 1"; do stalls $args; done
     ;;

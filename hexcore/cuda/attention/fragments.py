@@ -29,8 +29,9 @@ token and group ``v = s_t * code + m_t``):
 - outputs: ``sum_t p_t v_t = sum_t (p_t s_t) code + sum_t p_t m_t``: the probabilities,
   scaled per group by the tokens' scales, are the B operand against the codes (A, rows:
   channels), which sit at ``e = 0`` in rows ``gid`` and ``e = bits`` in rows ``gid + 8``
-  (``value_shift``), so after the sealed blocks ``unscale_values`` multiplies each row once
-  by ``2**(24 - e)``, before FP16 tail rows add to it. The mins term is one "stats" mma per
+  (INT2's second tile of a word at 4 and 6: ``value_exponent``), so after the sealed blocks
+  ``unscale_values`` multiplies each row once by ``2**(24 - e)``, before FP16 tail rows
+  add to it. The mins term is one "stats" mma per
   k-step whose A rows are the group mins (rows 0..NG-1) and ones (row 8, giving ``l = sum_t
   p_t``).
 
@@ -107,23 +108,28 @@ def key_code_function(bits: int):
 
 def value_shift(bits: int, j: int) -> int:
     """Right shift of a value code word before ``value_code(word, j)`` masks register ``j``
-    out: the register's fields land at mantissa bit ``bits * (j % 2)``, so the two registers
-    of an mma row (tile slots 0 and 2: channel ``c``; 1 and 3: channel ``c + 1``,
-    ``layout.value_code_field``) share one exponent. Words of INT2 hold two tiles
-    (``j // 4``); each distinct shift is one ``shf`` per word."""
-    return bits * (4 * (j // 4) + 2 * (j % 4 // 2))
+    out: 8 for slots 2 and 3 of a tile (``j % 4 // 2``), whose fields the seal puts 8 bits
+    above slots 0 and 1 (``layout.value_code_field``), else 0: one ``shf`` per word."""
+    return 8 * (j % 4 // 2)
+
+
+def value_exponent(bits: int, j: int) -> int:
+    """``e`` of ``value_code(word, j)``: ``bits * (2 * (j // 4) + j % 2)``, the same for the two
+    registers of an mma row (slots 0 and 2: channel ``c``; 1 and 3: ``c + 1``); INT2 words
+    hold two tiles (``j // 4``), the second at ``e`` 4 and 6."""
+    return bits * (2 * (j // 4) + j % 2)
 
 
 def value_code_function(bits: int):
-    """``value_code(word, j)``: register ``j`` of a value code word (codes ``j`` and ``j +
-    16/bits``) as the float16 subnormal pair ``code * 2**(e - 24)``, ``e = bits * (j % 2)``:
-    a shift (``value_shift``, shared by the word's registers) and an ``and``, exact."""
+    """``value_code(word, j)``: register ``j`` of a value code word (its two tokens' codes)
+    as the float16 subnormal pair ``code * 2**(e - 24)``, ``e = value_exponent(bits, j)``: a
+    shift (``value_shift``, shared by the word's registers) and an ``and``, exact."""
     mask = (1 << bits) - 1
 
     @device_function
     def value_code(word, j):
-        shift = bits * (4 * (j // 4) + 2 * (j % 4 // 2))  # value_shift(bits, j)
-        return (word >> np.uint32(shift)) & np.uint32((mask << (bits * (j % 2))) * 0x10001)
+        shift = 8 * (j % 4 // 2)  # value_shift(bits, j)
+        return (word >> np.uint32(shift)) & np.uint32((mask << (bits * (2 * (j // 4) + j % 2))) * 0x10001)
 
     return value_code
 
@@ -137,16 +143,20 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
     ROW_KW = D // 8  # FP16 key words per lane and row
     RPW, VW, MT, CW, NCH = s.regs_per_word, s.value_words, s.m_tiles, s.chunk, s.chunks
     META, META_LOAD = s.meta_words, min(4, s.meta_words)
+    VM_WORDS = 2 * META  # value metadata words of a lane's four tokens of a k-step
     CK, RW = s.chunk_ksteps, s.D * s.bits // 32
     SOFTMAX_KSTEPS = CK if joint_softmax else 1
     RING_K, RING_V, RING_VM = s.ring_regions
+    assert (RING_K + RING_V + D) % 4 == 0, "a ring stage's value metadata must be 16-byte aligned"
     QUANTIZED, s_BS = s.quantized, s.BS
     COPIES = tuple(_per_lane(words // 4) for words in (RING_K, RING_V, D, RING_VM))  # per lane and stage
     BITS = s.bits if s.quantized else 4  # (FP16 shapes never call the code functions)
     key_code, value_code = key_code_function(BITS), value_code_function(BITS)
-    # the output product's rows gid (tile slots 0, 2) and gid + 8 (slots 1, 3) back from the
-    # subnormal codes' units (value_code)
-    UNIT_LO, UNIT_HI = float32(2.0 ** 24), float32(2.0 ** (24 - BITS))
+    # the output product's rows gid (tile slots 0, 2) and gid + 8 (slots 1, 3) of m-tile t
+    # back from the subnormal codes' units (value_code): UNITS[t % TILES_PER_WORD]
+    TILES_PER_WORD = max(1, RPW // 4)
+    UNITS = tuple((float32(2.0 ** (24 - value_exponent(BITS, 4 * w))),
+                   float32(2.0 ** (24 - value_exponent(BITS, 4 * w + 1)))) for w in range(TILES_PER_WORD))
     P = key_prescale(BITS)
     KEY_UNIT = float32(2.0 ** (24 - P))  # the quantized score product's unit
 
@@ -403,17 +413,22 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
         # the output product of staged k-step c, probabilities s[i:i+4]
         gid, tig = (lane >> 2), (lane & 3)
         b0, b1 = probabilities(s, i)
-        meta0 = stage + RING_K + RING_V + D + (16 * c + 2 * tig) * NG  # tokens 2tig, 2tig+1
-        meta1 = meta0 + 8 * NG  # tokens 2tig+8, 2tig+9
+        # the value metadata of tokens 2tig, 2tig+1 (words 0..2NG-1 of vm) and 2tig+8, 2tig+9
+        # (words 2NG..), 8- or 16-byte loads (scalar loads here were 8 LDS a k-step, INT2 D128)
+        vm = cuda.local.array(VM_WORDS, np.uint32)
+        meta0 = stage + RING_K + RING_V + D + (16 * c + 2 * tig) * NG
+        for h in range(2):
+            for w in range(0, 2 * NG, META_LOAD):
+                load_words(ring, meta0 + 8 * NG * h + w, META_LOAD, vm, 2 * NG * h + w)
         # stats rows: the mins of group gid (lanes gid < NG), ones in row 8
-        a0 = _meta_pair(ring, meta0, NG + gid % NG) if gid < NG else np.uint32(0)
-        a2 = _meta_pair(ring, meta1, NG + gid % NG) if gid < NG else np.uint32(0)
+        a0 = _meta_pair(vm, 0, NG + gid % NG) if gid < NG else np.uint32(0)
+        a2 = _meta_pair(vm, 2 * NG, NG + gid % NG) if gid < NG else np.uint32(0)
         step_stats(stats, a0, a2, F16X2_ONES if gid == 0 else 0, b0, b1)
         vw = stage + RING_K + (c * 32 + lane) * VW
         for t in range(MT):
             g = (8 * (t // (CW // 2)) * CW) // GS
-            bs0 = hmul2(b0, _meta_pair(ring, meta0, g))
-            bs1 = hmul2(b1, _meta_pair(ring, meta1, g))
+            bs0 = hmul2(b0, _meta_pair(vm, 0, g))
+            bs1 = hmul2(b1, _meta_pair(vm, 2 * NG, g))
             q0 = 4 * t
             o[q0], o[q0 + 1], o[q0 + 2], o[q0 + 3] = mma_f16(
                 value_code(ld(ring, vw + q0 // RPW), q0 % RPW),
@@ -504,10 +519,11 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
         # to them): from value_code's units to values' units, exact powers of two
         if QUANTIZED:
             for t in range(MT):
-                o[4 * t] *= UNIT_LO
-                o[4 * t + 1] *= UNIT_LO
-                o[4 * t + 2] *= UNIT_HI
-                o[4 * t + 3] *= UNIT_HI
+                lo, hi = UNITS[t % TILES_PER_WORD]
+                o[4 * t] *= lo
+                o[4 * t + 1] *= lo
+                o[4 * t + 2] *= hi
+                o[4 * t + 3] *= hi
 
     @device_function
     def finish(o, stats, state, lane):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from hexcore.cuda.attention.fragments import field_exponent, key_code_function, value_code_function
+from hexcore.cuda.attention.fragments import field_exponent, key_code_function, value_code_function, value_exponent
 from hexcore.cuda.attention.mma import half2_hi, half2_lo, hfma2, hmul2, mma_f16, pack_f16x2, prmt
 
 key4, key2 = key_code_function(4), key_code_function(2)
@@ -92,10 +92,11 @@ def check_bits(rng):
     np.testing.assert_array_equal(sel.copy_to_host(), expect_sel.astype(np.uint32))
     for bits, got, count in ((4, code4, 4), (2, code2, 8)):
         got = got.copy_to_host().view(np.float16).reshape(n, 2, count, 2).astype(np.float64)
-        for j in range(count):  # codes j and j + 16/bits times 2**(e - 24), exactly
+        for j in range(count):  # key codes j and j + 16/bits, value register j's fields, times 2**(e - 24), exactly
             fields = _fields(words, bits, j).astype(np.float64)
             np.testing.assert_array_equal(got[:, 0, j] * 2.0 ** (24 - field_exponent(bits, j)), fields)
-            np.testing.assert_array_equal(got[:, 1, j] * 2.0 ** (24 - bits * (j % 2)), fields)
+            value_fields = _fields(words, bits, 2 * (j // 4) + j % 2 + count // 2 * (j % 4 // 2)).astype(np.float64)
+            np.testing.assert_array_equal(got[:, 1, j] * 2.0 ** (24 - value_exponent(bits, j)), value_fields)
     h = halves.astype(np.float64)
     got = arith.copy_to_host().view(np.float16).reshape(n, 2, 2)
     np.testing.assert_array_equal(got[:, 0], (h[:, 0] * h[:, 1]).astype(np.float16))
