@@ -9,6 +9,7 @@
 #      counts of INT2 and INT4 at 64 x 32/8 4k, before value-fields.diff ("base") and with it.
 #   next-h200: on an H200 only, NEXT.md items 1-3 (ab value-fields, INT2's source page and
 #      stalls, the s44 rows-table).
+#   stats-ones: stats-ones.diff's GPU tests, then main against it (INT4, INT2, six shapes).
 #   h200: on an H200 only, s47 NEXT.md items 1 and 2.
 #   first: on an H200, s47's next-h200 (INT2's source page and stalls, the int2-aged probe's
 #      source pages, two checked layers a step); on an H100, s47's probe-source only.
@@ -29,7 +30,28 @@ ab() {  # ab NAME: this tree with NAME.diff reversed ("base") against this tree,
         done
     done
 }
+patched() {  # patched NAME: this tree ("main") against it with NAME.diff applied, two rounds alternating
+    local shapes="64,32,8,4096;128,32,8,2048;16,32,8,16384;32,64,8,4096;1,32,8,32768;1,32,8,131072" tree round
+    patched_copy "/tmp/$1" "$PWD/$here/$1.diff" || return 1
+    for round in 1 2; do
+        for tree in "$PWD" "/tmp/$1"; do
+            local name="$1-$(basename "$tree")-$round"
+            (cd "$tree" && OUT=$R PYTHONPATH="$site:$tree" timeout 150 python3 -m benchmarks.bench_decode \
+                --shapes "$shapes" --dtypes int4,int2 --no-peers --flex none --queued --name "$name" > "$R/$name.log" 2>&1)
+            echo "== $name rc $?"; grep -E "^hexcore" "$R/$name.log" | cut -d'|' -f1-6
+        done
+    done
+}
 case "${1:-}" in
+stats-ones)  # stats-ones.diff (no lane tests or zeros for the stats mma's operands): its GPU
+    # tests (decode, tiered, persistent, the head digest's verify decode), then timed against main
+    patched_copy /tmp/stats-ones "$PWD/$here/stats-ones.diff" || exit 1
+    (cd /tmp/stats-ones && PYTHONPATH="$site:/tmp/stats-ones" timeout 280 python3 -m pytest -m gpu -q -p no:cacheprovider \
+        -n 12 tests/cuda/attention/test_decode.py tests/cuda/attention/test_tiered.py \
+        tests/cuda/attention/test_persistent.py tests/cuda/test_head_digest.py > "$R/stats-ones-tests.log" 2>&1)
+    echo "stats-ones tests rc $?"; tail -n 2 "$R/stats-ones-tests.log"; grep -E "^(FAILED|ERROR)" "$R/stats-ones-tests.log" | head
+    patched stats-ones
+    ;;
 first)
     if grep -q H200 "$R/gpu.txt"; then bash $s47 next-h200; else bash $s47 probe-source; fi
     ;;
