@@ -17,12 +17,11 @@ set -u
 source benchmarks/experiments/device-site.sh  # site, R
 s47=benchmarks/experiments/2026-12-06-s47/calls.sh
 here=benchmarks/experiments/2026-12-06-s48
-ab() {  # ab NAME: this tree with NAME.diff reversed ("base") against this tree, two rounds alternating
+alternate() {  # alternate NAME BEFORE AFTER: bench_decode INT4 and INT2 at six GQA shapes in the
+    # trees BEFORE and AFTER, two rounds alternating; logs NAME-<tree's folder>-<round>
     local shapes="64,32,8,4096;128,32,8,2048;16,32,8,16384;32,64,8,4096;1,32,8,32768;1,32,8,131072" tree round
-    [ -d /tmp/base ] || { cp -r . /tmp/base && (cd /tmp/base && git apply -R "$PWD/$here/$1.diff"); } || {
-        echo "ab: $1.diff does not reverse"; rm -rf /tmp/base; return 1; }
     for round in 1 2; do
-        for tree in /tmp/base "$PWD"; do
+        for tree in "$2" "$3"; do
             local name="$1-$(basename "$tree")-$round"
             (cd "$tree" && OUT=$R PYTHONPATH="$site:$tree" timeout 150 python3 -m benchmarks.bench_decode \
                 --shapes "$shapes" --dtypes int4,int2 --no-peers --flex none --queued --name "$name" > "$R/$name.log" 2>&1)
@@ -30,17 +29,14 @@ ab() {  # ab NAME: this tree with NAME.diff reversed ("base") against this tree,
         done
     done
 }
-patched() {  # patched NAME: this tree ("main") against it with NAME.diff applied, two rounds alternating
-    local shapes="64,32,8,4096;128,32,8,2048;16,32,8,16384;32,64,8,4096;1,32,8,32768;1,32,8,131072" tree round
+ab() {  # ab NAME: this tree with NAME.diff reversed ("base") against this tree
+    [ -d /tmp/base ] || { cp -r . /tmp/base && (cd /tmp/base && git apply -R "$PWD/$here/$1.diff"); } || {
+        echo "ab: $1.diff does not reverse"; rm -rf /tmp/base; return 1; }
+    alternate "$1" /tmp/base "$PWD"
+}
+patched() {  # patched NAME: this tree ("main") against it with NAME.diff applied
     patched_copy "/tmp/$1" "$PWD/$here/$1.diff" || return 1
-    for round in 1 2; do
-        for tree in "$PWD" "/tmp/$1"; do
-            local name="$1-$(basename "$tree")-$round"
-            (cd "$tree" && OUT=$R PYTHONPATH="$site:$tree" timeout 150 python3 -m benchmarks.bench_decode \
-                --shapes "$shapes" --dtypes int4,int2 --no-peers --flex none --queued --name "$name" > "$R/$name.log" 2>&1)
-            echo "== $name rc $?"; grep -E "^hexcore" "$R/$name.log" | cut -d'|' -f1-6
-        done
-    done
+    alternate "$1" "$PWD" "/tmp/$1"
 }
 case "${1:-}" in
 stats-ones)  # stats-ones.diff (no lane tests or zeros for the stats mma's operands): its GPU
