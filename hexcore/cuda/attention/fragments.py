@@ -32,8 +32,9 @@ token and group ``v = s_t * code + m_t``):
   (INT2's second tile of a word at 4 and 6: ``value_exponent``), so after the sealed blocks
   ``unscale_values`` multiplies each row once by ``2**(24 - e)``, before FP16 tail rows
   add to it. The mins term is one "stats" mma per
-  k-step whose A rows are the group mins (rows 0..NG-1) and ones (row 8, giving ``l = sum_t
-  p_t``).
+  k-step whose A rows are the group mins (rows 0..NG-1 read) and ones (row 8 read, giving
+  ``l = sum_t p_t``); the rows nobody reads hold copies, so no lane tests or zeroes its
+  operands.
 
 q carries ``scale * log2(e)``, so scores are in log2 units and the softmax uses ``exp2``.
 """
@@ -420,10 +421,11 @@ def warp_functions(shape: DecodeShape, joint_softmax: bool = True) -> WarpFuncti
         for h in range(2):
             for w in range(0, 2 * NG, META_LOAD):
                 load_words(ring, meta0 + 8 * NG * h + w, META_LOAD, vm, 2 * NG * h + w)
-        # stats rows: the mins of group gid (lanes gid < NG), ones in row 8
-        a0 = _meta_pair(vm, 0, NG + gid % NG) if gid < NG else np.uint32(0)
-        a2 = _meta_pair(vm, 2 * NG, NG + gid % NG) if gid < NG else np.uint32(0)
-        step_stats(stats, a0, a2, F16X2_ONES if gid == 0 else 0, b0, b1)
+        # stats rows: the mins of group gid % NG in rows gid, ones in rows gid + 8. Only rows
+        # 0..NG-1 and 8 are read (finish), so no lane needs a test or a zero
+        a0 = _meta_pair(vm, 0, NG + gid % NG)
+        a2 = _meta_pair(vm, 2 * NG, NG + gid % NG)
+        step_stats(stats, a0, a2, F16X2_ONES, b0, b1)
         vw = stage + RING_K + (c * 32 + lane) * VW
         for t in range(MT):
             g = (8 * (t // (CW // 2)) * CW) // GS
