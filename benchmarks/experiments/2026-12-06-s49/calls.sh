@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# GPU calls owed after the forty-ninth session (NEXT.md), run from the repository root on the lent
+# GPU with .whl/ carried; results into $OUT. Modes:
+#   eager (~450 s, any GPU): eager-first.diff (a persistent call's first slice runs its static
+#      items without waiting for the begin's compare-and-swap, issue 17): the persistent and
+#      option GPU tests on a copy with it, then bench_persistent's no-yield rows, main against
+#      the copy, FP16, INT4 and INT2 at B=1 32k and 128k and 64 x 32/8 4k, two rounds alternating.
+#   h200 (~500 s, an H200 only): the forty-eighth session's next-h200 (the value-field change
+#      before and after, INT2's source page and stalls, two checked layers a step and issue
+#      12's table); on an H100 nothing.
+set -u
+source benchmarks/experiments/device-site.sh  # site, R, patched_copy
+here=benchmarks/experiments/2026-12-06-s49
+persistent_rows() {  # persistent_rows NAME TREE: bench_persistent's no-yield rows in TREE; log NAME.log
+    (cd "$2" && OUT=$R PYTHONPATH="$site:$2" timeout 200 python3 -m benchmarks.bench_persistent \
+        --shapes "1,32,8,32768;1,32,8,131072;64,32,8,4096" --dtypes fp16,int4,int2 --skip-latency \
+        --skip-yields --queued > "$R/$1.log" 2>&1)
+    echo "== $1 rc $?"; grep -E "no_yield" "$R/$1.log" | head -12
+}
+case "${1:-}" in
+eager)
+    patched_copy /tmp/eager "$PWD/$here/eager-first.diff" || exit 1
+    (cd /tmp/eager && PYTHONPATH="$site:/tmp/eager" timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider \
+        -n 8 tests/cuda/attention/test_persistent.py > "$R/eager-tests.log" 2>&1)
+    echo "eager tests rc $?"; tail -n 2 "$R/eager-tests.log"; grep -E "^(FAILED|ERROR)" "$R/eager-tests.log" | head
+    for round in 1 2; do
+        persistent_rows "main-$round" "$PWD"
+        persistent_rows "eager-$round" /tmp/eager
+    done
+    ;;
+h200)
+    bash benchmarks/experiments/2026-12-06-s48/calls.sh next-h200
+    ;;
+*)
+    echo "usage: $0 eager|h200" >&2; exit 2
+    ;;
+esac
