@@ -107,13 +107,6 @@ def key_code_function(bits: int):
     return key_code
 
 
-def value_shift(bits: int, j: int) -> int:
-    """Right shift of a value code word before ``value_code(word, j)`` masks register ``j``
-    out: 8 for slots 2 and 3 of a tile (``j % 4 // 2``), whose fields the seal puts 8 bits
-    above slots 0 and 1 (``layout.value_code_field``), else 0: one ``shf`` per word."""
-    return 8 * (j % 4 // 2)
-
-
 def value_exponent(bits: int, j: int) -> int:
     """``e`` of ``value_code(word, j)``: ``bits * (2 * (j // 4) + j % 2)``, the same for the two
     registers of an mma row (slots 0 and 2: channel ``c``; 1 and 3: ``c + 1``); INT2 words
@@ -124,13 +117,16 @@ def value_exponent(bits: int, j: int) -> int:
 def value_code_function(bits: int):
     """``value_code(word, j)``: register ``j`` of a value code word (its two tokens' codes)
     as the float16 subnormal pair ``code * 2**(e - 24)``, ``e = value_exponent(bits, j)``: a
-    shift (``value_shift``, shared by the word's registers) and an ``and``, exact."""
+    right shift by 8 for slots 2 and 3 of a tile (``j % 4 // 2``), whose fields the seal puts
+    8 bits above slots 0 and 1 (``layout.value_code_field``), one ``shf`` a word shared by
+    its registers, then an ``and``, exact."""
     mask = (1 << bits) - 1
 
     @device_function
     def value_code(word, j):
-        shift = 8 * (j % 4 // 2)  # value_shift(bits, j)
-        return (word >> np.uint32(shift)) & np.uint32((mask << (bits * (2 * (j // 4) + j % 2))) * 0x10001)
+        shift = 8 * (j % 4 // 2)
+        e = bits * (2 * (j // 4) + j % 2)  # value_exponent(bits, j)
+        return (word >> np.uint32(shift)) & np.uint32((mask << e) * 0x10001)
 
     return value_code
 
