@@ -167,6 +167,15 @@ class DecodeOptions:
       against the grid kernel's time, no yield: inline
       1.04-1.13x at B=64 and 1.19-1.28x at B=1 32k, call 1.05-1.37x and 1.33-1.46x
       (``benchmarks/RESULTS.md``, "eleventh session").
+    - ``eager_first``: whether a persistent decode call's first slice starts every CTA's
+      static item at once, checking the slice's start and budget only after it (``persistent.py``,
+      ``EAGER``), instead of one global round trip (a compare-and-swap) before it. None
+      (the default): on a GPU with ``ctas_per_sm`` unset, where the first slice's grid is
+      its resident CTAs and they start together; off with ``ctas_per_sm`` set (it may exceed
+      the occupancy: later waves would each run an item past the budget) and on the
+      simulator, which runs CTAs one after another (so its tests see late CTAs owe their
+      items). Eager, a CTA that another stream keeps off its SM past the budget still runs
+      its static item once it starts.
     - ``dependent_launch``: whether prepared decode launches (``DecodePlan``, ``DecodeGraph``,
       the engine's steps, the persistent decode's slices) are programmatic dependent launches
       (``launch.PreparedLaunch``, ``dependent``): the kernel waits for the one ahead of it on
@@ -245,6 +254,7 @@ class DecodeOptions:
     joint_softmax: bool = True
     launch_path: str = "raw"
     persistent_item: str = "inline"
+    eager_first: bool | None = None
     tiered_fp16: str = "merge"
     tiered_merge: str | None = None
     dependent_launch: bool | None = None
@@ -267,6 +277,8 @@ class DecodeOptions:
             _check_choice(name, getattr(self, name), choices)
         if not isinstance(self.joint_softmax, bool):
             raise HexcoreConfigError(f"joint_softmax: expected a bool, got {self.joint_softmax!r}")
+        if not (self.eager_first is None or isinstance(self.eager_first, bool)):
+            raise HexcoreConfigError(f"eager_first: expected None or a bool, got {self.eager_first!r}")
         if self.tiered_merge is not None:
             _check_choice("tiered_merge", self.tiered_merge, TIERED_MERGE, "None or ")
         if not (self.dependent_launch is None or isinstance(self.dependent_launch, bool)) \

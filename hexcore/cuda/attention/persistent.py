@@ -12,7 +12,8 @@ decode runs in *slices*, each a launch that ends within a time budget:
   item past the slice's start, no atomic); later ones come from the queue cursor
   (``atomic add``), past the slice's static items. A CTA that starts after the budget owes
   its static item (the owed list), and the next slice, a *repair* slice, takes the owed
-  items first.
+  items first. An *eager* first slice of a call (``DecodeOptions.eager_first``) runs its
+  static items without waiting for the budget check, and owes none.
   An item is ``kernel.decode_item``, the grid kernel's own work, so the numerics are
   ``paged_decode``'s.
 - The checkpoint is the split-K workspace: a finished item has written its partial, and the
@@ -66,7 +67,9 @@ from .shape import THREADS, DecodeShape
 # slice grid); the protocol and who writes what: docs/persistent.md
 CURSOR, LAUNCH, START, EXITED, LONGEST, LATEST, DONE, BASE, SNAP, REPAIR, OWED, REPAID = range(12)
 STATE_WORDS = 12
-FIRST, LAST = 1, 2  # a slice's flags: the first of a call; the last of a fixed number (enqueue)
+# a slice's flags: the first of a call; the last of a fixed number (enqueue); with FIRST, its
+# CTAs start their static items before they know the slice's start (``DecodeOptions.eager_first``)
+FIRST, LAST, EAGER = 1, 2, 4
 # log: int64 [MAX_LOGGED, LOG_WORDS]: per slice its start, end, items, longest item and the
 # latest time an item was taken (all %globaltimer ns)
 LOG_WORDS = 5
@@ -89,7 +92,7 @@ class PersistentStats(NamedTuple):
     ``%globaltimer`` (its first CTA's start to its last CTA's end); ``longest_launch_us``,
     ``longest_item_us``: maxima over the call; ``latest_take_us``: per logged slice, how long
     after its start its last item was taken (below ``budget_us``: the protocol's
-    invariant); ``drained``: every item was taken (always
+    invariant, except in an eager first slice, ``DecodeOptions.eager_first``); ``drained``: every item was taken (always
     true after ``run``); ``item_counts``: int32 ``[items]``, how often each item was taken
     (with ``count_items``, else None).
     """
@@ -113,7 +116,7 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
                       dependent: bool = False):
     """The slice kernel of ``shape``: the decode kernel's arguments, then ``state`` int64
     ``[STATE_WORDS + grid]``, ``log`` int64 ``[MAX_LOGGED * LOG_WORDS]``, ``item_counts`` int32 (``[items]``
-    with ``count_items``), ``budget_ns``, ``num_items``, ``flags`` (``FIRST`` | ``LAST``).
+    with ``count_items``), ``budget_ns``, ``num_items``, ``flags`` (``FIRST`` | ``LAST`` | ``EAGER``).
     Launched with a 1-D grid.
 
     ``item_call`` (``DecodeOptions.persistent_item``) "call": the item is a device function
@@ -293,8 +296,26 @@ def begin_slice(state, s, budget_ns, num_items, flags):
     (the last CTA out adds the grid's static items to the cursor); a CTA skips them when no
     item lies past the static ones (``S + grid - base >= num_items``: the take mode -1). A
     *repair* slice (``REPAIR`` > 0: owed items) has no static items: every take is dynamic,
-    from the owed list first (``REPAID``), then the cursor (``c`` is item ``c - base``)."""
+    from the owed list first (``REPAID``), then the cursor (``c`` is item ``c - base``).
+
+    An *eager* slice (``FIRST | EAGER``) waits for nothing: CTA ``j`` takes item ``j`` (the
+    call's base is the snapshot) and its CAS's result is not awaited; ``s[1]`` is -1 (unknown)
+    and ``resolve_start`` reads the slice's start and the base after the item, where a dynamic
+    take needs them (the base is -1 until then: ``close_slice`` reads it itself if need be).
+    No CTA owes an item: each runs its static one even if it starts after the budget."""
     now = global_timer_ns()
+    if flags & EAGER:
+        cuda.atomic.cas(state, START, 0, now)  # the slice's start if first; read back after the item
+        s[0] = s[2] = now
+        s[1] = -1
+        s[3] = s[4] = s[5] = 0
+        s[6] = s[9] = -1  # (s[7] is set with s[1] by resolve_start, before any read)
+        s[8] = 0 if cuda.gridDim.x < num_items else -1
+        if cuda.blockIdx.x < num_items:
+            s[6] = cuda.blockIdx.x
+            s[4] = 1
+            s[5] = now
+        return
     first = flags & FIRST
     snap = state[SNAP]  # written before this launch: plain loads
     base = snap if first else state[BASE]
@@ -324,11 +345,26 @@ def begin_slice(state, s, budget_ns, num_items, flags):
 
 
 @cuda.jit(device=True)
+def resolve_start(state, s):
+    """Thread 0 of an eager slice's CTA (``s[1]`` -1), after its static item: the call's base
+    (the snapshot, which only the slice's last CTA out moves) into ``s[9]`` and ``s[7]``, and
+    the slice's start (``START``, set by the first CAS: this CTA's own came earlier in program
+    order, so a relaxed load sees it or the winner's value) into ``s[1]``."""
+    if s[1] < 0:
+        base = state[SNAP]
+        s[9] = base
+        s[7] = base - cuda.gridDim.x
+        s[1] = load_relaxed(state, START)
+
+
+@cuda.jit(device=True)
 def next_item(state, s, budget_ns, num_items):
     """Thread 0 after an item: reads the clock, keeps the longest item, takes the next one."""
     s[0] = global_timer_ns()
     s[3] = max(s[3], s[0] - s[2])
     s[2] = s[0]
+    if s[8] >= 0:  # a dynamic take may follow: it needs the start and the base
+        resolve_start(state, s)
     take_item(state, s, budget_ns, num_items)
 
 
@@ -382,6 +418,8 @@ def close_slice(state, log, counters, num_items, base, flags):
     launch on the same stream, which sees them."""
     end = global_timer_ns()
     first = flags & FIRST
+    if base < 0:  # an eager slice's CTA that took nothing dynamic: the base is the snapshot
+        base = state[SNAP]
     start, longest, latest = load_relaxed(state, START), load_relaxed(state, LONGEST), load_relaxed(state, LATEST)
     cursor, owed, repaid = load_relaxed(state, CURSOR), load_relaxed(state, OWED), load_relaxed(state, REPAID)
     n = 0 if first else load_relaxed(state, LAUNCH)
@@ -437,7 +475,8 @@ _workspace = launcher.Workspace()  # its own: an abandoned call's counters never
 
 
 class PersistentDecode:
-    """``paged_decode`` in slices of at most ``budget_us`` microseconds each (plus one item).
+    """``paged_decode`` in slices of at most ``budget_us`` microseconds each (plus one item;
+    an eager first slice: see ``DecodeOptions.eager_first``).
 
     Same arguments as ``DecodePlan`` (device arrays or CUDA tensors that keep their
     addresses; their contents may change between runs), plus ``budget_us``: a slice's time
@@ -463,6 +502,7 @@ class PersistentDecode:
         self._torch = next((a for a in (q, block_tables, seq_lens, tail_slots, self.out)
                             if type(a).__module__.startswith("torch")), None)
         self._layers: dict = {}
+        self._first = FIRST | (EAGER if eager_first(self.options) else 0)  # a call's first slice
         self.resets = 0  # reset launches so far (after a call cut short, or with count_items)
         self._log = cuda.to_device(np.zeros(LOG_WORDS * MAX_LOGGED, np.int64))
         self._counts = cuda.to_device(np.zeros(1, np.int32))
@@ -568,7 +608,7 @@ class PersistentDecode:
         stream = resolve_stream(stream, self._torch)
         self._start_call(layer, stream)
         for i in range(slices):
-            self._slice(layer, (FIRST if i == 0 else 0) | (LAST if i == slices - 1 else 0)).run(stream)
+            self._slice(layer, (self._first if i == 0 else 0) | (LAST if i == slices - 1 else 0)).run(stream)
 
     def run(self, layer: int, stream=None):
         """Decode ``layer`` into ``self.out``: slices until the queue is drained (reads the
@@ -577,7 +617,7 @@ class PersistentDecode:
         stream = resolve_stream(stream, self._torch)
         self._start_call(layer, stream)
         self._workspace.clean = False  # until the queue is seen drained
-        self._slice(layer, FIRST).run(stream)
+        self._slice(layer, self._first).run(stream)
         rest, items, launched, batch = self._slice(layer, 0), self.num_items, 1, 0
         while True:
             for _ in range(batch):
@@ -617,7 +657,8 @@ class PersistentDecode:
 def persistent_decode(q, store, layer: int, block_tables, seq_lens, tail_slots, budget_us, out=None,
                       scale: float | None = None, max_seq_len: int | None = None, stream=None,
                       options: DecodeOptions | None = None, count_items: bool = False):
-    """``paged_decode`` in launches of at most ``budget_us`` microseconds (plus one work item);
+    """``paged_decode`` in launches of at most ``budget_us`` microseconds (plus one work item;
+    an eager first slice: see ``DecodeOptions.eager_first``);
     returns ``(out, PersistentStats)``. Host arrays are checked and copied once, as by
     ``paged_decode``; device arrays are trusted (the kernel clamps bad ids, see kernel.py).
 
@@ -640,6 +681,15 @@ def persistent_decode(q, store, layer: int, block_tables, seq_lens, tail_slots, 
                             options, count_items)
     plan.run(layer, stream)
     return plan.out, plan.stats(stream)
+
+
+def eager_first(options: DecodeOptions) -> bool:
+    """Whether a call's first slice is eager: ``options.eager_first``, or where None, on a
+    GPU with the slice grid at the kernel's occupancy (``ctas_per_sm`` unset), so that its
+    CTAs are resident together and none starts late unless another stream holds SMs."""
+    if options.eager_first is not None:
+        return options.eager_first
+    return not SIMULATOR and options.ctas_per_sm is None
 
 
 def checked_budget(budget_us) -> float:

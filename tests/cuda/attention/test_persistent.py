@@ -80,7 +80,13 @@ def test_every_item_once_across_many_yields(rng):
     assert np.array_equal(got, paged) and ref.relative_l2(got, expect) <= TOLERANCE
 
 
-def test_each_slice_leaves_the_state_ready_for_the_next(rng):
+# the options of the tests of successive calls: checked first slices (the simulator's
+# default), and eager ones on a one-CTA grid (so that a call still takes several slices)
+CALL_OPTIONS = [SPLIT, DecodeOptions(ctas_per_sm=1, split_blocks=1, eager_first=True)]
+
+
+@pytest.mark.parametrize("options", CALL_OPTIONS, ids=["checked", "eager"])
+def test_each_slice_leaves_the_state_ready_for_the_next(options, rng):
     """The last CTA out of every slice clears the slice's fields and records the cursor:
     after a run of several slices (and after an abandoned one-slice call, whose owed items
     its LAST slice drops) START, EXITED, the maxima and the owed list's words are zero, SNAP
@@ -93,7 +99,7 @@ def test_each_slice_leaves_the_state_ready_for_the_next(rng):
     store, tables, tails, _, _ = random_cache(cfg, [60], rng)
     args = [cuda.to_device(a) for a in (rng.standard_normal((1, 2, 64)).astype(np.float16), tables,
                                         np.array([60], np.int32), tails)]
-    plan = PersistentDecode(args[0], store, *args[1:], budget_us=BUDGET_US, max_seq_len=60, options=SPLIT)
+    plan = PersistentDecode(args[0], store, *args[1:], budget_us=BUDGET_US, max_seq_len=60, options=options)
     with use_clock(SimulatedClock(STEP_NS)):
         for slices in (None, 1, None):  # run, an abandoned enqueue, run
             plan.run(0) if slices is None else plan.enqueue(0, slices)
@@ -137,6 +143,59 @@ def test_static_and_dynamic_items_each_once(ctas_per_sm, budget, step, rng):
     assert np.array_equal(out.copy_to_host(), paged)
     if step == 0:
         assert stats.launches == 1 and stats.yields == 0, stats
+
+
+# (ctas_per_sm, budget_us, step_ns, items taken by the first slice): a grid of 3 CTAs over 8
+# items (CTA 0 takes one item from the cursor after its static one, inside the budget); a grid
+# of every item; a clock that never moves (one slice)
+EAGER_CASES = [(3, 15, STEP_NS, 4), (3, 5, STEP_NS, 3), (64, 15, STEP_NS, 8), (3, 15, 0, 8)]
+
+
+@pytest.mark.parametrize("ctas_per_sm,budget,step,first", EAGER_CASES)
+def test_eager_first_slice_takes_every_static_item(ctas_per_sm, budget, step, first, rng):
+    """``eager_first`` (the GPU's default): the first slice's CTAs take their static items
+    without waiting for the slice's start, so on the simulator, whose later CTAs start past
+    the budget, none owes its item; later slices take the rest from the cursor and repair
+    nothing. Every item once, the output paged_decode's bit for bit, the state cleared."""
+    from hexcore.cuda.attention import persistent as p
+
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
+    options = DecodeOptions(ctas_per_sm=ctas_per_sm, split_blocks=2, eager_first=True)
+    store, tables, tails, keys, values = random_cache(cfg, [60, 33], rng)
+    q = rng.standard_normal((2, 2, 64)).astype(np.float16)
+    lens = np.array([60, 33], np.int32)
+    paged = paged_decode(q, store, 0, tables, lens, tails, options=options).copy_to_host()
+    args = [cuda.to_device(a) for a in (q, tables, lens, tails)]
+    plan = PersistentDecode(args[0], store, *args[1:], budget_us=budget, max_seq_len=60, options=options,
+                            count_items=True)
+    assert plan.num_items == 8 and plan._first == p.FIRST | p.EAGER
+    plan.out.copy_to_device(np.full(q.shape, np.nan, np.float16))
+    with use_clock(SimulatedClock(step)):
+        plan.run(0)
+        stats = plan.stats()
+    assert stats.items_per_launch[0] == first and stats.drained, stats
+    assert np.array_equal(stats.item_counts, np.ones(8, np.int32)), stats.item_counts
+    assert all(t < budget for t in stats.latest_take_us[1:]), stats.latest_take_us
+    state = plan._state.copy_to_host()
+    assert (state[[p.START, p.EXITED, p.REPAIR, p.OWED, p.REPAID]] == 0).all(), state
+    assert np.array_equal(plan.out.copy_to_host(), paged)
+    assert ref.relative_l2(paged, ref.decode_attention(q, keys, values, 1 / 8)) <= TOLERANCE
+
+
+def test_eager_first_defaults_to_the_gpu_only():
+    """None: eager on a GPU with the grid at the occupancy (``ctas_per_sm`` unset), where a
+    slice's CTAs start together; checked with ``ctas_per_sm`` set and on the simulator."""
+    from hexcore.cuda.attention import persistent as p
+    from hexcore.cuda.device import SIMULATOR
+
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16)
+    args = [cuda.to_device(a) for a in (np.zeros((1, 1, 64), np.float16), np.zeros((1, 1), np.int32),
+                                        np.array([3], np.int32), np.array([0], np.int32))]
+    for eager, ctas, flags in ((None, None, p.FIRST if SIMULATOR else p.FIRST | p.EAGER), (None, 2, p.FIRST),
+                               (False, None, p.FIRST), (True, 2, p.FIRST | p.EAGER)):
+        plan = PersistentDecode(args[0], _store(cfg), *args[1:], budget_us=100,
+                                options=DecodeOptions(eager_first=eager, ctas_per_sm=ctas))
+        assert plan._first == flags, (eager, ctas)
 
 
 @pytest.mark.parametrize("budget,taken", [(15, (2, 2, 2, 2)), (25, (3, 3, 2))])
@@ -190,20 +249,24 @@ def test_fixed_slices_report_whether_they_drained(rng):
     assert ref.relative_l2(plan.out.copy_to_host(), expect) <= TOLERANCE
 
 
-def test_calls_follow_one_another_without_a_reset(rng):
+@pytest.mark.parametrize("options", CALL_OPTIONS, ids=["checked", "eager"])
+def test_calls_follow_one_another_without_a_reset(options, rng):
     """No reset launch between calls (the base is the cursor's device-side snapshot): run,
     an abandoned enqueue (too few slices), run again, each with a new query: every run is
-    right, and no reset was launched."""
+    right, its base is the snapshot the call before left, and no reset was launched."""
+    from hexcore.cuda.attention import persistent as p
+
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="fp16")
     store, tables, tails, keys, values = random_cache(cfg, [40], rng)
     q = cuda.to_device(np.zeros((1, 1, 64), np.float16))
     args = [cuda.to_device(a) for a in (tables, np.array([40], np.int32), tails)]
-    plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=SPLIT)
+    plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=options)
     with use_clock(SimulatedClock(STEP_NS)):
         for call in ("run", "abandon", "run"):
             q_host = rng.standard_normal((1, 1, 64)).astype(np.float16)
             q.copy_to_device(q_host)
             plan.out.copy_to_device(np.full((1, 1, 64), np.nan, np.float16))
+            snap = plan._state.copy_to_host()[p.SNAP]
             if call == "abandon":
                 plan.enqueue(0, slices=1)
                 assert not plan.stats().drained
@@ -211,9 +274,35 @@ def test_calls_follow_one_another_without_a_reset(rng):
             plan.run(0)
             stats = plan.stats()
             assert stats.drained and sum(stats.items_per_launch) == stats.items == 3 and stats.yields >= 1, stats
+            assert plan._state.copy_to_host()[p.BASE] == snap, (call, snap)
             expect = ref.decode_attention(q_host, keys, values, 1 / 8)
             assert ref.relative_l2(plan.out.copy_to_host(), expect) <= TOLERANCE, call
     assert plan.resets == 0
+
+
+def test_eager_one_slice_calls_publish_their_base(rng):
+    """An eager first slice whose grid holds every item (no CTA takes dynamically, so none
+    reads the base): the last CTA out reads the snapshot itself, so each call's ``BASE`` is
+    the cursor the call before left, and each call is right."""
+    from hexcore.cuda.attention import persistent as p
+
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="fp16")
+    store, tables, tails, keys, values = random_cache(cfg, [40], rng)
+    q = cuda.to_device(np.zeros((1, 1, 64), np.float16))
+    args = [cuda.to_device(a) for a in (tables, np.array([40], np.int32), tails)]
+    options = DecodeOptions(ctas_per_sm=64, split_blocks=1, eager_first=True)
+    plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=options)
+    with use_clock(SimulatedClock(STEP_NS)):
+        for call in range(3):
+            q_host = rng.standard_normal((1, 1, 64)).astype(np.float16)
+            q.copy_to_device(q_host)
+            snap = plan._state.copy_to_host()[p.SNAP]
+            plan.run(0)
+            stats, state = plan.stats(), plan._state.copy_to_host()
+            assert stats.launches == 1 and stats.items_per_launch == (3,) and stats.drained, stats
+            assert state[p.BASE] == snap == 3 * call and state[p.SNAP] == snap + 3, state
+            expect = ref.decode_attention(q_host, keys, values, 1 / 8)
+            assert ref.relative_l2(plan.out.copy_to_host(), expect) <= TOLERANCE, call
 
 
 @pytest.mark.parametrize("budget", [0, -5, float("nan"), float("inf"), 2e6, True, "100", None])
