@@ -38,3 +38,10 @@ tests_beside_sanitizers() {  # tests_beside_sanitizers DIR LIMIT PYTEST_ARGS...:
     wait
     tail -n 3 "$R"/memcheck.log "$R"/racecheck.log
 }
+
+persistent_rows() {  # persistent_rows NAME TREE SHAPES: in TREE, bench_persistent's no-yield rows (FP16,
+    # INT4, INT2 at SHAPES, queued), printed and logged to $R/NAME.log
+    (cd "$2" && OUT=$R PYTHONPATH="$site:$2" timeout 200 python3 -m benchmarks.bench_persistent \
+        --shapes "$3" --dtypes fp16,int4,int2 --skip-latency --skip-yields --queued > "$R/$1.log" 2>&1)
+    echo "== $1 rc $?"; grep -E "no_yield" "$R/$1.log" | head -12
+}

@@ -9,14 +9,8 @@
 #      before and after, INT2's source page and stalls, two checked layers a step and issue
 #      12's table); on an H100 nothing.
 set -u
-source benchmarks/experiments/device-site.sh  # site, R, patched_copy
+source benchmarks/experiments/device-site.sh  # site, R, patched_copy, persistent_rows
 here=benchmarks/experiments/2026-12-06-s49
-persistent_rows() {  # persistent_rows NAME TREE: bench_persistent's no-yield rows in TREE; log NAME.log
-    (cd "$2" && OUT=$R PYTHONPATH="$site:$2" timeout 200 python3 -m benchmarks.bench_persistent \
-        --shapes "1,32,8,32768;1,32,8,131072;64,32,8,4096" --dtypes fp16,int4,int2 --skip-latency \
-        --skip-yields --queued > "$R/$1.log" 2>&1)
-    echo "== $1 rc $?"; grep -E "no_yield" "$R/$1.log" | head -12
-}
 case "${1:-}" in
 eager)
     patched_copy /tmp/eager "$PWD/$here/eager-first.diff" || exit 1
@@ -24,8 +18,8 @@ eager)
         -n 8 tests/cuda/attention/test_persistent.py > "$R/eager-tests.log" 2>&1)
     echo "eager tests rc $?"; tail -n 2 "$R/eager-tests.log"; grep -E "^(FAILED|ERROR)" "$R/eager-tests.log" | head
     for round in 1 2; do
-        persistent_rows "main-$round" "$PWD"
-        persistent_rows "eager-$round" /tmp/eager
+        persistent_rows "main-$round" "$PWD" "1,32,8,32768;1,32,8,131072;64,32,8,4096"
+        persistent_rows "eager-$round" /tmp/eager "1,32,8,32768;1,32,8,131072;64,32,8,4096"
     done
     ;;
 h200)
