@@ -23,37 +23,14 @@ Run: ``python benchmarks/experiments/2026-12-06-s50/dense_digest.py [WORDS] [SEE
 (numpy only; INT4 D=128 BS=32 is 1216 words a head, INT2 704).
 """
 
-import itertools
+import os
 import sys
 import time
 
 import numpy as np
 
-M32 = 0xFFFFFFFF
-STEP = 128  # words an m16n8k32 takes from a warp
-
-
-def fmix(x):
-    x = x.astype(np.uint64)
-    x ^= x >> np.uint64(16)
-    x = (x * np.uint64(0x85EBCA6B)) & np.uint64(M32)
-    x ^= x >> np.uint64(13)
-    x = (x * np.uint64(0xC2B2AE35)) & np.uint64(M32)
-    return x ^ (x >> np.uint64(16))
-
-
-def placement():
-    """(row, k) of each of a step's 512 bytes, in word order (word 4 L + j, byte b): lane L's A
-    register j of the m16n8k32 fragment is row ``L // 4 + 8 (j % 2)``, bytes k ``4 (L % 4) +
-    16 (j // 2) + 0..3``."""
-    rows, ks = [], []
-    for lane, j, b in itertools.product(range(32), range(4), range(4)):
-        rows.append(lane // 4 + 8 * (j % 2))
-        ks.append(4 * (lane % 4) + 16 * (j // 2) + b)
-    return np.array(rows), np.array(ks)
-
-
-ROWS, KS = placement()
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "2026-12-06-s49"))
+from tensor_digest import KS, M32, ROWS, STEP, fmix  # noqa: E402 (the mixer, the fragment placement)
 
 
 def weights(steps, seed=11):
