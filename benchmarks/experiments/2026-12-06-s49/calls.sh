@@ -9,18 +9,11 @@
 #      before and after, INT2's source page and stalls, two checked layers a step and issue
 #      12's table); on an H100 nothing.
 set -u
-source benchmarks/experiments/device-site.sh  # site, R, patched_copy, persistent_rows
+source benchmarks/experiments/device-site.sh  # site, R, persistent_ab
 here=benchmarks/experiments/2026-12-06-s49
 case "${1:-}" in
 eager)
-    patched_copy /tmp/eager "$PWD/$here/eager-first.diff" || exit 1
-    (cd /tmp/eager && PYTHONPATH="$site:/tmp/eager" timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider \
-        -n 8 tests/cuda/attention/test_persistent.py > "$R/eager-tests.log" 2>&1)
-    echo "eager tests rc $?"; tail -n 2 "$R/eager-tests.log"; grep -E "^(FAILED|ERROR)" "$R/eager-tests.log" | head
-    for round in 1 2; do
-        persistent_rows "main-$round" "$PWD" "1,32,8,32768;1,32,8,131072;64,32,8,4096"
-        persistent_rows "eager-$round" /tmp/eager "1,32,8,32768;1,32,8,131072;64,32,8,4096"
-    done
+    persistent_ab eager "$PWD/$here/eager-first.diff" "1,32,8,32768;1,32,8,131072;64,32,8,4096"
     ;;
 h200)
     bash benchmarks/experiments/2026-12-06-s48/calls.sh next-h200

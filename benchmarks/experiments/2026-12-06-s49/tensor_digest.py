@@ -80,52 +80,87 @@ def digest(words, w):
     return int(fmix(x).sum() & np.uint64(M32))
 
 
-def main(n_words=1216, seed=0):
-    rng = np.random.default_rng(seed)
-    steps = -(-n_words // STEP)
-    w = weights(steps)
-    words = rng.integers(0, 2**32, n_words, dtype=np.uint64).astype(np.uint32)
-    base = digest(words, w)
-    print(f"seed {seed}, {n_words} words ({steps} mma steps a warp)")
+class Trials:
+    """Damage to one head's ``words`` (uint32) and whether ``digest_of`` (words -> int) sees
+    it; ``rng`` draws in a fixed order, so a seed repeats a run. ``steps``: the head's mma
+    steps (positions of a step's 512 bytes: ``ROWS``, ``KS``)."""
 
-    missed = 0  # every single-bit flip (deterministic: one entry changes by an odd weight * 2**b)
-    for i in range(n_words):
-        for b in range(32):
-            words[i] ^= np.uint32(1 << b)
-            missed += digest(words, w) == base
-            words[i] ^= np.uint32(1 << b)
-    print(f"single-bit flips: {n_words * 32}, missed {missed}")
+    def __init__(self, words, steps, digest_of, rng):
+        self.words, self.steps, self.digest_of, self.rng = words, steps, digest_of, rng
+        self.base = digest_of(words)
 
-    def trial_rate(trials, make):
+    def single_flips_missed(self):
+        """Every single-bit flip of every word, one at a time: how many leave the digest."""
+        words, missed = self.words, 0
+        for i in range(words.size):
+            for b in range(32):
+                words[i] ^= np.uint32(1 << b)
+                missed += self.digest_of(words) == self.base
+                words[i] ^= np.uint32(1 << b)
+        return missed
+
+    def missed(self, trials, make):
+        """How many of ``trials`` copies damaged by ``make(copy)`` keep the digest."""
         miss = 0
         for _ in range(trials):
-            bad = words.copy()
+            bad = self.words.copy()
             make(bad)
-            miss += digest(bad, w) == base
+            miss += self.digest_of(bad) == self.base
         return miss
 
-    def same_entry(bad, flips):  # flips bits of bytes that feed one entry (row r, column c)
-        r, c = rng.integers(16), rng.integers(8)
-        cands = [s * 512 + p for s in range(steps) for p in np.flatnonzero((ROWS == r) & (KS % 8 == c))]
-        cands = [p for p in cands if p < 4 * n_words]
+    def flip_bytes_where(self, bad, flips, mask):
+        """One random bit in each of ``flips`` distinct bytes whose place in a step (of 512)
+        is in ``mask``, in any step."""
+        cands = [s * 512 + p for s in range(self.steps) for p in np.flatnonzero(mask)]
+        cands = [p for p in cands if p < 4 * self.words.size]
         view = bad.view(np.uint8)
-        for p in rng.choice(cands, flips, replace=False):
-            view[p] ^= np.uint8(1 << rng.integers(8))
+        for p in self.rng.choice(cands, flips, replace=False):
+            view[p] ^= np.uint8(1 << self.rng.integers(8))
 
-    def words_damaged(bad, k):
-        for i in rng.choice(n_words, k, replace=False):
-            bad[i] = rng.integers(0, 2**32, dtype=np.uint64)
+    def same_entry(self, bad, flips):
+        """Flips in bytes that feed one accumulator entry (row r, column c = k % 8)."""
+        r, c = self.rng.integers(16), self.rng.integers(8)
+        self.flip_bytes_where(bad, flips, (ROWS == r) & (KS % 8 == c))
 
-    def swap(bad):
-        i, j = rng.choice(n_words, 2, replace=False)
+    def same_row(self, bad, flips):
+        """Flips in bytes of one accumulator row (any k)."""
+        self.flip_bytes_where(bad, flips, ROWS == self.rng.integers(16))
+
+    def words_damaged(self, bad, k):
+        for i in self.rng.choice(self.words.size, k, replace=False):
+            bad[i] = self.rng.integers(0, 2**32, dtype=np.uint64)
+
+    def swap(self, bad):
+        i, j = self.rng.choice(self.words.size, 2, replace=False)
         bad[i], bad[j] = bad[j], bad[i]
 
+    def common(self):
+        """The runs both prototypes print: random words replaced, two words swapped."""
+        rng = self.rng
+        print(f"2-8 random words replaced: 4000 trials, missed "
+              f"{self.missed(4000, lambda b: self.words_damaged(b, int(rng.integers(2, 9))))}")
+        print(f"two words swapped: 4000 trials, missed {self.missed(4000, self.swap)}")
+
+
+def head_trials(n_words, seed, weights_of, digest_of):
+    """(Trials, weights, steps) for ``n_words`` random words of seed ``seed``, the weights
+    ``weights_of(steps)`` and the digest ``digest_of(words, weights)``."""
+    rng = np.random.default_rng(seed)
+    steps = -(-n_words // STEP)
+    w = weights_of(steps)
+    words = rng.integers(0, 2**32, n_words, dtype=np.uint64).astype(np.uint32)
+    return Trials(words, steps, lambda x: digest_of(x, w), rng), w, steps
+
+
+def main(n_words=1216, seed=0):
+    t, _, steps = head_trials(n_words, seed, weights, digest)
+    print(f"seed {seed}, {n_words} words ({steps} mma steps a warp)")
+    # every single-bit flip (deterministic: one entry changes by an odd weight * 2**b)
+    print(f"single-bit flips: {n_words * 32}, missed {t.single_flips_missed()}")
     print(f"2 flips feeding one entry (deterministic by distinct odd weights): 20000 trials, missed "
-          f"{trial_rate(20000, lambda b: same_entry(b, 2))}")
-    print(f"3 flips feeding one entry: 20000 trials, missed {trial_rate(20000, lambda b: same_entry(b, 3))}")
-    print(f"2-8 random words replaced: 4000 trials, missed "
-          f"{trial_rate(4000, lambda b: words_damaged(b, int(rng.integers(2, 9))))}")
-    print(f"two words swapped: 4000 trials, missed {trial_rate(4000, swap)}")
+          f"{t.missed(20000, lambda b: t.same_entry(b, 2))}")
+    print(f"3 flips feeding one entry: 20000 trials, missed {t.missed(20000, lambda b: t.same_entry(b, 3))}")
+    t.common()
 
 
 if __name__ == "__main__":

@@ -11,19 +11,12 @@
 #      nothing. (Its next-h200 also timed the value-field change before and after; that diff
 #      no longer reverses on main.)
 set -u
-source benchmarks/experiments/device-site.sh  # site, R, patched_copy, persistent_rows
+source benchmarks/experiments/device-site.sh  # site, R, persistent_ab
 here=benchmarks/experiments/2026-12-06-s50
 shapes="1,32,8,32768;1,32,8,131072;2,32,8,131072"
 case "${1:-}" in
 cap)
-    patched_copy /tmp/cap "$PWD/$here/slice-cap.diff" || exit 1
-    (cd /tmp/cap && PYTHONPATH="$site:/tmp/cap" timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider \
-        -n 8 tests/cuda/attention/test_persistent.py > "$R/cap-tests.log" 2>&1)
-    echo "cap tests rc $?"; tail -n 2 "$R/cap-tests.log"; grep -E "^(FAILED|ERROR)" "$R/cap-tests.log" | head
-    for round in 1 2; do
-        persistent_rows "main-$round" "$PWD" "$shapes"
-        persistent_rows "cap-$round" /tmp/cap "$shapes"
-    done
+    persistent_ab cap "$PWD/$here/slice-cap.diff" "$shapes"
     ;;
 h200)
     bash benchmarks/experiments/2026-12-06-s48/calls.sh h200

@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "2026-12-06-s49"))
-from tensor_digest import KS, M32, ROWS, STEP, fmix  # noqa: E402 (the mixer, the fragment placement)
+from tensor_digest import KS, M32, ROWS, STEP, fmix, head_trials  # noqa: E402 (mixer, placement, damage)
 
 
 def weights(steps, seed=11):
@@ -84,64 +84,18 @@ def independence(w, samples=200_000, seed=5):
 
 
 def main(n_words=1216, seed=0):
-    rng = np.random.default_rng(seed)
-    steps = -(-n_words // STEP)
-    w = weights(steps)
-    words = rng.integers(0, 2**32, n_words, dtype=np.uint64).astype(np.uint32)
-    base = digest(words, w)
+    t, w, steps = head_trials(n_words, seed, weights, digest)
     print(f"seed {seed}, {n_words} words ({steps} mma steps a warp), dense int8 weights")
     t0 = time.time()
     n, pairs, parallel, triples, dependent3, sets, low_rank = independence(w)
     print(f"a row's {n} weight vectors: {pairs} pairs, {parallel} parallel; {triples} triples, {dependent3} "
           f"of rank < 3; {sets} random sets of 4-8, {low_rank} dependent ({time.time() - t0:.0f} s)")
-
-    missed = 0  # every single-bit flip
-    for i in range(n_words):
-        for b in range(32):
-            words[i] ^= np.uint32(1 << b)
-            missed += digest(words, w) == base
-            words[i] ^= np.uint32(1 << b)
-    print(f"single-bit flips: {n_words * 32}, missed {missed}")
-
-    def trial_rate(trials, make):
-        miss = 0
-        for _ in range(trials):
-            bad = words.copy()
-            make(bad)
-            miss += digest(bad, w) == base
-        return miss
-
-    def same_row(bad, flips):  # flips one bit in each of ``flips`` bytes of one row (all steps)
-        r = rng.integers(16)
-        cands = [s * 512 + p for s in range(steps) for p in np.flatnonzero(ROWS == r)]
-        cands = [p for p in cands if p < 4 * n_words]
-        view = bad.view(np.uint8)
-        for p in rng.choice(cands, flips, replace=False):
-            view[p] ^= np.uint8(1 << rng.integers(8))
-
-    def same_entry(bad, flips):  # the forty-ninth session's weak case: bytes of one row and k % 8
-        r, c = rng.integers(16), rng.integers(8)
-        cands = [s * 512 + p for s in range(steps) for p in np.flatnonzero((ROWS == r) & (KS % 8 == c))]
-        cands = [p for p in cands if p < 4 * n_words]
-        view = bad.view(np.uint8)
-        for p in rng.choice(cands, flips, replace=False):
-            view[p] ^= np.uint8(1 << rng.integers(8))
-
-    def words_damaged(bad, k):
-        for i in rng.choice(n_words, k, replace=False):
-            bad[i] = rng.integers(0, 2**32, dtype=np.uint64)
-
-    def swap(bad):
-        i, j = rng.choice(n_words, 2, replace=False)
-        bad[i], bad[j] = bad[j], bad[i]
-
+    print(f"single-bit flips: {n_words * 32}, missed {t.single_flips_missed()}")
     for flips in (2, 3, 4, 8):
-        print(f"{flips} flips in one row: 20000 trials, missed {trial_rate(20000, lambda b: same_row(b, flips))}")
+        print(f"{flips} flips in one row: 20000 trials, missed {t.missed(20000, lambda b: t.same_row(b, flips))}")
     print(f"3 flips in one row and k % 8 (the sparse digest's weak case): 20000 trials, missed "
-          f"{trial_rate(20000, lambda b: same_entry(b, 3))}")
-    print(f"2-8 random words replaced: 4000 trials, missed "
-          f"{trial_rate(4000, lambda b: words_damaged(b, int(rng.integers(2, 9))))}")
-    print(f"two words swapped: 4000 trials, missed {trial_rate(4000, swap)}")
+          f"{t.missed(20000, lambda b: t.same_entry(b, 3))}")
+    t.common()
 
 
 if __name__ == "__main__":
