@@ -256,10 +256,7 @@ def test_calls_follow_one_another_without_a_reset(options, rng):
     right, its base is the snapshot the call before left, and no reset was launched."""
     from hexcore.cuda.attention import persistent as p
 
-    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="fp16")
-    store, tables, tails, keys, values = random_cache(cfg, [40], rng)
-    q = cuda.to_device(np.zeros((1, 1, 64), np.float16))
-    args = [cuda.to_device(a) for a in (tables, np.array([40], np.int32), tails)]
+    store, q, args, keys, values = _one_sequence_of_40(rng)
     plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=options)
     with use_clock(SimulatedClock(STEP_NS)):
         for call in ("run", "abandon", "run"):
@@ -286,10 +283,7 @@ def test_eager_one_slice_calls_publish_their_base(rng):
     the cursor the call before left, and each call is right."""
     from hexcore.cuda.attention import persistent as p
 
-    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="fp16")
-    store, tables, tails, keys, values = random_cache(cfg, [40], rng)
-    q = cuda.to_device(np.zeros((1, 1, 64), np.float16))
-    args = [cuda.to_device(a) for a in (tables, np.array([40], np.int32), tails)]
+    store, q, args, keys, values = _one_sequence_of_40(rng)
     options = DecodeOptions(ctas_per_sm=64, split_blocks=1, eager_first=True)
     plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=options)
     with use_clock(SimulatedClock(STEP_NS)):
@@ -375,6 +369,15 @@ def test_slice_kernel_takes_the_grid_launchs_register_cap(monkeypatch):
     plain = PersistentDecode(q, _store(cfg), tables, lens, slots, 100, max_seq_len=3,
                              options=DecodeOptions(dependent_launch=False))
     assert not plain.launches(0)[1].dependent and not plain._sized[0].waits_for_prior_grids
+
+
+def _one_sequence_of_40(rng):
+    """(store, q, [tables, lens, tails], keys, values): one FP16 sequence of 40 tokens, one KV
+    head of 64 channels, block 16; q zeros on the device, for the test to fill per call."""
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, kv_dtype="fp16")
+    store, tables, tails, keys, values = random_cache(cfg, [40], rng)
+    q = cuda.to_device(np.zeros((1, 1, 64), np.float16))
+    return store, q, [cuda.to_device(a) for a in (tables, np.array([40], np.int32), tails)], keys, values
 
 
 def _store(cfg):
