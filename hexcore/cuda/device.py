@@ -50,6 +50,9 @@ Helpers
   multiply per word (the head digest in the decode's verify loop: about 14 instructions a
   word, 12 with these, about 11 with the key added and kept from LLVM's sight:
   ``integrity.head_key_opaque``).
+- ``xor_rotl_and_u32(a, r, n, m)``: ``a ^ (rotl(r, n) & m)`` mod 2**32 (``0 < n < 32``), a
+  funnel shift and a three-input logic op (the tensor-core digest's weights:
+  ``integrity.dense_weight``).
 - ``exp2(x)``: ``2**x`` in float32 (``ex2.approx.ftz``: 2 ulp; the twin uses math.exp2).
 - ``cp_async16(dst, j, src, i)``: start copying words ``src[i:i+4]`` (global) to
   ``dst[j:j+4]`` (a shared uint32 array declared with ``alignment=SHARED_ALIGN16``), 16
@@ -494,6 +497,18 @@ if not SIMULATOR:
         sig = _u32_signature(x, s)
         return sig and (sig, lambda context, builder, sig, ops: builder.xor(ops[0], builder.lshr(ops[0], ops[1])))
 
+    @intrinsic
+    def xor_rotl_and_u32(typingctx, a, r, n, m):
+        sig = _u32_signature(a, r, n, m)
+
+        def codegen(context, builder, sig, ops):
+            # (NVVM rejects llvm.fshl; shifts by n and 32 - n, both in [1, 31], become one SHF)
+            left = builder.shl(ops[1], ops[2])
+            right = builder.lshr(ops[1], builder.sub(ops[2].type(32), ops[2]))
+            return builder.xor(ops[0], builder.and_(builder.or_(left, right), ops[3]))
+
+        return sig and (sig, codegen)
+
     @device_function
     def exp2(x):
         return _ex2(types.float32(x))
@@ -675,6 +690,12 @@ else:
     def xorshift_u32(x, s):
         x = int(x) & FULL_MASK
         return np.uint32(x ^ (x >> int(s)))
+
+    @cuda.jit(device=True)
+    def xor_rotl_and_u32(a, r, n, m):
+        r, n = int(r) & FULL_MASK, int(n) % 32
+        rotated = ((r << n) | (r >> (32 - n))) & FULL_MASK
+        return np.uint32((int(a) ^ (rotated & int(m))) & FULL_MASK)
 
     @cuda.jit(device=True)
     def exp2(x):

@@ -32,7 +32,11 @@ a CTA, warp ``w`` of CTA ``(i, layer, y)`` taking head ``y * W + w`` of block ``
 16-byte chunks ``j, j + 32, ...`` of each segment, the warp adds the lanes' sums). The
 decode kernel checks sampled blocks against them as it reads them (``attention/kernel.py``,
 ``verify``); ``head_key``, ``head_key_opaque``, ``head_key_ahead``, ``head_term``, ``head_mix`` and
-``head_add`` are the device functions both use.
+``head_add`` are the device functions both use. For INT4/INT2 caches the recorded digest is
+the tensor-core head digest (``hexcore/host/tensor_digest.py``): the warp stages each chunk's
+words as the decode's ring holds them and runs them through the integer mma
+(``dense_chunk_function``, ``dense_lane_words``, ``dense_weight``, ``dense_close``: the
+device functions the record kernel and the decode's verify share).
 """
 
 from __future__ import annotations
@@ -46,8 +50,11 @@ from ..config import KVCacheConfig
 from ..errors import HexcoreInvalidArgumentError
 from .._checks import as_int, shown
 from ..host.checksum import FNV32_BASIS, FNV32_PRIME, HEAD_K1, HEAD_K2, HEAD_M1, HEAD_M2, LANES, canary_word
+from ..host.tensor_digest import (DENSE_C1, DENSE_C2, DENSE_C3, DENSE_SALT, EVEN_BYTES, MAX_STEPS, ODD_BYTES,
+                                  STEP_WORDS, chunk_tokens)
 from .arrays import check_writes, checked, checked_ids, checked_layer, checked_store, device_only
-from .device import SIMULATOR, add_u32, load_u32x4, mad_u32, shfl_xor_u32, xorshift_u32
+from .attention.mma import mma_u8s8
+from .device import SIMULATOR, add_u32, load_u32x4, mad_u32, shfl_xor_u32, xor_rotl_and_u32, xorshift_u32
 from .device_layout import code_offset, key_meta_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch
 from .store import GUARD_WORDS, DeviceKVStore
@@ -154,6 +161,95 @@ def warp_sum_u32(x):
     return x
 
 
+# -- the tensor-core head digest of quantized blocks (hexcore/host/tensor_digest.py) ---------
+@cuda.jit(device=True, inline=True)
+def dense_lane_words(sub, lane):
+    """(base_0, base_1, r_0, r_1): the words lane ``lane``'s weights of chunk ``sub`` are made
+    from (``tensor_digest.lane_weights``)."""
+    m = head_term(uint32(DENSE_SALT), head_key(32 * sub + lane))
+    return (_opaque(uint32(m | uint32(ODD_BYTES))), uint32(mad_u32(m, DENSE_C1, 0) | uint32(ODD_BYTES)),
+            _opaque(mad_u32(m, DENSE_C2, 0)), _opaque(mad_u32(m, DENSE_C3, 0)))
+
+
+@cuda.jit(device=True, inline=True)
+def _opaque(x):
+    # x through a shuffle from the lane itself (every lane calls it): ptxas then keeps it in a
+    # register and rotates it in one funnel shift a step, where it rebuilt rotl(m * C, n) from
+    # m in a shift and a multiply-add (head_key_opaque's reason too)
+    if SIMULATOR:
+        return x
+    return shfl_xor_u32(x, 0)
+
+
+@cuda.jit(device=True, inline=True)
+def dense_weight(base, r, step):
+    """Weight word ``b_j`` of step ``step`` (< ``MAX_STEPS``) from its lane's ``base_j``, ``r_j``:
+    ``base ^ (rotl(r, 2 step + 1) & 0xFEFEFEFE)``."""
+    return xor_rotl_and_u32(base, r, 2 * step + 1, EVEN_BYTES)
+
+
+@cuda.jit(device=True, inline=True)
+def dense_close(c0, c1, c2, c3, lane):
+    """The lane's share of the digest: its accumulator entries ``2 lane``, ``2 lane + 1``,
+    ``2 lane + 64``, ``2 lane + 65`` through ``head_term`` with their indices' keys (every
+    lane of the warp calls it; ``warp_sum_u32`` adds the shares)."""
+    key = head_key_opaque(2 * lane)
+    total = head_add(head_term(c0, key), head_term(c1, head_key_ahead(key, 1)))
+    return head_add(total, head_add(head_term(c2, head_key_ahead(key, 64)), head_term(c3, head_key_ahead(key, 65))))
+
+
+def dense_chunk_function(words: int, load4):
+    """``dense_chunk(c0, c1, c2, c3, src, at, sub, lane)``: the accumulators after the mma
+    steps of one staged chunk of ``words`` words (a compile-time size, a multiple of 4) of
+    chunk index ``sub``. ``load4(src, at, p)`` (a device function) returns staged words ``p ..
+    p + 3`` (``p`` a multiple of 4 below ``words``); steps past the chunk's end read zeros.
+    Every lane of the warp calls it, with the same ``sub``."""
+    steps = -(-words // STEP_WORDS)
+    if steps > MAX_STEPS or words % 4:
+        raise ValueError(f"a staged chunk of {words} words: not whole 16-byte groups, or more than {MAX_STEPS} steps")
+    WHOLE = words % STEP_WORDS == 0
+
+    @cuda.jit(device=True, inline=True)
+    def dense_chunk(c0, c1, c2, c3, src, at, sub, lane):
+        base0, base1, r0, r1 = dense_lane_words(sub, lane)
+        for s in range(steps):
+            p = STEP_WORDS * s + 4 * lane
+            a0 = a1 = a2 = a3 = uint32(0)
+            if WHOLE or p < words:
+                a0, a1, a2, a3 = load4(src, at, p)
+            c0, c1, c2, c3 = mma_u8s8(a0, a1, a2, a3, dense_weight(base0, r0, s), dense_weight(base1, r1, s),
+                                      c0, c1, c2, c3)
+        return c0, c1, c2, c3
+
+    return dense_chunk
+
+
+@cuda.jit(device=True, inline=True)
+def staged_load4(ring, stage, p):
+    """Words ``p .. p + 3`` of the chunk staged at ``ring[stage:]`` (one 16-byte shared load)."""
+    return load_u32x4(ring, stage + p)
+
+
+def _record_load4_function(cfg: KVCacheConfig):
+    """``load4(pool, at, p)``: staged word ``p`` of a chunk read from the store, ``at`` the
+    word offsets in ``pool`` of the chunk's key codes, value codes, key meta and value meta."""
+    T = chunk_tokens(cfg.block_size)
+    KC = T * cfg.head_dim * cfg.kv_dtype.bits // 32
+    KM, VM = cfg.head_dim, T * cfg.num_groups
+
+    @cuda.jit(device=True, inline=True)
+    def load4(pool, at, p):
+        if p < KC:
+            return load_u32x4(pool, at[0] + p)
+        if p < 2 * KC:
+            return load_u32x4(pool, at[1] + p - KC)
+        if p < 2 * KC + KM:
+            return load_u32x4(pool, at[2] + p - 2 * KC)
+        return load_u32x4(pool, at[3] + p - 2 * KC - KM)
+
+    return load4, 2 * KC + KM + VM
+
+
 @cuda.jit(device=True, inline=True)
 def _head_segment(total, pool, start, words, first, lane):
     # the terms of chunks lane, lane + 32, ... of pool[start:start + words], word j of the
@@ -170,6 +266,11 @@ def _head_record_kernel(cfg: KVCacheConfig):
     quantized = cfg.kv_dtype.is_quantized
     CODE = BS * row // 4  # words of one (layer, block, head) code run
     W = _head_warps(cfg)
+    T = chunk_tokens(BS)  # quantized: the staged chunks of the tensor-core digest
+    CHUNKS, CHUNK_CODE, CHUNK_VM = BS // T, T * row // 4, T * NG
+    if quantized:
+        load4, words = _record_load4_function(cfg)
+        dense_chunk = dense_chunk_function(words, load4)
 
     @cuda.jit
     def kernel(pool, k_at, v_at, km_at, vm_at, block_ids, num_blocks, head_sums, first_layer):
@@ -182,15 +283,18 @@ def _head_record_kernel(cfg: KVCacheConfig):
         block = block_ids[cuda.blockIdx.x]
         if block < 0 or block >= num_blocks or h >= H:  # warp-uniform
             return
-        total = uint32(0)
         at = code_offset(layer, block, h, 0, num_blocks, H, BS, row) // 4
-        total = _head_segment(total, pool, k_at + at, CODE, 0, lane)
-        total = _head_segment(total, pool, v_at + at, CODE, CODE, lane)
-        if quantized:
-            total = _head_segment(total, pool, km_at + key_meta_offset(layer, block, h, num_blocks, H, D) // 4, D,
-                                  2 * CODE, lane)
-            total = _head_segment(total, pool, vm_at + value_meta_offset(layer, block, h, 0, num_blocks, H, BS, NG)
-                                  // 4, BS * NG, 2 * CODE + D, lane)
+        if quantized:  # the tensor-core digest of the block's staged chunks
+            km = km_at + key_meta_offset(layer, block, h, num_blocks, H, D) // 4
+            vm = vm_at + value_meta_offset(layer, block, h, 0, num_blocks, H, BS, NG) // 4
+            c0 = c1 = c2 = c3 = uint32(0)
+            for sub in range(CHUNKS):
+                c0, c1, c2, c3 = dense_chunk(c0, c1, c2, c3, pool, (k_at + at + sub * CHUNK_CODE, v_at + at + sub *
+                                             CHUNK_CODE, km, vm + sub * CHUNK_VM), sub, lane)
+            total = dense_close(c0, c1, c2, c3, lane)
+        else:
+            total = _head_segment(uint32(0), pool, k_at + at, CODE, 0, lane)
+            total = _head_segment(total, pool, v_at + at, CODE, CODE, lane)
         total = warp_sum_u32(total)
         if lane == 0:
             head_sums[block, layer, h] = total

@@ -84,6 +84,11 @@ uniform 32-bit terms would with either, with no consistent difference between th
 without the last xorshift the change of a term for one flipped bit takes few distinct
 values, and same-bit double flips cancel 1,200 to 5,200 times more often (same script).
 
+The decode checks FP16 blocks with this digest. INT4/INT2 blocks it checks with the
+tensor-core head digest of ``tensor_digest.py`` (the same recorded ``head_sums``, computed
+from the same words through the integer mma), which costs it a few instructions a 512 bytes
+where this one costs a mixer a word; :func:`head_digests` returns whichever the decode checks.
+
 Canary words (:func:`canary_word`) are the fixed pattern of the store's guard regions.
 """
 
@@ -323,8 +328,9 @@ def _head_words(name: str, array, num_layers: int, num_heads: int) -> np.ndarray
 
 
 def head_digests(k_codes, v_codes, k_meta=None, v_meta=None) -> np.ndarray:
-    """Head digests of one sealed block, a (layer, KV head) each (module docstring,
-    "The head digest"): uint32 ``[L, H]``.
+    """Head digests of one sealed block, a (layer, KV head) each, as the decode checks them:
+    uint32 ``[L, H]``. FP16 caches (no metadata): the head digest of the module docstring;
+    INT caches: the tensor-core head digest (``tensor_digest.tensor_head_digest``).
 
     Parameters: the block's arrays from a host copy of the store, as for
     :func:`layer_digests` (``store.k_codes[:, block]`` is ``[L, H, block_size, row]``):
@@ -341,6 +347,14 @@ def head_digests(k_codes, v_codes, k_meta=None, v_meta=None) -> np.ndarray:
     else:
         words += words[:2]
     out = np.empty((L, H), np.uint32)
+    if has_meta:
+        from .tensor_digest import tensor_head_digest
+
+        k, v, km, vm = (np.ascontiguousarray(a) for a in (k_codes, v_codes, k_meta, v_meta))
+        for layer in range(L):
+            for h in range(H):
+                out[layer, h] = tensor_head_digest(k[layer, h], v[layer, h], km[layer, h], vm[layer, h])
+        return out
     _head_digests(*words, has_meta, out)
     return out
 

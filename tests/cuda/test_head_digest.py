@@ -172,3 +172,22 @@ def test_decode_verify_bad_arguments_raise_typed_errors(rng):
         DecodePlan(d[0], store, d[1], d[2], d[3], 20, verify=good)
     with pytest.raises(HexcoreInvalidArgumentError, match=r"verify\.vctl"):  # a plan takes device arrays only
         DecodePlan(d[0], store, d[1], d[2], d[3], 20, verify=DecodeVerify(**{**good, "vctl": np.array([1, 0], np.int32)}))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype,block_size,head_dim", [("int4", 32, 128), ("int2", 32, 128), ("int4", 64, 128),
+                                                          ("int2", 16, 64), ("fp16", 32, 128)])
+def test_record_and_decode_verify_on_gpu(rng, kv_dtype, block_size, head_dim):
+    """On the hardware (the tensor-core digest's fragments are the mma's, not a twin's): the
+    record kernel against the CPU digest of every block, then the verifying decode finds a
+    flip in each of four blocks' segments and raises no false alarm."""
+    store, plan, plain, verify, own = verify_case(rng, kv_dtype, block_size, head_dim=head_dim)
+    recorded = verify.head_sums.copy_to_host()
+    for block in range(store.num_blocks):
+        assert np.array_equal(recorded[block], cpu_head_digests(store, block)), block
+    out, n, _ = run_verify(plan, verify, 1, 0)
+    assert np.array_equal(out.view(np.uint16), plain.view(np.uint16)) and n == 0
+    segments = SEGMENTS[kv_dtype]
+    flips = [flip(store, rng, segments[i % len(segments)], LAYER, block) for i, block in enumerate(own)]
+    _, n, found = run_verify(plan, verify, 1, 0)
+    assert (n, found) == (4, sorted((block, LAYER) for block in own)), flips

@@ -44,9 +44,10 @@ def _mix(x):
     return x ^ (x >> 16)
 
 
-@pytest.mark.parametrize("quantized", [False, True])
-def test_head_digests_match_reference(rng, quantized):
-    segs = head_segments(rng, quantized)
+def test_head_digests_match_reference(rng):
+    """FP16 blocks (the decode checks INT blocks with the tensor-core digest:
+    tests/host/test_tensor_digest.py)."""
+    segs = head_segments(rng, False)
     got = head_digests(*segs)
     assert got.shape == (2, 3) and got.dtype == np.uint32
     for layer in range(2):

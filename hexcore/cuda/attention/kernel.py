@@ -38,10 +38,10 @@ from numba import cuda, float32, int32, uint32
 
 from ..device import (SHARED_ALIGN16, SIMULATOR, add_acq_rel_i32, allow_dependent_grids, cluster_sync,
                       cluster_sync_relaxed, cp_async_commit, cp_async_wait_all, cp_async_wait_one, device_function,
-                      exp2, ld, load_cg_f32, load_cg_f32x4, load_cluster_f32, load_where, prefetch_l2,
+                      exp2, load_cg_f32, load_cg_f32x4, load_cluster_f32, load_where, prefetch_l2,
                       shfl_idx_int, shfl_xor, syncwarp, thread_index_volatile, wait_prior_grids, warp_ballot)
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
-from ..integrity import head_add, head_key_ahead, head_key_opaque, head_term, warp_sum_u32
+from ..integrity import dense_chunk_function, dense_close, staged_load4, warp_sum_u32
 from ..launch import MAX_CLUSTER  # the portable cluster size: a cluster merge's most splits
 from .fragments import NEG_INF, warp_functions
 from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape
@@ -237,32 +237,9 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     cluster_merge = cluster_merge_function(D)
     PREFETCH = l2_prefetch == "all" or (l2_prefetch == "quantized" and QUANTIZED)
     RUN_BYTES, META_BYTES = BS * RW * 4, (4 * D, 4 * BS * NG)  # a block's code run; key, value metadata
-    RING_K, RING_V, RING_VM = shape.ring_regions
-    CODE = BS * RW  # words of a head's code run (the head digest's indices: checksum.py)
-    # the head digest's index of a chunk's first word of each ring region, per chunk `sub`:
-    # key codes sub * RING_K, value codes CODE + sub * RING_V, key metadata 2 * CODE (its D
-    # words, copied with every chunk, counted with chunk 0 only), value metadata
-    # 2 * CODE + D + sub * RING_VM
-
-    @cuda.jit(device=True)
-    def ring_terms(total, ring, at, words, first, lane):
-        # total + the terms of ring[at:at + words] (word p at index first + p); lane takes p
-        # = lane, lane + 32, ... (one conflict-free LDS each); words a compile-time constant;
-        # every lane of the warp takes part (head_key_opaque's shuffle)
-        key = head_key_opaque(first + lane)
-        for j in range(-(-words // 32)):
-            if words % 32 == 0 or lane + 32 * j < words:
-                total = head_add(total, head_term(ld(ring, at + lane + 32 * j), head_key_ahead(key, 32 * j)))
-        return total
-
-    @cuda.jit(device=True)
-    def chunk_terms(total, ring, stage, sub, lane):
-        # total + the terms of the KV head's words in the ring stage of chunk `sub`
-        total = ring_terms(total, ring, stage, RING_K, sub * RING_K, lane)
-        total = ring_terms(total, ring, stage + RING_K, RING_V, CODE + sub * RING_V, lane)
-        if sub == 0:
-            total = ring_terms(total, ring, stage + KMETA, D, 2 * CODE, lane)
-        return ring_terms(total, ring, stage + KMETA + D, RING_VM, 2 * CODE + D + sub * RING_VM, lane)
+    # VERIFY of INT blocks: the tensor-core head digest of each staged chunk as it lies in
+    # the ring (hexcore/host/tensor_digest.py: the ring stage is the digest's staged chunk)
+    dense_chunk = dense_chunk_function(STAGE, staged_load4) if QUANTIZED else None
 
     @cuda.jit(device=True)
     def sampled(block, vctl):
@@ -299,7 +276,9 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     def check_staged(ring, stage, block, layer, h, check, lane):
         # VERIFY: the head digest of a one-chunk block staged at `stage` compared with the
         # recorded one (check: head_sums, vctl, flags, found)
-        check_block(chunk_terms(uint32(0), ring, stage, 0, lane), check[0], block, layer, h, check[2], check[3], lane)
+        z = uint32(0)
+        c0, c1, c2, c3 = dense_chunk(z, z, z, z, ring, stage, 0, lane)
+        check_block(dense_close(c0, c1, c2, c3, lane), check[0], block, layer, h, check[2], check[3], lane)
 
     @cuda.jit(device=True)
     def pick_block(block_tables, b, first, count, c, lane, ids, picks, num_blocks, check):
@@ -511,7 +490,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                     picks = cuda.local.array(1, uint32)
                     block, checking = warp_block_sampled(block_tables, b, first, count, 0, lane, ids, picks, num_blocks,
                                                          check[1]) if count > 0 else (-1, False)
-                    digest = uint32(0)
+                    d0 = d1 = d2 = d3 = uint32(0)  # the checked block's accumulators so far
                 else:
                     block, _ = first_blocks(count, ids)
                 if count > 0:
@@ -542,9 +521,12 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                     if in_range(block, num_blocks):
                         if VERIFY:  # (block, sub and the sample are warp-uniform)
                             if checking:
-                                digest = chunk_terms(digest if sub else uint32(0), ring, stage, sub, lane)
+                                if sub == 0:
+                                    d0 = d1 = d2 = d3 = uint32(0)
+                                d0, d1, d2, d3 = dense_chunk(d0, d1, d2, d3, ring, stage, sub, lane)
                                 if sub == CPB - 1:
-                                    check_block(digest, check[0], block, layer, h, check[2], check[3], lane)
+                                    check_block(dense_close(d0, d1, d2, d3, lane), check[0], block, layer, h,
+                                                check[2], check[3], lane)
                         if sub == 0:
                             corr_lo, corr_hi = fold_keys(ring, stage + KMETA, lane, qh, qs)
                         chunk_codes(ring, stage, qs, corr_lo, corr_hi, sc, o, stats, state, lane)

@@ -11,6 +11,17 @@
       c0, c1 = C[gid, 2tig:2tig+2] c2, c3 = C[gid+8, 2tig:2tig+2]
 
   Every lane of the warp must call it with the same control flow. Returns (c0..c3).
+- ``mma_u8s8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)``: one warp-wide
+  ``mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32``: ``C[16x8] += A[16x32] B[32x8]``,
+  A unsigned bytes, B signed bytes, four per uint32 (lowest byte first), C int32 carried as
+  uint32 (two's complement, wrapping). Lane ``4 * gid + tig`` holds::
+
+      a0 = A[gid,   4tig:4tig+4]     a1 = A[gid+8, 4tig:4tig+4]
+      a2 = A[gid, 4tig+16:4tig+20]   a3 = A[gid+8, 4tig+16:4tig+20]
+      b0 = B[4tig:4tig+4, gid]       b1 = B[4tig+16:4tig+20, gid]
+      c0, c1 = C[gid, 2tig:2tig+2]   c2, c3 = C[gid+8, 2tig:2tig+2]
+
+  Warp-wide, as ``mma_f16``. The tensor-core head digest (``hexcore/host/tensor_digest.py``).
 - ``transpose8x8(word)``: PTX ``movmatrix.sync.aligned.m8n8.trans.b16``: the warp's 8x8
   float16 matrix, lane ``4 * r + c`` holding ``M[r, 2c:2c+2]`` in one word, comes back
   transposed in the same layout (lane ``4 * r + c`` gets ``M[2c:2c+2, r]``). Warp-wide.
@@ -90,6 +101,20 @@ if not SIMULATOR:
         return sig, codegen
 
     @intrinsic
+    def _imma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        sig = types.UniTuple(types.uint32, 4)(*([types.uint32] * 10))
+
+        def codegen(context, builder, sig, args):
+            out = _asm(builder, ir.LiteralStructType([_I32] * 4), list(args),
+                       "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 "
+                       "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+                       ",".join(["=r"] * 4 + ["r"] * 10))
+            items = [builder.extract_value(out, k) for k in range(4)]
+            return context.make_tuple(builder, sig.return_type, items)
+
+        return sig, codegen
+
+    @intrinsic
     def _movmatrix(typingctx, word):
         sig = types.uint32(types.uint32)
 
@@ -130,6 +155,12 @@ if not SIMULATOR:
         """One warp-wide m16n8k16 f16 mma with f32 accumulators (see the module docstring)."""
         return _mma(types.uint32(a0), types.uint32(a1), types.uint32(a2), types.uint32(a3), types.uint32(b0),
                     types.uint32(b1), types.float32(c0), types.float32(c1), types.float32(c2), types.float32(c3))
+
+    @device_function
+    def mma_u8s8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """One warp-wide m16n8k32 u8 x s8 mma with s32 accumulators (see the module docstring)."""
+        return _imma(types.uint32(a0), types.uint32(a1), types.uint32(a2), types.uint32(a3), types.uint32(b0),
+                     types.uint32(b1), types.uint32(c0), types.uint32(c1), types.uint32(c2), types.uint32(c3))
 
     @device_function
     def transpose8x8(word):
@@ -214,6 +245,26 @@ else:
         g, t = lane // 4, lane % 4
         return (np.float32(c0 + C[g, 2 * t]), np.float32(c1 + C[g, 2 * t + 1]),
                 np.float32(c2 + C[g + 8, 2 * t]), np.float32(c3 + C[g + 8, 2 * t + 1]))
+
+    @cuda.jit(device=True)
+    def mma_u8s8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """One warp-wide m16n8k32 u8 x s8 mma with s32 accumulators (see the module docstring)."""
+        warp = _warp()
+        lane = cuda.threadIdx.x % 32
+        warp.a[lane] = (a0, a1, a2, a3)
+        warp.b[lane] = (b0, b1)
+        warp.barrier.wait()  # every lane's fragments written
+        # lane 4g + t: a_q holds A[g + 8 (q % 2), 4t + 16 (q // 2) + i] in byte i; b_j holds
+        # B[16 j + 4t + i, g]
+        a = warp.a.view(np.uint8).astype(np.int64).reshape(8, 4, 2, 2, 4)  # [g, t, q // 2, q % 2, i]
+        b = warp.b.view(np.int8).astype(np.int64).reshape(8, 4, 2, 4)  # [g, t, j, i]
+        warp.barrier.wait()  # every lane has read them
+        A = a.transpose(3, 0, 2, 1, 4).reshape(16, 32)
+        B = b.transpose(2, 1, 3, 0).reshape(32, 8)
+        C = A @ B
+        g, t = lane // 4, lane % 4
+        return tuple(np.uint32((int(c) + int(C[r, n])) & 0xFFFFFFFF)
+                     for c, r, n in ((c0, g, 2 * t), (c1, g, 2 * t + 1), (c2, g + 8, 2 * t), (c3, g + 8, 2 * t + 1)))
 
     @cuda.jit(device=True)
     def transpose8x8(word):

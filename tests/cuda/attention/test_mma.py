@@ -10,7 +10,8 @@ import pytest
 from numba import cuda
 
 from hexcore.cuda.attention.fragments import field_exponent, key_code_function, value_code_function, value_exponent
-from hexcore.cuda.attention.mma import half2_hi, half2_lo, hfma2, hmul2, mma_f16, pack_f16x2, prmt
+from hexcore.cuda.attention.mma import half2_hi, half2_lo, hfma2, hmul2, mma_f16, mma_u8s8, pack_f16x2, prmt
+from hexcore.cuda.device import xor_rotl_and_u32
 
 key4, key2 = key_code_function(4), key_code_function(2)
 value4, value2 = value_code_function(4), value_code_function(2)
@@ -26,6 +27,30 @@ def _mma_kernel(a_words, b_words, c, out):
                 b_words[g, t], b_words[g, t + 4],
                 c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1])
     out[g, 2 * t], out[g, 2 * t + 1], out[g + 8, 2 * t], out[g + 8, 2 * t + 1] = d
+
+
+@cuda.jit
+def _imma_kernel(a, b, c, out, rot):
+    # a [16, 32] uint8, b [32, 8] int8 as stored bytes (uint8), c, out [16, 8] uint32: out =
+    # A @ B + c mod 2**32, one warp, the fragments packed here byte by byte as mma.py
+    # documents; rot [32] uint32: xor_rotl_and_u32 of lane-made words
+    lane = cuda.threadIdx.x
+    g, t = lane // 4, lane % 4
+    w = cuda.local.array(6, np.uint32)
+    for q in range(4):  # a_q: row g + 8 (q % 2), columns 4t + 16 (q // 2) + i
+        x = 0
+        for i in range(4):
+            x |= int(a[g + 8 * (q % 2), 4 * t + 16 * (q // 2) + i]) << (8 * i)
+        w[q] = x
+    for j in range(2):  # b_j: rows 16 j + 4t + i, column g
+        x = 0
+        for i in range(4):
+            x |= int(b[16 * j + 4 * t + i, g]) << (8 * i)
+        w[4 + j] = x
+    d = mma_u8s8(w[0], w[1], w[2], w[3], w[4], w[5], c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t],
+                 c[g + 8, 2 * t + 1])
+    out[g, 2 * t], out[g, 2 * t + 1], out[g + 8, 2 * t], out[g + 8, 2 * t + 1] = d
+    rot[lane] = xor_rotl_and_u32(w[0], w[4], 2 * (lane % 16) + 1, 0xFEFEFEFE)
 
 
 @cuda.jit
@@ -70,6 +95,25 @@ def check_mma(rng, subnormal=False):
     unit = 2.0 ** 24
     bound = 1e-6 * (np.abs(A.astype(np.float64)) @ np.abs(B.astype(np.float64)) + np.abs(C)) * unit
     assert np.all(np.abs(out.copy_to_host() * unit - expect * unit) <= bound + 1e-9)
+
+
+def check_imma(rng):
+    """The integer mma (u8 x s8, int32 sums wrapping in uint32) and the rotate helper."""
+    A = rng.integers(0, 256, (16, 32), dtype=np.uint8)
+    B = rng.integers(-128, 128, (32, 8)).astype(np.int8)
+    C = rng.integers(0, 1 << 32, (16, 8), dtype=np.uint64).astype(np.uint32)
+    out, rot = cuda.to_device(np.zeros((16, 8), np.uint32)), cuda.to_device(np.zeros(32, np.uint32))
+    _imma_kernel[1, 32](A, B.view(np.uint8), C, out, rot)
+    expect = (A.astype(np.int64) @ B.astype(np.int64) + C.astype(np.int64)) & 0xFFFFFFFF
+    np.testing.assert_array_equal(out.copy_to_host(), expect.astype(np.uint32))
+    lanes = np.arange(32)
+    words = [int.from_bytes(bytes(A[g, 4 * t:4 * t + 4]), "little") for g, t in zip(lanes // 4, lanes % 4)]
+    weights = [int.from_bytes(B[4 * t:4 * t + 4, g].tobytes(), "little") for g, t in zip(lanes // 4, lanes % 4)]
+    expect_rot = []
+    for lane, (x, r) in enumerate(zip(words, weights)):
+        n = 2 * (lane % 16) + 1
+        expect_rot.append(x ^ (((r << n) | (r >> (32 - n))) & 0xFFFFFFFF & 0xFEFEFEFE))
+    np.testing.assert_array_equal(rot.copy_to_host(), np.array(expect_rot, np.uint32))
 
 
 def _fields(words, bits, j):
@@ -119,8 +163,13 @@ def test_bit_helpers_match_numpy(rng):
     check_bits(rng)
 
 
+def test_integer_mma_matches_numpy(rng):
+    check_imma(rng)
+
+
 @pytest.mark.gpu
 def test_mma_and_bit_helpers_on_gpu(rng):
     check_mma(rng)
     check_mma(rng, subnormal=True)
     check_bits(rng)
+    check_imma(rng)
