@@ -46,11 +46,11 @@ persistent_rows() {  # persistent_rows NAME TREE SHAPES: in TREE, bench_persiste
     echo "== $1 rc $?"; grep -E "no_yield" "$R/$1.log" | head -12
 }
 
-persistent_ab() {  # persistent_ab NAME DIFF SHAPES: the persistent GPU tests on a copy of this tree with
-    # DIFF applied (/tmp/NAME; log NAME-tests.log), then persistent_rows at SHAPES, this tree
-    # ("main-N") against the copy ("NAME-N"), two rounds alternating
+persistent_ab() {  # persistent_ab NAME DIFF SHAPES [LIMIT]: the persistent GPU tests on a copy of this
+    # tree with DIFF applied (/tmp/NAME; log NAME-tests.log; LIMIT seconds, 200 by default), then
+    # persistent_rows at SHAPES, this tree ("main-N") against the copy ("NAME-N"), two rounds alternating
     patched_copy "/tmp/$1" "$2" || return 1
-    (cd "/tmp/$1" && PYTHONPATH="$site:/tmp/$1" timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider \
+    (cd "/tmp/$1" && PYTHONPATH="$site:/tmp/$1" timeout "${4:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider \
         -n 8 tests/cuda/attention/test_persistent.py > "$R/$1-tests.log" 2>&1)
     echo "$1 tests rc $?"; tail -n 2 "$R/$1-tests.log"; grep -E "^(FAILED|ERROR)" "$R/$1-tests.log" | head
     local round
