@@ -223,19 +223,26 @@ else:
                 _warps[key] = _Warp()
             return _warps[key]
 
-    @cuda.jit(device=True)
-    def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        """One warp-wide m16n8k16 f16 mma with f32 accumulators (see the module docstring)."""
+    def _gather(a0, a1, a2, a3, b0, b1):
+        """(a, b, lane): every lane's A and B fragment words (uint32 ``[32, 4]``, ``[32, 2]``,
+        copies) once all 32 lanes have called it, and this lane."""
         warp = _warp()
         lane = cuda.threadIdx.x % 32
         warp.a[lane] = (a0, a1, a2, a3)
         warp.b[lane] = (b0, b1)
         warp.barrier.wait()  # every lane's fragments written
+        a, b = warp.a.copy(), warp.b.copy()
+        warp.barrier.wait()  # every lane has read them
+        return a, b, lane
+
+    @cuda.jit(device=True)
+    def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """One warp-wide m16n8k16 f16 mma with f32 accumulators (see the module docstring)."""
+        a, b, lane = _gather(a0, a1, a2, a3, b0, b1)
         # lane 4g + t holds A[g, 2t:2t+2], A[g+8, 2t:2t+2], A[g, 2t+8:2t+10], A[g+8, 2t+8:2t+10]
         # (its a0..a3, low half first) and B[2t:2t+2, g], B[2t+8:2t+10, g] (b0, b1)
-        a = warp.a.view(np.float16).astype(np.float64).reshape(8, 4, 4, 2)  # [g, t, word, half]
-        b = warp.b.view(np.float16).astype(np.float64).reshape(8, 4, 2, 2)
-        warp.barrier.wait()  # every lane has read them
+        a = a.view(np.float16).astype(np.float64).reshape(8, 4, 4, 2)  # [g, t, word, half]
+        b = b.view(np.float16).astype(np.float64).reshape(8, 4, 2, 2)
         A = np.empty((16, 16))
         A[:8, :8], A[8:, :8] = a[:, :, 0].reshape(8, 8), a[:, :, 1].reshape(8, 8)
         A[:8, 8:], A[8:, 8:] = a[:, :, 2].reshape(8, 8), a[:, :, 3].reshape(8, 8)
@@ -249,16 +256,11 @@ else:
     @cuda.jit(device=True)
     def mma_u8s8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         """One warp-wide m16n8k32 u8 x s8 mma with s32 accumulators (see the module docstring)."""
-        warp = _warp()
-        lane = cuda.threadIdx.x % 32
-        warp.a[lane] = (a0, a1, a2, a3)
-        warp.b[lane] = (b0, b1)
-        warp.barrier.wait()  # every lane's fragments written
+        a, b, lane = _gather(a0, a1, a2, a3, b0, b1)
         # lane 4g + t: a_q holds A[g + 8 (q % 2), 4t + 16 (q // 2) + i] in byte i; b_j holds
         # B[16 j + 4t + i, g]
-        a = warp.a.view(np.uint8).astype(np.int64).reshape(8, 4, 2, 2, 4)  # [g, t, q // 2, q % 2, i]
-        b = warp.b.view(np.int8).astype(np.int64).reshape(8, 4, 2, 4)  # [g, t, j, i]
-        warp.barrier.wait()  # every lane has read them
+        a = a.view(np.uint8).astype(np.int64).reshape(8, 4, 2, 2, 4)  # [g, t, q // 2, q % 2, i]
+        b = b.view(np.int8).astype(np.int64).reshape(8, 4, 2, 4)  # [g, t, j, i]
         A = a.transpose(3, 0, 2, 1, 4).reshape(16, 32)
         B = b.transpose(2, 1, 3, 0).reshape(32, 8)
         C = A @ B
