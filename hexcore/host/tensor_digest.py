@@ -224,6 +224,6 @@ def _dependent_triples(g) -> int:
     return found
 
 
-__all__ = ["CHUNK_TOKENS", "DENSE_C1", "DENSE_C2", "DENSE_C3", "DENSE_SALT", "STEP_WORDS", "a_matrices", "b_matrices",
-           "chunk_tokens", "chunk_words", "dependence", "digest_of_entries", "effective_vectors", "entries",
-           "lane_weights", "staged_chunks", "steps_per_chunk", "tensor_head_digest"]
+__all__ = ["CHUNK_TOKENS", "DENSE_C1", "DENSE_C2", "DENSE_C3", "DENSE_SALT", "MAX_STEPS", "STEP_WORDS", "a_matrices",
+           "b_matrices", "chunk_tokens", "chunk_words", "dependence", "digest_of_entries", "effective_vectors",
+           "entries", "lane_weights", "staged_chunks", "step_rotation", "steps_per_chunk", "tensor_head_digest"]
