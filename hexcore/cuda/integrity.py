@@ -230,12 +230,10 @@ def staged_load4(ring, stage, p):
     return load_u32x4(ring, stage + p)
 
 
-def _record_load4_function(cfg: KVCacheConfig):
+def _record_load4_function(KC: int, KM: int):
     """``load4(pool, at, p)``: staged word ``p`` of a chunk read from the store, ``at`` the
-    word offsets in ``pool`` of the chunk's key codes, value codes, key meta and value meta."""
-    T = chunk_tokens(cfg.block_size)
-    KC = T * cfg.head_dim * cfg.kv_dtype.bits // 32
-    KM, VM = cfg.head_dim, T * cfg.num_groups
+    word offsets in ``pool`` of the chunk's key codes, value codes (``KC`` words each), key
+    meta (``KM`` words) and value meta."""
 
     @cuda.jit(device=True, inline=True)
     def load4(pool, at, p):
@@ -247,7 +245,7 @@ def _record_load4_function(cfg: KVCacheConfig):
             return load_u32x4(pool, at[2] + p - 2 * KC)
         return load_u32x4(pool, at[3] + p - 2 * KC - KM)
 
-    return load4, 2 * KC + KM + VM
+    return load4
 
 
 @cuda.jit(device=True, inline=True)
@@ -269,8 +267,7 @@ def _head_record_kernel(cfg: KVCacheConfig):
     T = chunk_tokens(BS)  # quantized: the staged chunks of the tensor-core digest
     CHUNKS, CHUNK_CODE, CHUNK_VM = BS // T, T * row // 4, T * NG
     if quantized:
-        load4, words = _record_load4_function(cfg)
-        dense_chunk = dense_chunk_function(words, load4)
+        dense_chunk = dense_chunk_function(2 * CHUNK_CODE + D + CHUNK_VM, _record_load4_function(CHUNK_CODE, D))
 
     @cuda.jit
     def kernel(pool, k_at, v_at, km_at, vm_at, block_ids, num_blocks, head_sums, first_layer):
