@@ -31,7 +31,7 @@ IMPORTS = {
 NOT_INSTRUMENTED = ["hexcore.host._atomics", "hexcore.host._blocks", "hexcore.host._event_ops", "hexcore.host._keys",
                     "hexcore.host._prefix", "hexcore.host._ring_ops", "hexcore.host._step", "hexcore.host.prefix",
                     "hexcore.host.speculative", "hexcore.layout", "hexcore.cuda.device", "hexcore.cuda.device_layout",
-                    "hexcore.cuda.attention.mma", "hexcore.cuda.attention.kernel",
+                    "hexcore.cuda.mma", "hexcore.cuda.attention.kernel",
                     "hexcore.cuda.attention.fragments", "hexcore.cuda.steps.indices"]
 
 

@@ -5,7 +5,7 @@ and no ``@intrinsic``. So kernels never call those primitives directly; they cal
 helpers below, and when the simulator is on each helper is replaced by a plain twin
 that computes the same thing. The simulator checks the algorithm; a real GPU checks
 the real code (``pytest -m gpu``). Tensor-core and packed-half helpers are in
-``attention/mma.py``, built the same way.
+``mma.py``, built the same way.
 
 Helpers
 

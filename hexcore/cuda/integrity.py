@@ -53,7 +53,7 @@ from ..host.checksum import FNV32_BASIS, FNV32_PRIME, HEAD_K1, HEAD_K2, HEAD_M1,
 from ..host.tensor_digest import (DENSE_C1, DENSE_C2, DENSE_C3, DENSE_SALT, EVEN_BYTES, MAX_STEPS, ODD_BYTES,
                                   STEP_WORDS, chunk_tokens)
 from .arrays import check_writes, checked, checked_ids, checked_layer, checked_store, device_only
-from .attention.mma import mma_u8s8
+from .mma import mma_u8s8
 from .device import SIMULATOR, add_u32, load_u32x4, mad_u32, shfl_xor_u32, xor_rotl_and_u32, xorshift_u32
 from .device_layout import code_offset, key_meta_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch

@@ -47,7 +47,7 @@ def use_fast_simulator() -> bool:
 
     Three of the simulator's costs are bookkeeping, not simulation. Measured on a 2-core
     machine: one INT2 decode test 26.7 s stock, 10.4 s with the first change, 4.1 s with all
-    three (and ``attention/mma.py``'s twin assembling its fragments in a few array
+    three (and ``mma.py``'s twin assembling its fragments in a few array
     operations); ``scripts/test`` 1142 s -> 251 s.
 
     - **Barriers.** The simulator runs a block as one Python thread per CUDA thread, and its

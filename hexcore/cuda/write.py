@@ -63,7 +63,7 @@ from ..errors import HexcoreInvalidArgumentError
 from ..layout import value_chunk_dims
 from .arrays import (check_distinct, check_distinct_pairs, check_outside_store, checked, checked_ids, checked_layer,
                      checked_store, device_only)
-from .attention.mma import half2_hi, half2_lo
+from .mma import half2_hi, half2_lo
 from .device import SHARED_ALIGN16, SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, load_u32x4
 from .device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch

@@ -48,7 +48,7 @@ from numba import cuda, float32
 
 from ..device import cp_async16_at, device_function, exp2, ld, load_words, shfl_idx, shfl_xor, warp_any
 from ..integrity import head_chunk, head_key_ahead, head_key_opaque
-from .mma import F16X2_ONES, half2_hi, half2_lo, hmul2, mma_f16, pack_f16x2, prmt, transpose8x8
+from ..mma import F16X2_ONES, half2_hi, half2_lo, hmul2, mma_f16, pack_f16x2, prmt, transpose8x8
 from .shape import DecodeShape
 
 LO, HI = 0x5410, 0x7632  # prmt selectors: the low (high) halves of two words

@@ -21,7 +21,7 @@ from numba import cuda, float32
 from ... import layout
 from ..device import load_u32x4
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
-from .mma import half2_hi, half2_lo, half_at, pack_f16x2
+from ..mma import half2_hi, half2_lo, half_at, pack_f16x2
 
 key_code_field = cuda.jit(device=True)(layout.key_code_field)
 value_code_field = cuda.jit(device=True)(layout.value_code_field)

@@ -1,4 +1,4 @@
-"""The tensor-core and packed-half helpers (attention/mma.py, fragments' code functions)
+"""The tensor-core and packed-half helpers (cuda/mma.py, attention/fragments' code functions)
 against numpy, through small kernels.
 
 On the simulator these check the twins (and so the fragment layout the decode kernel
@@ -10,7 +10,7 @@ import pytest
 from numba import cuda
 
 from hexcore.cuda.attention.fragments import field_exponent, key_code_function, value_code_function, value_exponent
-from hexcore.cuda.attention.mma import half2_hi, half2_lo, hfma2, hmul2, mma_f16, mma_u8s8, pack_f16x2, prmt
+from hexcore.cuda.mma import half2_hi, half2_lo, hfma2, hmul2, mma_f16, mma_u8s8, pack_f16x2, prmt
 from hexcore.cuda.device import xor_rotl_and_u32
 
 key4, key2 = key_code_function(4), key_code_function(2)

@@ -47,7 +47,7 @@ import threading
 import numpy as np
 from numba import cuda, types
 
-from ..device import SIMULATOR, device_function
+from .device import SIMULATOR, device_function
 
 F16X2_ONES = 0x3C003C00  # two float16 1.0
 
