@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# GPU calls of the fifty-second session, run from the repository root on the lent GPU with .whl/
+# carried; results into $OUT. What was owed is ../2026-12-06-s51/NEXT.md. Three calls back to
+# back, each choosing by the GPU it lands on, so no decision waits between calls (a machine idle
+# for 30 s is given back):
+#   1 (~330 s): s51 "tests": every gpu-marked test on this tree.
+#   2: on an H200, s50 "h200" (~400 s: INT2's source page and stalls, issue 12's table with its
+#      peers, two checked layers a step); on an H100, s51 "sanitize" (~390 s).
+#   3: on an H200, s51 "sanitize"; on an H100, s51 "cap2" (~530 s, issue 17).
+#   b1-source (~120 s, any GPU; issue 17): where the persistent slice's extra time at B=1 32k
+#      goes, INT4 and INT2: Nsight Compute's source page (per SASS instruction: executions
+#      and warp-state samples) of the grid decode and the no-yield slice, one launch each
+#      (benchmarks.profile_persistent), summarised by benchmarks.ncu_source (before the hot
+#      loop, in it, after it).
+set -u
+s51=benchmarks/experiments/2026-12-06-s51/calls.sh
+h200() { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; }
+case "${1:-}" in
+1) bash $s51 tests ;;
+2) if h200; then bash benchmarks/experiments/2026-12-06-s50/calls.sh h200; else bash $s51 sanitize; fi ;;
+3) if h200; then bash $s51 sanitize; else bash $s51 cap2; fi ;;
+b1-source)
+    source benchmarks/experiments/device-site.sh  # site, R
+    for dt in int4 int2; do
+        PYTHONPATH="$site:$PWD" timeout 150 ncu --profile-from-start off --clock-control none \
+            --section SourceCounters --section WarpStateStats --import-source no -f -o /tmp/b1-$dt \
+            python3 -m benchmarks.profile_persistent $dt 1,32,8,32768 > "$R/b1-$dt.log" 2>&1
+        echo "== b1 source $dt rc $?"
+        ncu -i /tmp/b1-$dt.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$R/b1-$dt.csv.gz"
+        python3 -m benchmarks.ncu_source "$R/b1-$dt.csv.gz"
+    done
+    ;;
+*) echo "usage: $0 1|2|3|b1-source" >&2; exit 2 ;;
+esac
