@@ -12,6 +12,11 @@
 #      and warp-state samples) of the grid decode and the no-yield slice, one launch each
 #      (benchmarks.profile_persistent), summarised by benchmarks.ncu_source (before the hot
 #      loop, in it, after it).
+#   table (~500 s, any GPU; issue 14): weight-table.diff (the tensor digest's weights of
+#      one-chunk blocks from a table in shared memory): on a copy with it, the head digest's,
+#      the mma's and fault tolerance's GPU tests, racecheck and synccheck of
+#      benchmarks.sanitize for INT4 and INT2 (the table's fill, barrier and reads), then
+#      bench_fault's two and one checked layers a step, main against the copy, two rounds.
 set -u
 s51=benchmarks/experiments/2026-12-06-s51/calls.sh
 h200() { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; }
@@ -30,5 +35,30 @@ b1-source)
         python3 -m benchmarks.ncu_source "$R/b1-$dt.csv.gz"
     done
     ;;
-*) echo "usage: $0 1|2|3|b1-source" >&2; exit 2 ;;
+table)
+    source benchmarks/experiments/device-site.sh  # site, R, patched_copy
+    here=benchmarks/experiments/2026-12-06-s52
+    patched_copy /tmp/table "$PWD/$here/weight-table.diff" || exit 1
+    for tool in racecheck synccheck; do  # beside the tests
+        (cd /tmp/table && PYTHONPATH="$site:/tmp/table" timeout 280 compute-sanitizer --tool $tool --error-exitcode 1 \
+            python3 -m benchmarks.sanitize --dtypes int4,int2 --no-tiered > "$R/table-$tool.log" 2>&1
+            echo "$tool rc $?" >> "$R/table-$tool.log") &
+    done
+    (cd /tmp/table && PYTHONPATH="$site:/tmp/table" timeout 220 python3 -m pytest -m gpu -q -rs -p no:cacheprovider \
+        -n 4 tests/cuda/test_head_digest.py tests/cuda/test_mma.py tests/test_fault.py \
+        "tests/cuda/attention/test_decode.py::test_dependent_launch_reads_what_the_kernel_before_it_wrote_gpu" \
+        > "$R/table-tests.log" 2>&1)
+    echo "table tests rc $?"; tail -n 2 "$R/table-tests.log"; grep -E "^(FAILED|ERROR)" "$R/table-tests.log" | head
+    wait
+    tail -n 2 "$R/table-racecheck.log" "$R/table-synccheck.log"
+    for round in 1 2; do
+        for tree in "$PWD" /tmp/table; do
+            name=rows-$(basename "$tree")-$round
+            (cd "$tree" && OUT=$R PYTHONPATH="$site:$tree" timeout 100 python3 -m benchmarks.bench_fault --graph \
+                --every 16 --dtypes int4,int2 --name "$name" > "$R/$name.log" 2>&1)
+            echo "== $name rc $?"; grep -E "^graph step \+ [12] whole" "$R/$name.log" | cut -d'|' -f1-4
+        done
+    done
+    ;;
+*) echo "usage: $0 1|2|3|b1-source|table" >&2; exit 2 ;;
 esac
