@@ -1,6 +1,6 @@
 """Paged decode attention: the launcher (``paged_decode``, ``DecodePlan``), its options,
 and the tensor-core kernel (``kernel.py``, per-warp work in ``fragments.py``, sizes in
-``shape.py``, intrinsics in ``mma.py``); prefill over a cached prefix (``prefill.py``:
+``shape.py``, the tensor-core intrinsics in ``cuda/mma.py``); prefill over a cached prefix (``prefill.py``:
 ``prefill_attention``, ``prefill_attention_batch`` and its ``BatchRows``, ``gather_prefix``);
 the persistent checkpoint-and-yield decode (``persistent.py``: ``persistent_decode``,
 ``PersistentDecode``); decode over the pools of a format by age (``tiered.py``:
