@@ -525,6 +525,17 @@ else:
     _warps: dict = {}
     _warps_lock = threading.Lock()
 
+    def warp_state(kind, block, warp):
+        """Warp ``warp`` of block ``block``'s one ``kind()`` (made on its first use): what the
+        warp's 32 simulated lanes exchange, here in a shuffle, in ``mma.py`` in an mma. (The
+        caller names its warp: the simulator gives each module running a kernel its own view
+        of ``cuda.blockIdx``, and this module may not be one of them.)"""
+        key = (kind, block, warp)
+        with _warps_lock:
+            if key not in _warps:
+                _warps[key] = kind()
+            return _warps[key]
+
     class _Warp:
         """What the 32 simulated lanes of one warp exchange in one shuffle."""
 
@@ -534,11 +545,7 @@ else:
             self.int_slots = np.zeros(32, np.int64)
 
     def _warp():
-        key = (tuple(cuda.blockIdx), cuda.threadIdx.x // 32)
-        with _warps_lock:
-            if key not in _warps:
-                _warps[key] = _Warp()
-            return _warps[key]
+        return warp_state(_Warp, tuple(cuda.blockIdx), cuda.threadIdx.x // 32)
 
     def _exchange(value, src, integer=False):
         warp = _warp()

@@ -198,8 +198,7 @@ if not SIMULATOR:
         return _half2_hi(types.uint32(word))
 
 else:
-    _warps: dict = {}
-    _warps_lock = threading.Lock()
+    from .device import warp_state
 
     class _Warp:
         """What the 32 simulated lanes of one warp exchange for one mma."""
@@ -217,11 +216,7 @@ else:
         return np.uint32(np.array([lo, hi], np.float16).view(np.uint32)[0])
 
     def _warp():
-        key = (tuple(cuda.blockIdx), cuda.threadIdx.x // 32)
-        with _warps_lock:
-            if key not in _warps:
-                _warps[key] = _Warp()
-            return _warps[key]
+        return warp_state(_Warp, tuple(cuda.blockIdx), cuda.threadIdx.x // 32)
 
     def _gather(a0, a1, a2, a3, b0, b1):
         """(a, b, lane): every lane's A and B fragment words (uint32 ``[32, 4]``, ``[32, 2]``,
