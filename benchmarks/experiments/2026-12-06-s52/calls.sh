@@ -17,6 +17,8 @@
 #      the mma's and fault tolerance's GPU tests, racecheck and synccheck of
 #      benchmarks.sanitize for INT4 and INT2 (the table's fill, barrier and reads), then
 #      bench_fault's two and one checked layers a step, main against the copy, two rounds.
+#   smem (~30 s, any GPU): smem_probe.py, what the GPU compiled for INT2 at D=128, block 32,
+#      value groups of 64, 32 and 16 (NEXT.md item 5).
 set -u
 s51=benchmarks/experiments/2026-12-06-s51/calls.sh
 h200() { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; }
@@ -60,5 +62,10 @@ table)
         done
     done
     ;;
-*) echo "usage: $0 1|2|3|b1-source|table" >&2; exit 2 ;;
+smem)
+    source benchmarks/experiments/device-site.sh  # site, R
+    PYTHONPATH="$site:$PWD" timeout 120 python3 benchmarks/experiments/2026-12-06-s52/smem_probe.py 2>&1 \
+        | grep -v Warning | tee "$R/smem.log"
+    ;;
+*) echo "usage: $0 1|2|3|b1-source|table|smem" >&2; exit 2 ;;
 esac
