@@ -51,7 +51,7 @@ from ..errors import HexcoreInvalidArgumentError
 from .._checks import as_int, shown
 from ..host.checksum import FNV32_BASIS, FNV32_PRIME, HEAD_K1, HEAD_K2, HEAD_M1, HEAD_M2, LANES, canary_word
 from ..host.tensor_digest import (DENSE_C1, DENSE_C2, DENSE_C3, DENSE_SALT, EVEN_BYTES, MAX_STEPS, ODD_BYTES,
-                                  STEP_WORDS, chunk_tokens)
+                                  STEP_WORDS, chunk_tokens, chunk_words)
 from .arrays import check_writes, checked, checked_ids, checked_layer, checked_store, device_only
 from .mma import mma_u8s8
 from .device import SIMULATOR, add_u32, load_u32x4, mad_u32, shfl_xor_u32, xor_rotl_and_u32, xorshift_u32
@@ -267,7 +267,8 @@ def _head_record_kernel(cfg: KVCacheConfig):
     T = chunk_tokens(BS)  # quantized: the staged chunks of the tensor-core digest
     CHUNKS, CHUNK_CODE, CHUNK_VM = BS // T, T * row // 4, T * NG
     if quantized:
-        dense_chunk = dense_chunk_function(2 * CHUNK_CODE + D + CHUNK_VM, _record_load4_function(CHUNK_CODE, D))
+        dense_chunk = dense_chunk_function(chunk_words(BS, D, cfg.kv_dtype.bits, NG),
+                                           _record_load4_function(CHUNK_CODE, D))
 
     @cuda.jit
     def kernel(pool, k_at, v_at, km_at, vm_at, block_ids, num_blocks, head_sums, first_layer):

@@ -299,20 +299,12 @@ def _head_sum(words, first, total):
 
 
 @numba.njit(cache=True)
-def _head_digests(k_codes, v_codes, k_meta, v_meta, has_meta, out):
-    # each argument [L, H, words] uint32; out [L, H] uint32
+def _head_digests(k_codes, v_codes, out):
+    # an FP16 block's head digests: each argument [L, H, words] uint32; out [L, H] uint32
     for layer in range(k_codes.shape[0]):
         for h in range(k_codes.shape[1]):
-            total, first = np.uint64(0), 0
-            total = _head_sum(k_codes[layer, h], first, total)
-            first += k_codes.shape[2]
-            total = _head_sum(v_codes[layer, h], first, total)
-            first += v_codes.shape[2]
-            if has_meta:
-                total = _head_sum(k_meta[layer, h], first, total)
-                first += k_meta.shape[2]
-                total = _head_sum(v_meta[layer, h], first, total)
-            out[layer, h] = total
+            total = _head_sum(k_codes[layer, h], 0, np.uint64(0))
+            out[layer, h] = _head_sum(v_codes[layer, h], k_codes.shape[2], total)
 
 
 def _head_words(name: str, array, num_layers: int, num_heads: int) -> np.ndarray:
@@ -341,21 +333,18 @@ def head_digests(k_codes, v_codes, k_meta=None, v_meta=None) -> np.ndarray:
     shape = np.shape(k_codes)
     L, H = (int(shape[0]), int(shape[1])) if len(shape) >= 3 else (-1, -1)
     words = [_head_words(n, a, L, H) for n, a in (("k_codes", k_codes), ("v_codes", v_codes))]
-    has_meta = k_meta is not None or v_meta is not None
-    if has_meta:
-        words += [_head_words(n, a, L, H) for n, a in (("k_meta", k_meta), ("v_meta", v_meta))]
-    else:
-        words += words[:2]
     out = np.empty((L, H), np.uint32)
-    if has_meta:
-        from .tensor_digest import tensor_head_digest
-
-        k, v, km, vm = (np.ascontiguousarray(a) for a in (k_codes, v_codes, k_meta, v_meta))
-        for layer in range(L):
-            for h in range(H):
-                out[layer, h] = tensor_head_digest(k[layer, h], v[layer, h], km[layer, h], vm[layer, h])
+    if k_meta is None and v_meta is None:
+        _head_digests(*words, out)
         return out
-    _head_digests(*words, has_meta, out)
+    for name, array in (("k_meta", k_meta), ("v_meta", v_meta)):
+        _head_words(name, array, L, H)  # (checked as the codes are)
+    from .tensor_digest import tensor_head_digest
+
+    k, v, km, vm = (np.ascontiguousarray(a) for a in (k_codes, v_codes, k_meta, v_meta))
+    for layer in range(L):
+        for h in range(H):
+            out[layer, h] = tensor_head_digest(k[layer, h], v[layer, h], km[layer, h], vm[layer, h])
     return out
 
 
