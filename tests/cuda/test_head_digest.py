@@ -10,10 +10,25 @@ from numba import cuda
 
 from hexcore import KVCacheConfig
 from hexcore.cuda import integrity
+from hexcore.cuda.attention.shape import DecodeShape
 from hexcore.cuda.store import DeviceKVStore
 from hexcore.errors import HexcoreInvalidArgumentError
 from hexcore.host.checksum import head_digests
+from hexcore.host.tensor_digest import chunk_words
 from tests.cuda.fill import host_block, random_store
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+def test_the_decode_ring_stage_holds_the_digest_staged_chunk(bits):
+    """The decode digests an INT block's chunks as its ring stages hold them
+    (``DecodeShape.stage_words``), the record kernel and the CPU as ``chunk_words`` lays them
+    out: the same number of words at every layout the decode runs."""
+    for D in (64, 128):
+        for BS in (16, 32, 64, 128, 256):
+            for group_size in (16, 32, 64, 128):
+                if D % group_size == 0:
+                    stage = DecodeShape(bits, 1, D, BS, 1, group_size).stage_words
+                    assert stage == chunk_words(BS, D, bits, D // group_size), (D, BS, group_size)
 
 
 def cpu_head_digests(store, block) -> np.ndarray:
