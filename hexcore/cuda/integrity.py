@@ -54,7 +54,7 @@ from ..host.tensor_digest import (DENSE_C1, DENSE_C2, DENSE_C3, DENSE_SALT, EVEN
                                   STEP_WORDS, chunk_tokens, chunk_words)
 from .arrays import check_writes, checked, checked_ids, checked_layer, checked_store, device_only
 from .mma import mma_u8s8
-from .device import SIMULATOR, add_u32, load_u32x4, mad_u32, shfl_xor_u32, xor_rotl_and_u32, xorshift_u32
+from .device import SIMULATOR, add_u32, load_u32x2, load_u32x4, mad_u32, shfl_xor_u32, xor_rotl_and_u32, xorshift_u32
 from .device_layout import code_offset, key_meta_offset, value_meta_offset
 from .launch import Launch, PreparedLaunch
 from .store import GUARD_WORDS, DeviceKVStore
@@ -198,30 +198,92 @@ def dense_close(c0, c1, c2, c3, lane):
     return head_add(total, head_add(head_term(c2, head_key_ahead(key, 64)), head_term(c3, head_key_ahead(key, 65))))
 
 
+def _dense_steps(words: int) -> int:
+    """The mma steps of a staged chunk of ``words`` words (a multiple of 4, at most
+    ``MAX_STEPS`` steps)."""
+    steps = -(-words // STEP_WORDS)
+    if steps > MAX_STEPS or words % 4:
+        raise ValueError(f"a staged chunk of {words} words: not whole 16-byte groups, or more than {MAX_STEPS} steps")
+    return steps
+
+
+def _dense_steps_function(words: int, load4, weights):
+    """``dense_steps(c0, c1, c2, c3, src, at, ws, lane)``: the accumulators after the mma steps
+    of one staged chunk of ``words`` words; ``load4(src, at, p)`` returns staged words ``p ..
+    p + 3`` (steps past the chunk's end read zeros), ``weights(ws, s, lane)`` the lane's two
+    weight words of step ``s``."""
+    steps, WHOLE = _dense_steps(words), words % STEP_WORDS == 0
+
+    @cuda.jit(device=True, inline=True)
+    def dense_steps(c0, c1, c2, c3, src, at, ws, lane):
+        for s in range(steps):
+            p = STEP_WORDS * s + 4 * lane
+            a0 = a1 = a2 = a3 = uint32(0)
+            if WHOLE or p < words:
+                a0, a1, a2, a3 = load4(src, at, p)
+            b0, b1 = weights(ws, s, lane)
+            c0, c1, c2, c3 = mma_u8s8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+        return c0, c1, c2, c3
+
+    return dense_steps
+
+
+@cuda.jit(device=True, inline=True)
+def _computed_weights(ws, s, lane):
+    # ws: the lane's (base_0, base_1, r_0, r_1)
+    return dense_weight(ws[0], ws[2], s), dense_weight(ws[1], ws[3], s)
+
+
+@cuda.jit(device=True, inline=True)
+def _tabled_weights(ws, s, lane):
+    # ws: (table, at): the lane's two words of step s at at + 64 s + 2 lane (dense_table_functions)
+    return load_u32x2(ws[0], ws[1] + 64 * s + 2 * lane)
+
+
 def dense_chunk_function(words: int, load4):
     """``dense_chunk(c0, c1, c2, c3, src, at, sub, lane)``: the accumulators after the mma
     steps of one staged chunk of ``words`` words (a compile-time size, a multiple of 4) of
     chunk index ``sub``. ``load4(src, at, p)`` (a device function) returns staged words ``p ..
     p + 3`` (``p`` a multiple of 4 below ``words``); steps past the chunk's end read zeros.
     Every lane of the warp calls it, with the same ``sub``."""
-    steps = -(-words // STEP_WORDS)
-    if steps > MAX_STEPS or words % 4:
-        raise ValueError(f"a staged chunk of {words} words: not whole 16-byte groups, or more than {MAX_STEPS} steps")
-    WHOLE = words % STEP_WORDS == 0
+    dense_steps = _dense_steps_function(words, load4, _computed_weights)
 
     @cuda.jit(device=True, inline=True)
     def dense_chunk(c0, c1, c2, c3, src, at, sub, lane):
-        base0, base1, r0, r1 = dense_lane_words(sub, lane)
-        for s in range(steps):
-            p = STEP_WORDS * s + 4 * lane
-            a0 = a1 = a2 = a3 = uint32(0)
-            if WHOLE or p < words:
-                a0, a1, a2, a3 = load4(src, at, p)
-            c0, c1, c2, c3 = mma_u8s8(a0, a1, a2, a3, dense_weight(base0, r0, s), dense_weight(base1, r1, s),
-                                      c0, c1, c2, c3)
-        return c0, c1, c2, c3
+        return dense_steps(c0, c1, c2, c3, src, at, dense_lane_words(sub, lane), lane)
 
     return dense_chunk
+
+
+def dense_table_words(words: int) -> int:
+    """uint32 words of ``dense_table_functions``' table for a staged chunk of ``words`` words."""
+    return 2 * 32 * _dense_steps(words)
+
+
+def dense_table_functions(words: int, load4):
+    """Chunk 0's weights kept in shared memory, for a kernel that digests many one-chunk
+    blocks: ``(TABLE, fill, dense_chunk0)``. ``TABLE``: the words a warp's table takes (``2 *
+    32 * steps``, uint32, 8-byte aligned at ``at``); ``fill(table, at, lane)``: every lane of
+    the warp writes its own weight words of every step (lane ``l``'s two of step ``s`` at
+    ``at + 64 s + 2 l``; each lane reads back only its own, so no barrier is needed);
+    ``dense_chunk0(c0, c1, c2, c3, src, src_at, table, at, lane)``: ``dense_chunk`` of chunk
+    index 0 with one 8-byte shared load a step for its weights, where ``dense_chunk`` makes
+    them (two funnel shifts and two logic ops a step, and the lane's words a chunk)."""
+    steps = _dense_steps(words)
+    dense_steps = _dense_steps_function(words, load4, _tabled_weights)
+
+    @cuda.jit(device=True, inline=True)
+    def fill(table, at, lane):
+        base0, base1, r0, r1 = dense_lane_words(0, lane)
+        for s in range(steps):
+            table[at + 64 * s + 2 * lane] = dense_weight(base0, r0, s)
+            table[at + 64 * s + 2 * lane + 1] = dense_weight(base1, r1, s)
+
+    @cuda.jit(device=True, inline=True)
+    def dense_chunk0(c0, c1, c2, c3, src, src_at, table, at, lane):
+        return dense_steps(c0, c1, c2, c3, src, src_at, (table, at), lane)
+
+    return dense_table_words(words), fill, dense_chunk0
 
 
 @cuda.jit(device=True, inline=True)

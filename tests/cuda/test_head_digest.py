@@ -131,10 +131,11 @@ def flip(store, rng, name, layer, block):
 
 # (fp16 at D 64, block 16: one k-step, one value chunk a row, and at D 128, block 32: two
 # k-steps and two chunks, so FP16's in-loop terms index by k-step and chunk; int4 with two
-# chunks per block: the sum carried across chunks; int2 with 16 words of value metadata per
-# chunk, fewer than the warp's lanes)
+# chunks per block: the sum carried across chunks, and with one: the weights from the CTA's
+# table; int2 with 16 words of value metadata per chunk, fewer than the warp's lanes, in the
+# pair loop)
 @pytest.mark.parametrize("kv_dtype,block_size,head_dim", [("fp16", 16, 64), ("fp16", 32, 128), ("int4", 64, 64),
-                                                          ("int2", 16, 64)])
+                                                          ("int4", 16, 64), ("int2", 16, 64)])
 def test_decode_verify_finds_flips_in_sampled_blocks_only(rng, kv_dtype, block_size, head_dim):
     """Outputs equal the plain kernel's; every block checked and clean: no alarm; a bit
     flipped in each segment of four blocks (key codes, value codes, key and value metadata)

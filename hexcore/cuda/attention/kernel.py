@@ -41,13 +41,21 @@ from ..device import (SHARED_ALIGN16, SIMULATOR, add_acq_rel_i32, allow_dependen
                       exp2, load_cg_f32, load_cg_f32x4, load_cluster_f32, load_where, prefetch_l2,
                       shfl_idx_int, shfl_xor, syncwarp, thread_index_volatile, wait_prior_grids, warp_ballot)
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
-from ..integrity import dense_chunk_function, dense_close, staged_load4, warp_sum_u32
+from ..integrity import (dense_chunk_function, dense_close, dense_table_functions, dense_table_words, staged_load4,
+                         warp_sum_u32)
 from ..launch import MAX_CLUSTER  # the portable cluster size: a cluster merge's most splits
 from .fragments import NEG_INF, warp_functions
 from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape
 
 LOG2E = 1.4426950408889634
 MERGE_CHUNK = 64  # splits whose weights are staged in shared memory per merge round
+# bytes of static shared memory a kernel may declare: ptxas 13 (sm_90) refuses more; the H100's
+# toolchain took INT2's D=128 value-group-16 kernels at 59,716 (benchmarks/RESULTS.md, fifty-third session)
+STATIC_SHARED = 48 * 1024
+# bytes the decode item's kernels declare beside the ring: the warps' (m, l), a flag, the
+# cluster's (m, l) per head, the merge's statistics and weights, a persistent slice's ten
+# queue words, and the ring's 16-byte alignment (ptxas sm_90: 2,376 in the grid kernel)
+BESIDE_RING = 4 * (WARPS * HEADS_PER_CTA * 2 + 1 + 2 * HEADS_PER_CTA + HEADS_PER_CTA * (2 + MERGE_CHUNK)) + 8 * 10 + 16
 GRID_REGISTERS = 128  # the grid kernel's default register cap (DecodeOptions.max_registers)
 # the verify kernel's highest cap: three CTAs of 128 threads an SM, as its uncapped plain twin
 # holds (ptxas sm_90, INT2 D=128 BS=32 G=4: uncapped verify 172 registers, two CTAs an SM,
@@ -240,6 +248,14 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     # VERIFY of INT blocks: the tensor-core head digest of each staged chunk as it lies in
     # the ring (hexcore/host/tensor_digest.py: the ring stage is the digest's staged chunk)
     dense_chunk = dense_chunk_function(STAGE, staged_load4) if QUANTIZED else None
+    # blocks of one chunk (CPB 1: every pair-loop block, and a block of at most 32 tokens):
+    # their weights from a table in shared memory that warp 0 fills once an item (one 8-byte
+    # load a step instead of making them every block); one for the CTA, since a table a warp
+    # would take INT2 past STATIC_SHARED; none where the ring leaves no room for it under
+    # STATIC_SHARED (at D=128 block 32: INT4 with value groups of 16, INT2 with 32 or 16)
+    TABLED = (VERIFY and QUANTIZED and CPB == 1
+              and 4 * (ring_words(shape) + dense_table_words(STAGE)) + BESIDE_RING <= STATIC_SHARED)
+    TABLE, fill_weights, dense_chunk0 = dense_table_functions(STAGE, staged_load4) if TABLED else (0, None, None)
 
     @cuda.jit(device=True)
     def sampled(block, vctl):
@@ -273,11 +289,12 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                 found[k, 1] = layer
 
     @cuda.jit(device=True)
-    def check_staged(ring, stage, block, layer, h, check, lane):
+    def check_staged(ring, stage, block, layer, h, check, weights, at, lane):
         # VERIFY: the head digest of a one-chunk block staged at `stage` compared with the
-        # recorded one (check: head_sums, vctl, flags, found)
+        # recorded one (check: head_sums, vctl, flags, found; the weight table at
+        # weights[at:])
         z = uint32(0)
-        c0, c1, c2, c3 = dense_chunk(z, z, z, z, ring, stage, 0, lane)
+        c0, c1, c2, c3 = dense_chunk0(z, z, z, z, ring, stage, weights, at, lane)
         check_block(dense_close(c0, c1, c2, c3, lane), check[0], block, layer, h, check[2], check[3], lane)
 
     @cuda.jit(device=True)
@@ -431,6 +448,11 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
             head_row = (layer * num_blocks) * H + h
             ids = cuda.local.array(1, int32)
             seed_blocks(early, count, lane, ids)
+            if TABLED:  # (every thread of the CTA is here: the early return above is the CTA's)
+                weights = cuda.shared.array(TABLE, uint32, alignment=SHARED_ALIGN16)
+                if warp == 0:
+                    fill_weights(weights, 0, lane)
+                cuda.syncthreads()  # the table written
             if PAIR:  # two blocks per iteration (`block`, `block2`), one softmax update over both
                 picks = cuda.local.array(1, uint32)
                 stage, spare = warp * 4 * STAGE, warp * 4 * STAGE + 2 * STAGE  # pairs of stages: computed, being filled
@@ -468,9 +490,9 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                     ok2 = c + 1 < count and in_range(block2, num_blocks)
                     if VERIFY:  # (the ids and samples are warp-uniform)
                         if ok and checking:
-                            check_staged(ring, stage, block, layer, h, check, lane)
+                            check_staged(ring, stage, block, layer, h, check, weights, 0, lane)
                         if ok2 and checking2:
-                            check_staged(ring, stage + STAGE, block2, layer, h, check, lane)
+                            check_staged(ring, stage + STAGE, block2, layer, h, check, weights, 0, lane)
                     if ok and ok2:
                         pair_codes(ring, stage, stage + STAGE, KMETA, qh, qs, sc, o, stats, state, lane)
                     else:
@@ -523,7 +545,10 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                             if checking:
                                 if sub == 0:
                                     d0 = d1 = d2 = d3 = uint32(0)
-                                d0, d1, d2, d3 = dense_chunk(d0, d1, d2, d3, ring, stage, sub, lane)
+                                if TABLED:  # (sub is 0)
+                                    d0, d1, d2, d3 = dense_chunk0(d0, d1, d2, d3, ring, stage, weights, 0, lane)
+                                else:
+                                    d0, d1, d2, d3 = dense_chunk(d0, d1, d2, d3, ring, stage, sub, lane)
                                 if sub == CPB - 1:
                                     check_block(dense_close(d0, d1, d2, d3, lane), check[0], block, layer, h,
                                                 check[2], check[3], lane)
