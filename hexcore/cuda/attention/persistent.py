@@ -77,6 +77,7 @@ MAX_LOGGED = 1 << 15  # slices logged per call; later ones are counted only
 MAX_BUDGET_US = 1_000_000.0  # half the 2 s watchdog of a display GPU, room for the one-item overrun
 READ_BYTES_PER_US = 4.4e6  # HBM read rate the item-size model assumes (4.4 TB/s, measured on the H200)
 ITEM_SHARE = 0.25  # items are sized to at most this share of the budget (by that model)
+REGISTERS_PER_SM = 65536  # the register file of an SM (sm_50 through sm_90)
 
 
 class BudgetError(HexcoreInvalidArgumentError):
@@ -474,6 +475,13 @@ def reset_kernel(state, log, counters, item_counts):
 _workspace = launcher.Workspace()  # its own: an abandoned call's counters never reach paged_decode's
 
 
+def registers_keeping(ctas_per_sm: int) -> int:
+    """The most registers a thread (a multiple of 8, the allocation unit, at most 255) that
+    still let ``ctas_per_sm`` CTAs of ``THREADS`` threads share an SM's register file: 168
+    for 3, 128 for 4, 255 for 1 or 2."""
+    return min(launcher.UNCAPPED_REGISTERS, REGISTERS_PER_SM // (max(1, ctas_per_sm) * THREADS) // 8 * 8)
+
+
 class PersistentDecode:
     """``paged_decode`` in slices of at most ``budget_us`` microseconds each (plus one item;
     an eager first slice: see ``DecodeOptions.eager_first``).
@@ -519,12 +527,28 @@ class PersistentDecode:
         count or leaves short items unsplit, ``ctas_per_sm`` unset; on the H200, thirty-first
         session, B=1 32/8 32k FP16 was 1.062x the grid decode's time capped at 128 and 1.009x
         uncapped, and at B=64, items past one wave, 1.01-1.45x uncapped against 1.00-1.05x
-        capped)."""
-        cfg, (splits, ys, batch) = store.config, launch.grid
+        capped). Uncapped, the slice kernel takes more registers than the grid kernel (its
+        own work: INT2 187 and FP16 188 at D=128 G=4 against 156 / 166), two CTAs an SM
+        against three; where its items then outnumber its resident CTAs it is compiled at
+        ``registers_keeping`` the grid kernel's CTAs per SM instead (168 for three), so they
+        fit one round as the grid launch's did (H100, fifty-first session: at B=1 128k INT2
+        59.5 -> 47.8 us, FP16 198.5 -> 190.7 us; where the items fit, at B=1 32k, the cap cost
+        FP16 3.5% and INT4 and INT2 1.5-1.6%, so it is not taken there)."""
+        cfg, o = store.config, self.options
         shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
                             self.out.shape[1] // cfg.num_kv_heads, cfg.group_size)
-        o = self.options
         cap = launcher.register_cap(launch, shape, o)
+        sized = self._fit(launch, store, shape, cap)
+        if cap == launcher.UNCAPPED_REGISTERS and sized[4] > sized[1]:
+            # the items would take two rounds where the grid launch took one wave: the slice
+            # kernel's own work takes it past the grid kernel's registers and CTAs per SM
+            sized = self._fit(launch, store, shape, registers_keeping(
+                launcher.resident_slots(launch, o) // launcher._num_sms()))
+        return sized
+
+    def _fit(self, launch, store, shape, cap):
+        """``_size`` at register cap ``cap``."""
+        cfg, (splits, ys, batch), o = store.config, launch.grid, self.options
         kernel = persistent_kernel(shape, cap, o.l2_prefetch, o.joint_softmax, self._count, o.persistent_item,
                                    launcher.dependent_launches(o))
         split_blocks = launch.args[18]

@@ -371,6 +371,39 @@ def test_slice_kernel_takes_the_grid_launchs_register_cap(monkeypatch):
     assert not plain.launches(0)[1].dependent and not plain._sized[0].waits_for_prior_grids
 
 
+@pytest.mark.parametrize("batch, want", [(33, 255), (40, 168)])
+def test_an_uncapped_slice_kernel_whose_items_take_two_rounds_is_capped(monkeypatch, batch, want):
+    """Where the uncapped slice kernel holds fewer CTAs an SM than the grid kernel (2 against
+    3 here, as INT2 and FP16 at D=128 G=4 on sm_90) and the items outnumber them (40 * 8 =
+    320 items against 264 slots), the slice kernel is compiled at ``registers_keeping`` the
+    grid kernel's 3 (168); where they fit (33 * 8 = 264), it stays uncapped."""
+    from hexcore.cuda.attention import launcher
+    from hexcore.cuda.attention.persistent import persistent_kernel
+    from hexcore.cuda.attention.shape import DecodeShape
+
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=8, head_dim=64, block_size=16, kv_dtype="int2")
+    shape = DecodeShape(cfg.kv_dtype.bits, 8, 64, 16, 4, cfg.group_size)
+    uncapped = persistent_kernel(shape, 255, "none", True, False, "inline", True)
+    monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
+    monkeypatch.setattr(launcher, "_ctas_per_sm", lambda kernel, args: 2 if kernel is uncapped else 3)
+    q, tables, lens, slots = (cuda.to_device(a) for a in (
+        np.zeros((batch, 32, 64), np.float16), np.zeros((batch, 1), np.int32), np.full(batch, 3, np.int32),
+        np.zeros(batch, np.int32)))
+    decode = PersistentDecode(q, _store(cfg), tables, lens, slots, 100, max_seq_len=3)
+    assert decode.num_items == 8 * batch
+    assert decode._sized[0] is persistent_kernel(shape, want, "none", True, False, "inline", True)
+
+
+@pytest.mark.parametrize("ctas_per_sm, registers", [(1, 255), (2, 255), (3, 168), (4, 128), (5, 96), (8, 64)])
+def test_registers_keeping_an_occupancy(ctas_per_sm, registers):
+    """The cap that keeps ``ctas_per_sm`` CTAs of 128 threads on a 64k-register SM: a
+    multiple of 8 (the allocation unit) at most 255, and one unit more would not fit."""
+    from hexcore.cuda.attention.persistent import REGISTERS_PER_SM, registers_keeping
+
+    assert registers_keeping(ctas_per_sm) == registers
+    assert registers == 255 or ctas_per_sm * 128 * (registers + 8) > REGISTERS_PER_SM
+
+
 def _one_sequence_of_40(rng):
     """(store, q, [tables, lens, tails], keys, values): one FP16 sequence of 40 tokens, one KV
     head of 64 channels, block 16; q zeros on the device, for the test to fill per call."""
