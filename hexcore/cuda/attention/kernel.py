@@ -50,7 +50,7 @@ from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape
 LOG2E = 1.4426950408889634
 MERGE_CHUNK = 64  # splits whose weights are staged in shared memory per merge round
 # bytes of static shared memory a kernel may declare: ptxas 13 (sm_90) refuses more; the H100's
-# toolchain took INT2's D=128 value-group-16 kernels at 59,716 (benchmarks/RESULTS.md, fifty-third session)
+# toolchain compiled INT2's D=128 value-group-16 kernels at 59,716 (benchmarks/RESULTS.md, fifty-third session)
 STATIC_SHARED = 48 * 1024
 # bytes the decode item's kernels declare beside the ring: the warps' (m, l), a flag, the
 # cluster's (m, l) per head, the merge's statistics and weights, a persistent slice's ten
