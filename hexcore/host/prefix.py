@@ -294,18 +294,16 @@ class PrefixCacheMethods:
         Pins count: each pin needs its own unpin. Pinned blocks no reference holds stay
         cached (``num_cached_blocks``) but are not available to allocations.
         """
-        tokens = as_tokens("tokens", tokens)
-        namespace = check_namespace(namespace)
-        prefix = self._prefix
-        if prefix is None:
-            return 0
-        count = pcore.match(prefix.pblocks, prefix.ptok, prefix.index, prefix.pc, prefix.scratch, tokens, namespace,
-                            self.block_size)
-        return self.block_size * pcore.pin(self._blocks, prefix.pblocks, prefix.pc, prefix.scratch, count)
+        return self._on_matched_prefix(pcore.pin, tokens, namespace)
 
     def unpin_prefix(self, tokens, *, namespace: int = 0) -> int:
         """Undo one :meth:`pin_prefix` of the longest pinned prefix of ``tokens``; the
         tokens unpinned (0: no pin of a prefix of ``tokens`` was found)."""
+        return self._on_matched_prefix(pcore.unpin, tokens, namespace)
+
+    def _on_matched_prefix(self, apply, tokens, namespace) -> int:
+        # apply (pcore.pin or pcore.unpin) to the blocks of tokens' longest cached prefix
+        # (matched into scratch); the tokens it took, in whole blocks
         tokens = as_tokens("tokens", tokens)
         namespace = check_namespace(namespace)
         prefix = self._prefix
@@ -313,7 +311,7 @@ class PrefixCacheMethods:
             return 0
         count = pcore.match(prefix.pblocks, prefix.ptok, prefix.index, prefix.pc, prefix.scratch, tokens, namespace,
                             self.block_size)
-        return self.block_size * pcore.unpin(self._blocks, prefix.pblocks, prefix.pc, prefix.scratch, count)
+        return self.block_size * apply(self._blocks, prefix.pblocks, prefix.pc, prefix.scratch, count)
 
     def clear_prefix_cache(self) -> int:
         """Evict every cached block that is neither referenced nor pinned (to the free
