@@ -265,7 +265,9 @@ def dense_table_functions(words: int, load4):
     blocks: ``(TABLE, fill, dense_chunk0)``. ``TABLE``: the words a warp's table takes (``2 *
     32 * steps``, uint32, 8-byte aligned at ``at``); ``fill(table, at, lane)``: every lane of
     the warp writes its own weight words of every step (lane ``l``'s two of step ``s`` at
-    ``at + 64 s + 2 l``; each lane reads back only its own, so no barrier is needed);
+    ``at + 64 s + 2 l``; each lane reads back only its own, so a warp reading its own table
+    needs no barrier; the decode shares one table among the CTA's warps, filled by warp 0,
+    behind a CTA barrier);
     ``dense_chunk0(c0, c1, c2, c3, src, src_at, table, at, lane)``: ``dense_chunk`` of chunk
     index 0 with one 8-byte shared load a step for its weights, where ``dense_chunk`` makes
     them (two funnel shifts and two logic ops a step, and the lane's words a chunk)."""

@@ -291,10 +291,13 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     @cuda.jit(device=True)
     def check_staged(ring, stage, block, layer, h, check, weights, at, lane):
         # VERIFY: the head digest of a one-chunk block staged at `stage` compared with the
-        # recorded one (check: head_sums, vctl, flags, found; the weight table at
-        # weights[at:])
+        # recorded one (check: head_sums, vctl, flags, found; with TABLED, the weight table
+        # at weights[at:])
         z = uint32(0)
-        c0, c1, c2, c3 = dense_chunk0(z, z, z, z, ring, stage, weights, at, lane)
+        if TABLED:
+            c0, c1, c2, c3 = dense_chunk0(z, z, z, z, ring, stage, weights, at, lane)
+        else:
+            c0, c1, c2, c3 = dense_chunk(z, z, z, z, ring, stage, 0, lane)
         check_block(dense_close(c0, c1, c2, c3, lane), check[0], block, layer, h, check[2], check[3], lane)
 
     @cuda.jit(device=True)
@@ -453,6 +456,8 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
                 if warp == 0:
                     fill_weights(weights, 0, lane)
                 cuda.syncthreads()  # the table written
+            else:
+                weights = ring  # (no table: check_staged makes the weights; INT2 with a ring too large for one)
             if PAIR:  # two blocks per iteration (`block`, `block2`), one softmax update over both
                 picks = cuda.local.array(1, uint32)
                 stage, spare = warp * 4 * STAGE, warp * 4 * STAGE + 2 * STAGE  # pairs of stages: computed, being filled
