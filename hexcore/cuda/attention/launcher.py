@@ -444,14 +444,20 @@ _occupancy: dict = {}  # decode kernel -> resident CTAs per SM (one specializati
 
 
 def resident_slots(launch: Launch, options: DecodeOptions) -> int:
-    """CTAs of ``launch``'s kernel the GPU holds at once (one wave): ``options.ctas_per_sm``
-    or the compiled kernel's occupancy, times the SMs (on the simulator 1 x 1). A verify
-    kernel counts as its ``plain_twin`` (its launch takes the plain launch's choices)."""
+    """CTAs of ``launch``'s kernel the GPU holds at once (one wave): ``launch_ctas_per_sm``
+    times the SMs (on the simulator 1 x 1)."""
+    return launch_ctas_per_sm(launch, options) * _num_sms()
+
+
+def launch_ctas_per_sm(launch: Launch, options: DecodeOptions) -> int:
+    """CTAs of ``launch``'s kernel an SM holds at once: ``options.ctas_per_sm`` or the compiled
+    kernel's occupancy. A verify kernel counts as its ``plain_twin`` (its launch takes the
+    plain launch's choices)."""
     kernel, args = launch.kernel, list(launch.args)
     plain = getattr(kernel, "plain_twin", None)
     if plain is not None:
         kernel, args = plain(), args[:-VERIFY_ARGS]
-    return (options.ctas_per_sm or _ctas_per_sm(kernel, args)) * _num_sms()
+    return options.ctas_per_sm or _ctas_per_sm(kernel, args)
 
 
 def _ctas_per_sm(kernel, args) -> int:

@@ -542,8 +542,7 @@ class PersistentDecode:
         if cap == launcher.UNCAPPED_REGISTERS and sized[4] > sized[1]:
             # the items would take two rounds where the grid launch took one wave: the slice
             # kernel's own work takes it past the grid kernel's registers and CTAs per SM
-            sized = self._fit(launch, store, shape, registers_keeping(
-                launcher.resident_slots(launch, o) // launcher._num_sms()))
+            sized = self._fit(launch, store, shape, registers_keeping(launcher.launch_ctas_per_sm(launch, o)))
         return sized
 
     def _fit(self, launch, store, shape, cap):
