@@ -511,7 +511,8 @@ class PersistentDecode:
                             if type(a).__module__.startswith("torch")), None)
         self._layers: dict = {}
         self._first = FIRST | (EAGER if eager_first(self.options) else 0)  # a call's first slice
-        self.resets = 0  # reset launches so far (after a call cut short, or with count_items)
+        self.resets = 0  # reset launches so far (after a call cut short, with count_items, or bare slices)
+        self._bare = False  # launches() handed out: the caller's slices may leave a call mid-way
         self._log = cuda.to_device(np.zeros(LOG_WORDS * MAX_LOGGED, np.int64))
         self._counts = cuda.to_device(np.zeros(1, np.int32))
         self._sized = self._size(launch, store)
@@ -575,8 +576,10 @@ class PersistentDecode:
         """(reset, slice): the layer's prepared reset launch and its slice launch with no
         flags (a call's later slice), made on first use; ``run`` and ``enqueue`` use them and
         the same slice with other flags (``layer``: an int in ``[0, num_layers)``, numpy
-        integers accepted)."""
+        integers accepted). Run bare, the slice may stop with its call undrained, which the
+        plan cannot see, so from then on every ``run`` and ``enqueue`` resets first."""
         layer = self._layer(layer)
+        self._bare = True
         return self._prepared(layer)[0], self._slice(layer, 0)
 
     def _layer(self, layer) -> int:
@@ -616,8 +619,9 @@ class PersistentDecode:
 
     def _start_call(self, layer: int, stream) -> None:
         """A reset launch first where one is needed: after a call cut short on this workspace
-        (its merge counters), and with ``count_items`` (counts per call)."""
-        if self._count or not self._workspace.clean:
+        (its merge counters), with ``count_items`` (counts per call), and once ``launches()``
+        has handed out bare slices."""
+        if self._count or self._bare or not self._workspace.clean:
             self._prepared(layer)[0].run(stream)
             self._workspace.clean = True
             self.resets += 1

@@ -404,6 +404,31 @@ def test_registers_keeping_an_occupancy(ctas_per_sm, registers):
     assert registers == 255 or ctas_per_sm * 128 * (registers + 8) > REGISTERS_PER_SM
 
 
+def test_a_call_after_bare_slices_resets_first(rng):
+    """Slices run from ``launches()`` are the caller's: they may stop undrained and leave the
+    merge counters mid-call. Once a plan has handed them out, each ``run`` and ``enqueue``
+    resets first, and is right."""
+    store, q, args, keys, values = _one_sequence_of_40(rng)
+    plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=SPLIT)
+    q_host = rng.standard_normal((1, 1, 64)).astype(np.float16)
+    q.copy_to_device(q_host)
+    expect = ref.decode_attention(q_host, keys, values, 1 / 8)
+    with use_clock(SimulatedClock(STEP_NS)):
+        reset, bare = plan.launches(0)
+        reset.run()
+        bare.run()  # one slice of a call of three items: undrained
+        assert not plan.stats().drained
+        for call in ("run", "bare", "enqueue"):
+            plan.out.copy_to_device(np.full((1, 1, 64), np.nan, np.float16))
+            if call == "bare":
+                bare.run()
+                continue
+            plan.run(0) if call == "run" else plan.enqueue(0, slices=plan.num_items + 1)
+            assert plan.stats().drained, call
+            assert ref.relative_l2(plan.out.copy_to_host(), expect) <= TOLERANCE, call
+    assert plan.resets == 2
+
+
 def _one_sequence_of_40(rng):
     """(store, q, [tables, lens, tails], keys, values): one FP16 sequence of 40 tokens, one KV
     head of 64 channels, block 16; q zeros on the device, for the test to fill per call."""
