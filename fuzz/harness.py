@@ -18,6 +18,8 @@ Targets:
 - :func:`target_cli`: ``hexcore.cli.main(argv)`` (the demo's GPU work stubbed out).
 - :func:`target_launchers` (needs ``NUMBA_ENABLE_CUDASIM=1``): append, seal, copies,
   dequantize and paged_decode with random arrays on the simulator.
+- :func:`target_persistent` (needs ``NUMBA_ENABLE_CUDASIM=1``): ``PersistentDecode`` call
+  sequences under a simulated clock, checked against the float64 reference.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import zlib
 
 import numpy as np
 
@@ -1076,12 +1079,152 @@ def target_launchers(data: bytes) -> None:
         raise _unexpected(f"launcher {which}", exc) from exc
 
 
+# -- target 6: the persistent decode's slice protocol on the simulator ---------------------------
+_CACHES: dict = {}
+PERSISTENT_OPS = 6  # calls per input of the persistent target
+
+
+def _cache(dtype: str, kv_heads: int, lens: tuple):
+    """(store, tables, tails, keys, values) of one random cache, made once per shape."""
+    key = (dtype, kv_heads, lens)
+    if key not in _CACHES:
+        from tests.cuda.fill import random_cache
+
+        cfg = KVCacheConfig(num_layers=1, num_kv_heads=kv_heads, head_dim=64, block_size=16, kv_dtype=dtype,
+                            group_size=32 if dtype != "fp16" else 64)
+        _CACHES[key] = random_cache(cfg, list(lens), np.random.default_rng(zlib.crc32(repr(key).encode())))
+    return _CACHES[key]
+
+
+def _persistent_plans(r: Reader):
+    """(plans, q, keys, values, peer): two ``PersistentDecode`` of the same arguments over a
+    random cache, with a grid, split, budget and first-slice mode drawn from ``r``, sharing
+    a new workspace; in one input in two ``peer``, a ``DecodePlan`` on that workspace too
+    (else None). Each input has a workspace of its own, so that it replays alone."""
+    from numba import cuda
+
+    from hexcore.cuda import DecodeOptions, DecodePlan
+    from hexcore.cuda.attention.launcher import Workspace
+    from hexcore.cuda.attention.persistent import PersistentDecode
+
+    dtype, kv_heads = r.pick(("fp16", "int4", "int2")), r.int(1, 2)
+    lens = r.pick(((60,), (60, 33), (40,), (37, 0), (17, 5, 48)))
+    store, tables, tails, keys, values = _cache(dtype, kv_heads, lens)
+    group = r.pick((1, 2))
+    options = DecodeOptions(ctas_per_sm=r.pick((1, 2, 3, 64)), split_blocks=r.int(1, 2),
+                            eager_first=r.pick((None, True, False)))
+    q = cuda.to_device(np.zeros((len(lens), kv_heads * group, 64), np.float16))
+    args = [cuda.to_device(a) for a in (tables, np.array(lens, np.int32), tails)]
+    workspace, budget, count = Workspace(), r.pick((5, 15, 25, 35, 1000)), r.bool()
+    plans = [PersistentDecode(q, store, *args, budget_us=budget, max_seq_len=max(lens), options=options,
+                              count_items=count, workspace=workspace) for _ in range(2)]
+    peer = DecodePlan(q, store, *args, max_seq_len=max(lens), options=options, workspace=workspace) \
+        if r.bool() else None
+    return plans, q, keys, values, peer
+
+
+def _check_call(plan, expect, what: str) -> None:
+    """After a ``run`` (or an ``enqueue`` that drained): each item once, the output right."""
+    from tests import reference as ref
+
+    stats = plan.stats()
+    assert stats.drained, (what, stats)
+    assert sum(stats.items_per_launch) == stats.items or stats.launches > len(stats.items_per_launch), (what, stats)
+    if stats.item_counts is not None:
+        assert np.array_equal(stats.item_counts, np.ones(stats.items, np.int32)), (what, stats.item_counts)
+    got = plan.out.copy_to_host()
+    assert not np.isnan(got).any(), (what, "unwritten output")
+    assert ref.relative_l2(got, expect) <= 2e-3, (what, ref.relative_l2(got, expect))
+
+
+def _slice_fields_clear(plan, what: str) -> None:
+    """Every slice's last CTA out clears the slice's own fields; the owed list fits its grid."""
+    from hexcore.cuda.attention import persistent as p
+
+    state = plan._state.copy_to_host()
+    assert state[p.START] == 0 and state[p.EXITED] == 0, (what, state[:p.STATE_WORDS])
+    assert 0 <= state[p.OWED] <= state.shape[0] - p.STATE_WORDS, (what, state[:p.STATE_WORDS])
+
+
+def target_persistent(data: bytes) -> None:
+    """``PersistentDecode`` driven by call sequences under a simulated clock: ``run``,
+    ``enqueue`` of too few or enough slices, bare slices and resets from ``launches()``,
+    ``stats()``, and hostile arguments (a typed error, the state unchanged). Every ``run``
+    and every ``enqueue`` that reports itself drained must give the float64 reference's
+    output with each item once; no kernel may index out of bounds (an ``IndexError``). A
+    second plan on the same workspace takes over now and then, and a ``DecodePlan`` sharing
+    it runs between the calls and must be right too, except after bare slices (the
+    caller's: they may leave the merge counters mid-call) until a persistent call has run."""
+    from hexcore.cuda.timer import SimulatedClock, use_clock
+    from tests import reference as ref
+
+    r = Reader(data)
+    try:
+        plans, q, keys, values, peer = _persistent_plans(r)
+    except HexcoreError:
+        return
+    plan = plans[0]
+    bare = False  # bare slices ran since the last persistent call
+    rng = np.random.default_rng(r.int(0, 255))
+    with use_clock(SimulatedClock(r.pick((0, 3_000, 10_000)))):
+        for step in range(r.int(1, PERSISTENT_OPS)):
+            op = r.int(0, 7)
+            what = f"op {step}: {op}"
+            q_host = rng.standard_normal(q.shape).astype(np.float16)
+            q.copy_to_device(q_host)
+            plan.out.copy_to_device(np.full(plan.out.shape, np.nan, np.float16))
+            expect = ref.decode_attention(q_host, keys, values, 1 / 8)
+            try:
+                if op <= 1:
+                    plan.run(0)
+                    _check_call(plan, expect, what)
+                elif op == 2:
+                    plan.enqueue(0, r.int(1, plan.num_items + 2))
+                    if plan.stats().drained:
+                        _check_call(plan, expect, what)
+                elif op == 3:
+                    reset, bare_slice = plan.launches(0)
+                    if r.bool():
+                        reset.run()
+                    for _ in range(r.int(1, 3)):
+                        bare_slice.run()
+                    bare = True
+                elif op == 7:
+                    plan = plans[1] if plan is plans[0] else plans[0]
+                    continue
+                elif op == 6:
+                    if peer is not None and not bare:
+                        got = peer.run(0).copy_to_host()
+                        assert ref.relative_l2(got, expect) <= 2e-3, (what, "DecodePlan", ref.relative_l2(got, expect))
+                    continue
+                elif op == 4:
+                    from hexcore.cuda.attention.persistent import MAX_LOGGED
+
+                    stats = plan.stats()  # after anything, bare slices included: a log that reads
+                    assert len(stats.items_per_launch) == min(stats.launches, MAX_LOGGED), (what, stats)
+                else:
+                    before = plan._state.copy_to_host()
+                    bad = hostile(r)
+                    call = r.pick((lambda: plan.run(bad), lambda: plan.enqueue(0, bad), lambda: plan.launches(bad)))
+                    _expect_raise(HexcoreError, call)
+                    assert np.array_equal(plan._state.copy_to_host(), before), (what, bad)
+                if op != 3:
+                    _slice_fields_clear(plan, what)
+                if op <= 2:
+                    bare = False
+            except AssertionError:
+                raise
+            except Exception as exc:
+                raise _unexpected(what, exc) from exc
+
+
 TARGETS = {
     "block_manager": target_block_manager,
     "ring_attach": target_ring_attach,
     "config": target_config,
     "cli": target_cli,
     "launchers": target_launchers,
+    "persistent": target_persistent,
 }
 
 

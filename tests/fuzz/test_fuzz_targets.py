@@ -17,8 +17,8 @@ from fuzz.harness import TARGETS, replay
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CORPUS = os.path.join(ROOT, "fuzz", "corpus")
-EXAMPLES = {"block_manager": 150, "ring_attach": 150, "config": 300, "cli": 150, "launchers": 40}
-SIZES = {"block_manager": 400, "ring_attach": 120, "config": 64, "cli": 64, "launchers": 96}
+EXAMPLES = {"block_manager": 150, "ring_attach": 150, "config": 300, "cli": 150, "launchers": 40, "persistent": 4}
+SIZES = {"block_manager": 400, "ring_attach": 120, "config": 64, "cli": 64, "launchers": 96, "persistent": 48}
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))

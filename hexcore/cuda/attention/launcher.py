@@ -113,7 +113,10 @@ class Workspace:
     counters let the last CTA of each sequence merge its splits, and return to zero
     after every launch. The module's default one serves ``paged_decode`` and ``DecodePlan``.
     ``clean`` is False after a persistent decode call was cut short (its counters may be
-    mid-merge); the next persistent call on this workspace resets them first.
+    mid-merge), and after a bare persistent slice ran (``persistent.BareSlice``); the next
+    persistent call on this workspace resets them first. ``paged_decode`` and ``DecodePlan``
+    never reset: a workspace they share with a persistent plan must be left by a
+    persistent ``run`` or ``enqueue``, not by a cut-short call or bare slices.
     """
 
     def __init__(self):

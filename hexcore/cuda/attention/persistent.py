@@ -512,7 +512,6 @@ class PersistentDecode:
         self._layers: dict = {}
         self._first = FIRST | (EAGER if eager_first(self.options) else 0)  # a call's first slice
         self.resets = 0  # reset launches so far (after a call cut short, with count_items, or bare slices)
-        self._bare = False  # launches() handed out: the caller's slices may leave a call mid-way
         self._log = cuda.to_device(np.zeros(LOG_WORDS * MAX_LOGGED, np.int64))
         self._counts = cuda.to_device(np.zeros(1, np.int32))
         self._sized = self._size(launch, store)
@@ -576,11 +575,11 @@ class PersistentDecode:
         """(reset, slice): the layer's prepared reset launch and its slice launch with no
         flags (a call's later slice), made on first use; ``run`` and ``enqueue`` use them and
         the same slice with other flags (``layer``: an int in ``[0, num_layers)``, numpy
-        integers accepted). Run bare, the slice may stop with its call undrained, which the
-        plan cannot see, so from then on every ``run`` and ``enqueue`` resets first."""
+        integers accepted). The slice comes as a :class:`BareSlice`: run bare, it may stop with
+        its call undrained, so its ``run`` marks the workspace not clean, and the next
+        ``run`` or ``enqueue`` on the workspace resets first."""
         layer = self._layer(layer)
-        self._bare = True
-        return self._prepared(layer)[0], self._slice(layer, 0)
+        return self._prepared(layer)[0], BareSlice(self._slice(layer, 0), self._workspace)
 
     def _layer(self, layer) -> int:
         """``layer`` checked (``arrays.checked_layer``) before a call changes any state."""
@@ -619,9 +618,9 @@ class PersistentDecode:
 
     def _start_call(self, layer: int, stream) -> None:
         """A reset launch first where one is needed: after a call cut short on this workspace
-        (its merge counters), with ``count_items`` (counts per call), and once ``launches()``
-        has handed out bare slices."""
-        if self._count or self._bare or not self._workspace.clean:
+        (its merge counters) or bare slices (``BareSlice``) on this workspace, and with
+        ``count_items`` (counts per call)."""
+        if self._count or not self._workspace.clean:
             self._prepared(layer)[0].run(stream)
             self._workspace.clean = True
             self.resets += 1
@@ -679,6 +678,27 @@ class PersistentDecode:
         if not SIMULATOR and stream.numba != 0:
             stream.numba.synchronize()
         return host
+
+
+class BareSlice:
+    """A plan's later-slice launch as ``PersistentDecode.launches`` hands it out, for a
+    caller that drives the slices itself (after the reset launch). ``run(stream)`` enqueues
+    it and marks the plan's workspace not clean: the slice may stop with its call undrained
+    (merge counters and owed list mid-call), which no plan can see, so the next ``run`` or
+    ``enqueue`` on the workspace resets first. A graph that captures bare slices marks
+    nothing when replayed: run the reset launch before the next call. Other attributes are
+    the prepared launch's (``dependent``, ``kernel``...)."""
+
+    def __init__(self, launch, workspace: launcher.Workspace):
+        self._launch, self._workspace = launch, workspace
+
+    def run(self, stream=0) -> None:
+        """Enqueue the slice on ``stream`` (as the prepared launch's ``run``)."""
+        self._workspace.clean = False
+        self._launch.run(stream)
+
+    def __getattr__(self, name):
+        return getattr(self._launch, name)
 
 
 def persistent_decode(q, store, layer: int, block_tables, seq_lens, tail_slots, budget_us, out=None,

@@ -406,27 +406,34 @@ def test_registers_keeping_an_occupancy(ctas_per_sm, registers):
 
 def test_a_call_after_bare_slices_resets_first(rng):
     """Slices run from ``launches()`` are the caller's: they may stop undrained and leave the
-    merge counters mid-call. Once a plan has handed them out, each ``run`` and ``enqueue``
-    resets first, and is right."""
+    plan's queue and the workspace's merge counters mid-call. Running one marks the
+    workspace not clean, so the next call on it resets first, whichever plan makes it (two
+    plans here share a workspace); handing the launches out alone costs no reset."""
+    from hexcore.cuda.attention.launcher import Workspace
+
     store, q, args, keys, values = _one_sequence_of_40(rng)
-    plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=SPLIT)
-    q_host = rng.standard_normal((1, 1, 64)).astype(np.float16)
-    q.copy_to_device(q_host)
-    expect = ref.decode_attention(q_host, keys, values, 1 / 8)
+    workspace = Workspace()
+    plans = [PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=SPLIT,
+                              workspace=workspace) for _ in range(2)]
     with use_clock(SimulatedClock(STEP_NS)):
-        reset, bare = plan.launches(0)
-        reset.run()
-        bare.run()  # one slice of a call of three items: undrained
-        assert not plan.stats().drained
-        for call in ("run", "bare", "enqueue"):
-            plan.out.copy_to_device(np.full((1, 1, 64), np.nan, np.float16))
-            if call == "bare":
-                bare.run()
+        reset, bare = plans[0].launches(0)
+        for plan, call in ((0, "run"), (None, "reset, bare"), (1, "run"), (None, "bare"), (0, "enqueue")):
+            q_host = rng.standard_normal((1, 1, 64)).astype(np.float16)  # each call its own query
+            q.copy_to_device(q_host)
+            if plan is None:
+                if call == "reset, bare":
+                    reset.run()
+                bare.run()  # a slice of the first plan's call of three items
+                assert not workspace.clean
+                assert plans[0].stats().drained == (call == "bare"), call  # the first one slice: undrained
                 continue
+            plan = plans[plan]
+            plan.out.copy_to_device(np.full((1, 1, 64), np.nan, np.float16))
             plan.run(0) if call == "run" else plan.enqueue(0, slices=plan.num_items + 1)
-            assert plan.stats().drained, call
+            assert plan.stats().drained and workspace.clean, call
+            expect = ref.decode_attention(q_host, keys, values, 1 / 8)
             assert ref.relative_l2(plan.out.copy_to_host(), expect) <= TOLERANCE, call
-    assert plan.resets == 2
+    assert [plan.resets for plan in plans] == [1, 1]
 
 
 def _one_sequence_of_40(rng):
