@@ -17,7 +17,7 @@ from fuzz.harness import TARGETS, replay
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CORPUS = os.path.join(ROOT, "fuzz", "corpus")
-EXAMPLES = {"block_manager": 150, "ring_attach": 150, "config": 300, "cli": 150, "launchers": 40, "persistent": 4}
+EXAMPLES = {"block_manager": 150, "ring_attach": 150, "config": 300, "cli": 150, "launchers": 40, "persistent": 3}
 SIZES = {"block_manager": 400, "ring_attach": 120, "config": 64, "cli": 64, "launchers": 96, "persistent": 48}
 
 
