@@ -48,3 +48,22 @@ def test_atheris_runs_a_target_when_installed(tmp_path):
                            str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Done 500 runs" in done.stderr
+
+
+def test_the_plain_loop_runs_a_target_and_reports_a_failure(tmp_path, monkeypatch):
+    """``fuzz/loop.py``: random inputs through a target; 0 when none fails, 1 with the
+    failing input when one does (here a target that fails on its second input)."""
+    from fuzz import harness, loop
+
+    monkeypatch.setattr(sys, "argv", ["loop.py", "config", "0", "20"])
+    assert loop.main() == 0
+    calls = []
+
+    def fails_second(data):
+        calls.append(data)
+        assert len(calls) < 2, "second input"
+
+    monkeypatch.setitem(harness.TARGETS, "config", fails_second)
+    monkeypatch.setattr(sys, "argv", ["loop.py", "config", "0", "20"])
+    assert loop.main() == 1 and len(calls) == 2
+
