@@ -692,10 +692,10 @@ class BareSlice:
     def __init__(self, launch, workspace: launcher.Workspace):
         self._launch, self._workspace = launch, workspace
 
-    def run(self, stream=0) -> None:
-        """Enqueue the slice on ``stream`` (as the prepared launch's ``run``)."""
+    def run(self, *args, **kwargs) -> None:
+        """Enqueue the slice: the prepared launch's ``run(stream)``, with its defaults."""
         self._workspace.clean = False
-        self._launch.run(stream)
+        self._launch.run(*args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self._launch, name)
