@@ -50,7 +50,7 @@ def test_atheris_runs_a_target_when_installed(tmp_path):
     assert "Done 500 runs" in done.stderr
 
 
-def test_the_plain_loop_runs_a_target_and_reports_a_failure(tmp_path, monkeypatch):
+def test_the_plain_loop_runs_a_target_and_reports_a_failure(monkeypatch):
     """``fuzz/loop.py``: random inputs through a target; 0 when none fails, 1 with the
     failing input when one does (here a target that fails on its second input)."""
     from fuzz import harness, loop
