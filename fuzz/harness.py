@@ -1153,8 +1153,8 @@ def target_persistent(data: bytes) -> None:
     and every ``enqueue`` that reports itself drained must give the float64 reference's
     output with each item once; no kernel may index out of bounds (an ``IndexError``). A
     second plan on the same workspace takes over now and then, and a ``DecodePlan`` sharing
-    it runs between the calls and must be right too, except after bare slices (the
-    caller's: they may leave the merge counters mid-call) until a persistent call has run."""
+    it runs between the calls and must be right too, bare slices left mid-call included
+    (it zeroes the counters they may leave mid-merge)."""
     from hexcore.cuda.timer import SimulatedClock, use_clock
     from tests import reference as ref
 
@@ -1164,7 +1164,6 @@ def target_persistent(data: bytes) -> None:
     except HexcoreError:
         return
     plan = plans[0]
-    bare = False  # bare slices ran since the last persistent call
     rng = np.random.default_rng(r.int(0, 255))
     with use_clock(SimulatedClock(r.pick((0, 3_000, 10_000)))):
         for step in range(r.int(1, PERSISTENT_OPS)):
@@ -1173,7 +1172,7 @@ def target_persistent(data: bytes) -> None:
             if op == 7:
                 plan = plans[1] if plan is plans[0] else plans[0]
                 continue
-            if op == 6 and (peer is None or bare):
+            if op == 6 and peer is None:
                 continue
             if op in (0, 1, 2, 6):  # a call whose output is checked: a new query, the output poisoned
                 q_host = rng.standard_normal(q.shape).astype(np.float16)
@@ -1195,7 +1194,6 @@ def target_persistent(data: bytes) -> None:
                         reset.run()
                     for _ in range(r.int(1, 3)):
                         bare_slice.run()
-                    bare = True
                 elif op == 6:
                     got = peer.run(0).copy_to_host()
                     assert not np.isnan(got).any(), (what, "DecodePlan: unwritten output")
@@ -1214,8 +1212,6 @@ def target_persistent(data: bytes) -> None:
                     assert np.array_equal(plan._state.copy_to_host(), before), (what, bad)
                 if op != 3:
                     _slice_fields_clear(plan, what)
-                if op <= 2:
-                    bare = False
             except AssertionError:
                 raise
             except Exception as exc:

@@ -112,16 +112,16 @@ class Workspace:
     Launches that share a workspace must run one after another (one stream): the
     counters let the last CTA of each sequence merge its splits, and return to zero
     after every launch. The module's default one serves ``paged_decode`` and ``DecodePlan``.
-    ``clean`` is False after a persistent decode call was cut short (its counters may be
-    mid-merge), and after a bare persistent slice ran (``persistent.BareSlice``); the next
-    persistent call on this workspace resets them first. ``paged_decode`` and ``DecodePlan``
-    never reset: a workspace they share with a persistent plan must be left by a
-    persistent ``run`` or ``enqueue``, not by a cut-short call or bare slices.
+    A persistent decode call that was cut short (an exception) or left by bare slices
+    (``persistent.BareSlice``) may leave its counters mid-merge: the workspace records them
+    (``clean`` is False) until they are zeroed, by the next persistent call that uses them
+    (its reset launch) or by ``paged_decode`` and ``DecodePlan``, which zero every recorded
+    array on their stream before they launch (:meth:`zero_mid_call`).
     """
 
     def __init__(self):
         self._arrays = {}
-        self.clean = True
+        self._mid_call: dict = {}  # id(counters) -> counters, for arrays left mid-merge
 
     def get(self, rows: int, splits: int, head_dim: int, items: int):
         """(part_o float32 ``[rows * splits * head_dim]``, part_ml float32 ``[rows * splits * 2]``,
@@ -132,6 +132,31 @@ class Workspace:
                                  cuda.device_array(rows * splits * 2, np.float32),
                                  cuda.to_device(np.zeros(items, np.int32)))
         return self._arrays[key]
+
+    @property
+    def clean(self) -> bool:
+        """No counters are recorded as left mid-merge."""
+        return not self._mid_call
+
+    def leave_mid_call(self, counters) -> None:
+        """Record ``counters`` (one of this workspace's) as possibly left mid-merge."""
+        self._mid_call[id(counters)] = counters
+
+    def settled(self, counters) -> bool:
+        """Whether ``counters`` are not recorded as left mid-merge."""
+        return id(counters) not in self._mid_call
+
+    def settle(self, counters) -> None:
+        """Forget ``counters``' record, after the caller zeroed them (a reset launch)."""
+        self._mid_call.pop(id(counters), None)
+
+    def zero_mid_call(self, stream) -> None:
+        """Zero every recorded counters array on ``stream`` (a ``streams.Stream``) and forget
+        the records (a host-to-device copy each: not for a stream under graph capture)."""
+        for counters in self._mid_call.values():
+            zeros = np.zeros(counters.shape, np.int32)
+            counters.copy_to_device(zeros) if SIMULATOR else counters.copy_to_device(zeros, stream=stream.numba)
+        self._mid_call.clear()
 
 
 _workspace = Workspace()
@@ -323,7 +348,10 @@ def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, ta
     """
     launch, out = decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len,
                                 resolved_options(options), _workspace, verify)
-    launch.run(resolve_stream(stream, q, block_tables, seq_lens, tail_slots, out))
+    stream = resolve_stream(stream, q, block_tables, seq_lens, tail_slots, out)
+    if not _workspace.clean:  # a persistent call left merge counters mid-merge
+        _workspace.zero_mid_call(stream)
+    launch.run(stream)
     return out
 
 
@@ -337,7 +365,9 @@ class DecodePlan:
     array would be copied once and later changes to it ignored). ``workspace`` holds the
     split partials (default: the module's, shared with ``paged_decode``). ``verify``: a
     DecodeVerify of device arrays (every layer's launch checks its sampled blocks; change
-    ``vctl``'s contents between runs to move the sample).
+    ``vctl``'s contents between runs to move the sample). A run on a workspace that a
+    persistent call left mid-merge zeroes its counters first (``Workspace.zero_mid_call``:
+    a host copy, so not under graph capture).
     """
 
     def __init__(self, q, store: DeviceKVStore, block_tables, seq_lens, tail_slots, max_seq_len: int, out=None,
@@ -378,7 +408,11 @@ class DecodePlan:
         ``stream``: see ``streams.resolve_stream`` (torch's current stream by default when
         the plan was built from torch tensors)."""
         prepared = self._layers.get(layer) if type(layer) is int else None
-        (prepared or self.launch(layer)).run(resolve_stream(stream, self._torch))
+        prepared = prepared or self.launch(layer)
+        stream = resolve_stream(stream, self._torch)
+        if not self._workspace.clean:  # a persistent call left merge counters mid-merge
+            self._workspace.zero_mid_call(stream)
+        prepared.run(stream)
         return self.out
 
 

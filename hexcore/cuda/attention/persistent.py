@@ -32,8 +32,9 @@ decode runs in *slices*, each a launch that ends within a time budget:
   counters clear themselves as each merge completes; the last slice of a fixed number (flag
   ``LAST``, the capture-safe form) clears them if the queue was not drained (an abandoned
   call, whose merges never ran). A reset kernel clears everything only after a call cut
-  short by an exception (the workspace's ``clean`` flag) and, with ``count_items``, before
-  every call (its counts are per call).
+  short by an exception or left by bare slices (the plan's own mark for its state, the
+  workspace's record for its merge counters, which another plan may share) and, with
+  ``count_items``, before every call (its counts are per call).
 
 Host side: ``persistent_decode`` (and ``PersistentDecode.run``) enqueue slices and read the
 state back until the queue is drained, so they synchronise with the stream.
@@ -507,6 +508,7 @@ class PersistentDecode:
         self._workspace = launcher.checked_workspace(workspace, _workspace)
         launch, self.out = launcher.decode_launch(q, store, 0, block_tables, seq_lens, tail_slots, out, scale,
                                                   max_seq_len, self.options, self._workspace)
+        self._settled = True  # False while this plan's state may hold a call left mid-way
         self._torch = next((a for a in (q, block_tables, seq_lens, tail_slots, self.out)
                             if type(a).__module__.startswith("torch")), None)
         self._layers: dict = {}
@@ -516,6 +518,9 @@ class PersistentDecode:
         self._counts = cuda.to_device(np.zeros(1, np.int32))
         self._sized = self._size(launch, store)
         self._state = cuda.to_device(np.zeros(STATE_WORDS + self._sized[1], np.int64))  # the owed list: one per CTA
+        batch, num_q_heads, head_dim = self.out.shape
+        heads = launch.grid[1] * batch  # merge counters: (sequence, KV head, head group)
+        self._partials = self._workspace.get(batch * num_q_heads, self._sized[3], head_dim, heads)
         if self._count:
             self._counts = cuda.to_device(np.zeros(self.num_items, np.int32))
 
@@ -576,10 +581,10 @@ class PersistentDecode:
         flags (a call's later slice), made on first use; ``run`` and ``enqueue`` use them and
         the same slice with other flags (``layer``: an int in ``[0, num_layers)``, numpy
         integers accepted). The slice comes as a :class:`BareSlice`: run bare, it may stop with
-        its call undrained, so its ``run`` marks the workspace not clean, and the next
-        ``run`` or ``enqueue`` on the workspace resets first."""
+        its call undrained, so its ``run`` marks the plan's state and merge counters as
+        possibly mid-call, and the next call on either resets first."""
         layer = self._layer(layer)
-        return self._prepared(layer)[0], BareSlice(self._slice(layer, 0), self._workspace)
+        return self._prepared(layer)[0], BareSlice(self._slice(layer, 0), self._leave_mid_call)
 
     def _layer(self, layer) -> int:
         """``layer`` checked (``arrays.checked_layer``) before a call changes any state."""
@@ -595,13 +600,11 @@ class PersistentDecode:
             launch, _ = launcher.decode_launch(q, store, layer, tables, lens, slots, self.out, self._scale,
                                                self._max_seq_len, self.options, self._workspace)
             kernel, grid, split_blocks, splits, items = self._sized
-            batch, num_q_heads, head_dim = self.out.shape
-            heads = launch.grid[1] * batch  # merge counters: (sequence, KV head, head group)
             args = list(launch.args)
-            args[12:15] = self._workspace.get(batch * num_q_heads, splits, head_dim, heads)
+            args[12:15] = self._partials
             args[18], args[19] = split_blocks, splits
             args += [self._state, self._log, self._counts, np.int64(round(self.budget_us * 1000)), np.int64(items)]
-            words = max(heads, self._counts.shape[0], self._state.shape[0])
+            words = max(self._partials[2].shape[0], self._counts.shape[0], self._state.shape[0])
             reset = launcher.Launch(reset_kernel, min(64, -(-words // 256)), 256,
                                     (self._state, self._log, args[14], self._counts))
             found = self._layers[layer] = (reset.prepare(self.options.launch_path), {},
@@ -617,13 +620,21 @@ class PersistentDecode:
         return slices[flags]
 
     def _start_call(self, layer: int, stream) -> None:
-        """A reset launch first where one is needed: after a call cut short on this workspace
-        (its merge counters) or bare slices (``BareSlice``) on this workspace, and with
-        ``count_items`` (counts per call)."""
-        if self._count or not self._workspace.clean:
+        """A reset launch first where one is needed: after this plan's call was cut short or
+        its bare slices ran (``BareSlice``: its state may be mid-call), after another plan's
+        did so on these merge counters (the workspace's record), and with ``count_items``
+        (counts per call)."""
+        counters = self._partials[2]
+        if self._count or not self._settled or not self._workspace.settled(counters):
             self._prepared(layer)[0].run(stream)
-            self._workspace.clean = True
+            self._settled = True
+            self._workspace.settle(counters)
             self.resets += 1
+
+    def _leave_mid_call(self) -> None:
+        """Mark this plan's state and its merge counters as possibly left mid-call."""
+        self._settled = False
+        self._workspace.leave_mid_call(self._partials[2])
 
     def enqueue(self, layer: int, slices: int, stream=None) -> None:
         """Enqueue ``slices`` slices (no host read: capture-safe). Whether they were enough
@@ -642,7 +653,7 @@ class PersistentDecode:
         layer = self._layer(layer)
         stream = resolve_stream(stream, self._torch)
         self._start_call(layer, stream)
-        self._workspace.clean = False  # until the queue is seen drained
+        self._leave_mid_call()  # until the queue is seen drained
         self._slice(layer, self._first).run(stream)
         rest, items, launched, batch = self._slice(layer, 0), self.num_items, 1, 0
         while True:
@@ -653,7 +664,8 @@ class PersistentDecode:
             if done >= items:
                 break
             batch = min(64, max(1, math.ceil((items - done) * launched / max(done, 1))))  # at the rate so far
-        self._workspace.clean = True
+        self._settled = True
+        self._workspace.settle(self._partials[2])
         return self.out
 
     def stats(self, stream=None) -> PersistentStats:
@@ -683,18 +695,20 @@ class PersistentDecode:
 class BareSlice:
     """A plan's later-slice launch as ``PersistentDecode.launches`` hands it out, for a
     caller that drives the slices itself (after the reset launch). ``run(stream)`` enqueues
-    it and marks the plan's workspace not clean: the slice may stop with its call undrained
-    (merge counters and owed list mid-call), which no plan can see, so the next ``run`` or
-    ``enqueue`` on the workspace resets first. A graph that captures bare slices marks
-    nothing when replayed: run the reset launch before the next call. Other attributes are
-    the prepared launch's (``dependent``, ``kernel``...)."""
+    it and marks the plan's state and merge counters as possibly mid-call (the slice may
+    stop with its call undrained, which no plan can see), so the plan's next ``run`` or
+    ``enqueue``, and the next call of any plan on those counters, resets first, and
+    ``paged_decode`` or a ``DecodePlan`` on the workspace zeroes them first. So another
+    launch on the workspace between two bare slices abandons their call. A graph that
+    captures bare slices marks nothing when replayed: run the reset launch before the next
+    call. Other attributes are the prepared launch's (``dependent``, ``kernel``...)."""
 
-    def __init__(self, launch, workspace: launcher.Workspace):
-        self._launch, self._workspace = launch, workspace
+    def __init__(self, launch, leave_mid_call):
+        self._launch, self._leave_mid_call = launch, leave_mid_call
 
     def run(self, *args, **kwargs) -> None:
         """Enqueue the slice: the prepared launch's ``run(stream)``, with its defaults."""
-        self._workspace.clean = False
+        self._leave_mid_call()
         self._launch.run(*args, **kwargs)
 
     def __getattr__(self, name):

@@ -436,6 +436,67 @@ def test_a_call_after_bare_slices_resets_first(rng):
     assert [plan.resets for plan in plans] == [1, 1]
 
 
+def test_a_plan_left_mid_call_resets_after_another_plan_ran(rng):
+    """The plan's own state is marked too, not only the shared merge counters: a plan whose
+    bare slice stopped mid-call resets on its next call even after another plan on the same
+    counters ran (and reset them) in between. Without the plan's own mark its stale owed
+    list was indexed past its end (an IndexError on the simulator, a write past the state
+    array on a GPU)."""
+    from hexcore.cuda.attention.launcher import Workspace
+
+    store, q, args, keys, values = _one_sequence_of_40(rng)
+    workspace = Workspace()
+    plans = [PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=SPLIT,
+                              workspace=workspace) for _ in range(2)]
+    assert plans[0]._partials[2] is plans[1]._partials[2]  # one set of merge counters
+    with use_clock(SimulatedClock(STEP_NS)):
+        reset, bare = plans[0].launches(0)
+        reset.run()
+        bare.run()
+        assert not plans[0].stats().drained  # the first plan's call left mid-way
+        for plan in (plans[1], plans[0]):
+            q_host = rng.standard_normal((1, 1, 64)).astype(np.float16)
+            q.copy_to_device(q_host)
+            plan.out.copy_to_device(np.full((1, 1, 64), np.nan, np.float16))
+            plan.run(0)
+            expect = ref.decode_attention(q_host, keys, values, 1 / 8)
+            assert ref.relative_l2(plan.out.copy_to_host(), expect) <= TOLERANCE
+    assert [plan.resets for plan in plans] == [1, 1] and workspace.clean
+
+
+@pytest.mark.parametrize("entry", ["DecodePlan", "paged_decode"])
+def test_a_decode_after_a_persistent_call_left_mid_call_is_right(entry, rng):
+    """``paged_decode`` and a ``DecodePlan`` on a workspace whose merge counters a persistent
+    call left mid-merge (a bare slice here) zero them first, so their merges are right; the
+    persistent plan still resets on its next call (its own mark)."""
+    from hexcore.cuda import DecodePlan, paged_decode
+    from hexcore.cuda.attention import launcher
+
+    store, q, args, keys, values = _one_sequence_of_40(rng)
+    workspace = launcher._workspace if entry == "paged_decode" else launcher.Workspace()
+    plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=SPLIT,
+                            workspace=workspace)
+    decode = DecodePlan(q, store, *args, max_seq_len=40, options=SPLIT, workspace=workspace)
+    assert workspace.get(1, 3, 64, 1)[2] is plan._partials[2]  # the decode's counters (3 splits of 1 item)
+    calls = {"DecodePlan": lambda: decode.run(0),
+             "paged_decode": lambda: paged_decode(q, store, 0, *args, out=decode.out, max_seq_len=40, options=SPLIT)}
+    with use_clock(SimulatedClock(STEP_NS)):
+        reset, bare = plan.launches(0)
+        reset.run()
+        bare.run()
+        assert not plan.stats().drained and not workspace.clean
+        for call in (calls[entry], lambda: plan.run(0)):
+            q_host = rng.standard_normal((1, 1, 64)).astype(np.float16)
+            q.copy_to_device(q_host)
+            for out in (decode.out, plan.out):
+                out.copy_to_device(np.full((1, 1, 64), np.nan, np.float16))
+            got = call().copy_to_host()
+            expect = ref.decode_attention(q_host, keys, values, 1 / 8)
+            assert ref.relative_l2(got, expect) <= TOLERANCE
+            assert workspace.clean
+    assert plan.resets == 1
+
+
 def _one_sequence_of_40(rng):
     """(store, q, [tables, lens, tails], keys, values): one FP16 sequence of 40 tokens, one KV
     head of 64 channels, block 16; q zeros on the device, for the test to fill per call."""
