@@ -10,7 +10,9 @@ Rows:
 - ``timer``: the smallest nonzero step of ``%globaltimer`` seen by one thread over many reads.
 - ``no_yield``: GPU time (events) of ``PersistentDecode.enqueue(layer, 1)`` with a budget
   no decode reaches (one slice, the reset included) against ``DecodePlan.run``; target
-  ratio <= 1.05; also the eager ``run`` (which reads the cursor back) per call.
+  ratio <= 1.05; also the eager ``run`` (which reads the cursor back, or where a call is one
+  launch waits for its stream) per call, and whether
+  a call is one launch with no slice state (``one_launch``: the slice grid holds every item).
 - ``--queued``: the ``no_yield`` and ``yield_1ms`` GPU times with the calls enqueued before
   the GPU reaches them (``gpu_common.time_gpu``'s ``queue_ns``, 2 ms: the device's time
   alone, not a host-paced one); rows carry ``queued``.
@@ -122,7 +124,8 @@ def cost_rows(dtype, shape, num_blocks=None, registers=None, item="inline", yiel
     from benchmarks.bench_decode import out_finite
 
     rows = [dict(row="no_yield", **base, paged_ms=t_plan * 1e3, persistent_ms=t_whole * 1e3, ratio=t_whole / t_plan,
-                 eager_run_ms=eager * 1e3, items=whole.num_items, out_finite=out_finite(whole.out))]
+                 eager_run_ms=eager * 1e3, items=whole.num_items, out_finite=out_finite(whole.out),
+                 one_launch=whole.one_launch)]
     if unclustered:
         plain = DecodePlan(q, store, tables, lens, slots, max_seq_len=ctx, options=DecodeOptions(cluster_merge=False))
         t_plain = time_gpu(lambda: plain.run(0))

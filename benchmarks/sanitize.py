@@ -171,6 +171,20 @@ def run_new_kernels(store, tables, rng) -> None:
     plan.run(0)
     cuda.synchronize()
     assert plan.stats().drained and plan.resets == 0 and not np.isnan(plan.out.copy_to_host()).any()
+    # one-launch calls (an eager first slice of one CTA an item: no slice state touched) between
+    # a two-slice enqueue's normal protocol
+    plan = PersistentDecode(*d[:1], store, *d[1:], budget_us=1000.0, max_seq_len=35,
+                            options=DecodeOptions(ctas_per_sm=64, split_blocks=1, eager_first=True))
+    assert plan.one_launch, "expected a grid of one CTA an item"
+    plan.run(0)
+    plan.out.copy_to_device(np.full(plan.out.shape, np.nan, np.float16))
+    plan.enqueue(0, slices=2)
+    cuda.synchronize()
+    assert plan.stats().launches == 2 and not np.isnan(plan.out.copy_to_host()).any()
+    plan.out.copy_to_device(np.full(plan.out.shape, np.nan, np.float16))
+    plan.enqueue(0, slices=1)
+    cuda.synchronize()
+    assert plan.stats().drained and not np.isnan(plan.out.copy_to_host()).any()
 
 
 def run_tiered(rng) -> None:

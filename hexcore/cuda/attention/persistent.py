@@ -14,6 +14,9 @@ decode runs in *slices*, each a launch that ends within a time budget:
   its static item (the owed list), and the next slice, a *repair* slice, takes the owed
   items first. An *eager* first slice of a call (``DecodeOptions.eager_first``) runs its
   static items without waiting for the budget check, and owes none.
+  Where that eager slice's grid is one CTA an item, ``run`` and a one-slice ``enqueue`` are
+  that one launch (``ONESHOT``): its outcome is known (every item runs), so its CTAs skip
+  the slice's state altogether and store their clock readings in records of their own.
   An item is ``kernel.decode_item``, the grid kernel's own work, so the numerics are
   ``paged_decode``'s.
 - The checkpoint is the split-K workspace: a finished item has written its partial, and the
@@ -22,7 +25,9 @@ decode runs in *slices*, each a launch that ends within a time budget:
   taken once, and a CTA that took one finishes it, so work is never lost or repeated, and a
   slice runs past its budget by at most its longest item.
 - The last CTA to leave a slice logs it (start, end, items, longest item), records how many
-  items the call has handed out (``DONE``) and clears the slice's fields for the next one.
+  items the call has handed out (``DONE``) and clears the slice's fields for the next one
+  (a one-launch call has no last CTA: its CTA 0 leaves the words of a drained call, and its
+  log is its CTAs' records).
 - No reset launch between calls: the cursor only grows, and a call's items are the cursor
   values from the call's base on. The last CTA of every slice snapshots the cursor
   (``SNAP``); the first slice of a call (flag ``FIRST``) takes the snapshot as its base
@@ -37,7 +42,8 @@ decode runs in *slices*, each a launch that ends within a time budget:
   ``count_items``, before every call (its counts are per call).
 
 Host side: ``persistent_decode`` (and ``PersistentDecode.run``) enqueue slices and read the
-state back until the queue is drained, so they synchronise with the stream.
+state back until the queue is drained, so they synchronise with the stream (a one-launch
+call reads nothing back and waits for the stream).
 ``PersistentDecode.enqueue(layer, slices)`` enqueues a fixed number of slices and reads
 nothing back: capture-safe (a CUDA graph of a fixed number of slices); a slice that finds
 the queue drained returns at once, and ``stats()`` says afterwards whether the slices were
@@ -64,13 +70,17 @@ from .kernel import GRID_REGISTERS, decode_item_function
 from .options import DecodeOptions
 from .shape import THREADS, DecodeShape
 
-# state: int64 [STATE_WORDS + grid]: the words, then the owed list (one word per CTA of the
-# slice grid); the protocol and who writes what: docs/persistent.md
-CURSOR, LAUNCH, START, EXITED, LONGEST, LATEST, DONE, BASE, SNAP, REPAIR, OWED, REPAID = range(12)
-STATE_WORDS = 12
+# state: int64 [STATE_WORDS + 3 * grid]: the words, then the owed list (one word per CTA of
+# the slice grid), then a one-launch call's per-CTA starts and ends (``ONESHOT``); the
+# protocol and who writes what: docs/persistent.md
+CURSOR, LAUNCH, START, EXITED, LONGEST, LATEST, DONE, BASE, SNAP, REPAIR, OWED, REPAID, SHOT = range(13)
+STATE_WORDS = 13
 # a slice's flags: the first of a call; the last of a fixed number (enqueue); with FIRST, its
-# CTAs start their static items before they know the slice's start (``DecodeOptions.eager_first``)
-FIRST, LAST, EAGER = 1, 2, 4
+# CTAs start their static items before they know the slice's start (``DecodeOptions.eager_first``);
+# with FIRST | EAGER and a grid of one CTA an item, the call's only launch (``begin_oneshot``)
+FIRST, LAST, EAGER, ONESHOT = 1, 2, 4, 8
+# BASE after a one-launch call: a later slice of the call (a bare ``launches`` slice) finds no item
+DRAINED_BASE = -(1 << 62)
 # log: int64 [MAX_LOGGED, LOG_WORDS]: per slice its start, end, items, longest item and the
 # latest time an item was taken (all %globaltimer ns)
 LOG_WORDS = 5
@@ -91,7 +101,8 @@ class PersistentStats(NamedTuple):
     ``launches``: slices launched (a slice that found the queue drained counts); ``yields``:
     slices that ended with work left in the queue; ``items``: work items of the call;
     ``items_per_launch``, ``launch_us``: per logged slice, the items it took and its span by
-    ``%globaltimer`` (its first CTA's start to its last CTA's end); ``longest_launch_us``,
+    ``%globaltimer`` (its first CTA's start to its last CTA's end; after a one-launch call
+    followed by a bare ``launches`` slice, row 0 is that call's CTA 0's own view); ``longest_launch_us``,
     ``longest_item_us``: maxima over the call; ``latest_take_us``: per logged slice, how long
     after its start its last item was taken (below ``budget_us``: the protocol's
     invariant, except in an eager first slice, ``DecodeOptions.eager_first``); ``drained``: every item was taken (always
@@ -117,8 +128,8 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
                       joint_softmax: bool = True, count_items: bool = False, item_call: str = "inline",
                       dependent: bool = False):
     """The slice kernel of ``shape``: the decode kernel's arguments, then ``state`` int64
-    ``[STATE_WORDS + grid]``, ``log`` int64 ``[MAX_LOGGED * LOG_WORDS]``, ``item_counts`` int32 (``[items]``
-    with ``count_items``), ``budget_ns``, ``num_items``, ``flags`` (``FIRST`` | ``LAST`` | ``EAGER``).
+    ``[STATE_WORDS + 3 * grid]``, ``log`` int64 ``[MAX_LOGGED * LOG_WORDS]``, ``item_counts`` int32 (``[items]``
+    with ``count_items``), ``budget_ns``, ``num_items``, ``flags`` (``FIRST`` | ``LAST`` | ``EAGER`` | ``ONESHOT``).
     Launched with a 1-D grid.
 
     ``item_call`` (``DecodeOptions.persistent_item``) "call": the item is a device function
@@ -183,7 +194,10 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
         # words: the item's ring, placed after them, stays 16-byte aligned)
         s = cuda.shared.array(10, int64)
         if tid == 0:
-            begin_slice(state, s, budget_ns, num_items, flags)
+            if flags & ONESHOT:
+                begin_oneshot(s)
+            else:
+                begin_slice(state, s, budget_ns, num_items, flags)
         # the one barrier before the first item: s set, s[6] the first item (or -1). Thread
         # 0's block must end in a barrier of its own (ptxas 13, sm_90, 2026-12-02: merged with
         # a later thread-0 block, lanes 1-31 of warp 0 reached the next barrier without
@@ -208,7 +222,10 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
                 next_item(state, s, budget_ns, num_items)
             cuda.syncthreads()  # s[6] (the next item, or -1) set
         if tid == 0:
-            end_slice(state, log, counters, s[3], s[5], s[4], num_items, s[9], flags)
+            if flags & ONESHOT:
+                end_oneshot(state, log, s, num_items)
+            else:
+                end_slice(state, log, counters, s[3], s[5], s[4], num_items, s[9], flags)
         if dependent:
             allow_dependent_grids()
 
@@ -347,6 +364,46 @@ def begin_slice(state, s, budget_ns, num_items, flags):
 
 
 @cuda.jit(device=True)
+def begin_oneshot(s):
+    """Thread 0 of a CTA of a one-launch call (``ONESHOT``: a ``FIRST | EAGER`` slice whose
+    grid is one CTA an item, the host's choice): ``s`` as in ``begin_slice``, item
+    ``blockIdx.x``, no dynamic take, and no state read or written: nothing waits for a round
+    trip, here or at the end (``end_oneshot``)."""
+    now = global_timer_ns()
+    s[0] = s[1] = s[2] = s[5] = now
+    s[3] = 0
+    s[4] = 1
+    s[6] = cuda.blockIdx.x
+    s[7] = s[9] = 0
+    s[8] = -1
+
+
+@cuda.jit(device=True)
+def end_oneshot(state, log, s, num_items):
+    """Thread 0 of a CTA leaving a one-launch call: its start and end readings into its own
+    record words (plain stores, no atomic, no fence: the host reads them after the stream,
+    ``PersistentDecode.stats``). CTA 0 also leaves the state as a drained call's last CTA
+    out would, without reading it: ``SHOT`` set (the records hold the call's log),
+    ``LAUNCH`` 1, ``DONE`` the items, nothing owed, and ``BASE`` ``DRAINED_BASE``, so that a
+    later non-``FIRST`` slice finds no item; the cursor and ``SNAP`` stay where they were
+    (the call took no cursor value), so the next call's base is this one's. Log row 0 gets
+    CTA 0's own view (its start and end, the items, its item), what a later slice of the
+    call would log after."""
+    j, grid = cuda.blockIdx.x, cuda.gridDim.x
+    state[STATE_WORDS + grid + j] = s[5]
+    state[STATE_WORDS + 2 * grid + j] = s[2]
+    if j == 0:
+        state[SHOT] = 1
+        state[LAUNCH] = 1
+        state[DONE] = num_items
+        state[BASE] = DRAINED_BASE
+        state[REPAIR] = 0
+        state[OWED] = 0
+        state[REPAID] = 0
+        log[0], log[1], log[2], log[3], log[4] = s[5], s[2], num_items, s[3], s[5]
+
+
+@cuda.jit(device=True)
 def resolve_start(state, s):
     """Thread 0 of an eager slice's CTA (``s[1]`` -1), after its static item: the call's base
     (the snapshot, which only the slice's last CTA out moves) into ``s[9]`` and ``s[7]``, and
@@ -433,6 +490,7 @@ def close_slice(state, log, counters, num_items, base, flags):
         cursor += cuda.gridDim.x
     done = min(cursor - base, num_items) - owed
     state[LAUNCH] = n + 1
+    state[SHOT] = 0
     if first:
         state[BASE] = base
     state[START] = 0
@@ -517,7 +575,10 @@ class PersistentDecode:
         self._log = cuda.to_device(np.zeros(LOG_WORDS * MAX_LOGGED, np.int64))
         self._counts = cuda.to_device(np.zeros(1, np.int32))
         self._sized = self._size(launch, store)
-        self._state = cuda.to_device(np.zeros(STATE_WORDS + self._sized[1], np.int64))  # the owed list: one per CTA
+        # a call whose eager first slice holds one CTA an item is that one launch (ONESHOT)
+        self._oneshot = bool(self._first & EAGER) and self._sized[1] == self._sized[4]
+        # the owed list and a one-launch call's starts and ends: one word each per CTA
+        self._state = cuda.to_device(np.zeros(STATE_WORDS + 3 * self._sized[1], np.int64))
         batch, num_q_heads, head_dim = self.out.shape
         heads = launch.grid[1] * batch  # merge counters: (sequence, KV head, head group)
         self._partials = self._workspace.get(batch * num_q_heads, self._sized[3], head_dim, heads)
@@ -570,6 +631,12 @@ class PersistentDecode:
             split_blocks = fits
             splits = -(-max_virtual // split_blocks)
         return kernel, min(resident, splits * ys * batch), split_blocks, splits, splits * ys * batch
+
+    @property
+    def one_launch(self) -> bool:
+        """Whether ``run`` and a one-slice ``enqueue`` are one launch that touches no slice
+        state (``ONESHOT``): the first slice is eager and its grid is one CTA an item."""
+        return self._oneshot
 
     @property
     def num_items(self) -> int:
@@ -644,15 +711,23 @@ class PersistentDecode:
         layer = self._layer(layer)
         stream = resolve_stream(stream, self._torch)
         self._start_call(layer, stream)
+        if slices == 1 and self._oneshot:
+            self._slice(layer, self._first | ONESHOT | LAST).run(stream)
+            return
         for i in range(slices):
             self._slice(layer, (self._first if i == 0 else 0) | (LAST if i == slices - 1 else 0)).run(stream)
 
     def run(self, layer: int, stream=None):
         """Decode ``layer`` into ``self.out``: slices until the queue is drained (reads the
-        state back: synchronises with the stream). Returns ``self.out``."""
+        state back: synchronises with the stream; a one-launch call, ``one_launch``, reads
+        nothing and waits for the stream). Returns ``self.out``."""
         layer = self._layer(layer)
         stream = resolve_stream(stream, self._torch)
         self._start_call(layer, stream)
+        if self._oneshot:  # one launch, drained by construction: nothing to read back
+            self._slice(layer, self._first | ONESHOT | LAST).run(stream)
+            self._synchronize(stream)
+            return self.out
         self._leave_mid_call()  # until the queue is seen drained
         self._slice(layer, self._first).run(stream)
         rest, items, launched, batch = self._slice(layer, 0), self.num_items, 1, 0
@@ -673,7 +748,10 @@ class PersistentDecode:
         stream = resolve_stream(stream, self._torch)
         state = self._read(self._state, stream)
         launches = int(state[LAUNCH])
-        log = self._read(self._log, stream).reshape(MAX_LOGGED, LOG_WORDS)[:min(launches, MAX_LOGGED)]
+        if state[SHOT]:
+            log = self._oneshot_log(state)
+        else:
+            log = self._read(self._log, stream).reshape(MAX_LOGGED, LOG_WORDS)[:min(launches, MAX_LOGGED)]
         done = np.cumsum(log[:, 2])
         spans = (log[:, 1] - log[:, 0]) / 1e3
         return PersistentStats(
@@ -683,6 +761,20 @@ class PersistentDecode:
             latest_take_us=tuple(float(t) / 1e3 if n else 0.0 for t, n in zip(log[:, 4] - log[:, 0], log[:, 2])),
             budget_us=self.budget_us, drained=int(state[DONE]) >= self.num_items,
             item_counts=self._read(self._counts, stream)[:self.num_items] if self._count else None)
+
+    def _oneshot_log(self, state):
+        """A one-launch call's log row from its CTAs' records (``end_oneshot``): the first
+        start, the last end, the items, the longest item, the latest start."""
+        grid = self._sized[1]
+        starts = state[STATE_WORDS + grid:STATE_WORDS + 2 * grid]
+        ends = state[STATE_WORDS + 2 * grid:STATE_WORDS + 3 * grid]
+        return np.array([[starts.min(), ends.max(), self.num_items, (ends - starts).max(), starts.max()]], np.int64)
+
+    @staticmethod
+    def _synchronize(stream):
+        """Wait for ``stream``: ``run``'s contract where it reads nothing back."""
+        if not SIMULATOR:
+            (stream.numba if stream.numba != 0 else cuda.default_stream()).synchronize()
 
     @staticmethod
     def _read(array, stream):

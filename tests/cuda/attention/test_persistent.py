@@ -100,6 +100,7 @@ def test_each_slice_leaves_the_state_ready_for_the_next(options, rng):
     args = [cuda.to_device(a) for a in (rng.standard_normal((1, 2, 64)).astype(np.float16), tables,
                                         np.array([60], np.int32), tails)]
     plan = PersistentDecode(args[0], store, *args[1:], budget_us=BUDGET_US, max_seq_len=60, options=options)
+    assert not plan.one_launch  # the eager case's grid of one CTA: the first slice is no one-launch call
     with use_clock(SimulatedClock(STEP_NS)):
         for slices in (None, 1, None):  # run, an abandoned enqueue, run
             plan.run(0) if slices is None else plan.enqueue(0, slices)
@@ -196,6 +197,7 @@ def test_eager_first_defaults_to_the_gpu_only():
         plan = PersistentDecode(args[0], _store(cfg), *args[1:], budget_us=100,
                                 options=DecodeOptions(eager_first=eager, ctas_per_sm=ctas))
         assert plan._first == flags, (eager, ctas)
+        assert plan.one_launch == bool(flags & p.EAGER), (eager, ctas)  # one item, a grid of one
 
 
 @pytest.mark.parametrize("budget,taken", [(15, (2, 2, 2, 2)), (25, (3, 3, 2))])
@@ -277,26 +279,62 @@ def test_calls_follow_one_another_without_a_reset(options, rng):
     assert plan.resets == 0
 
 
-def test_eager_one_slice_calls_publish_their_base(rng):
-    """An eager first slice whose grid holds every item (no CTA takes dynamically, so none
-    reads the base): the last CTA out reads the snapshot itself, so each call's ``BASE`` is
-    the cursor the call before left, and each call is right."""
+def test_one_launch_calls_leave_the_queue_where_it_was(rng):
+    """Where an eager first slice's grid is one CTA an item (``ONESHOT``), ``run`` and a
+    one-slice ``enqueue`` are that one launch, with no state read, atomic or last CTA out:
+    the cursor and ``SNAP`` stay (the call took no cursor value), so the next call's base is
+    the same; the stats come from the CTAs' start and end records (three CTAs one after
+    another, two readings each, 10 us apart). A two-slice ``enqueue`` in between runs the
+    normal protocol from that snapshot (its last CTA out reads it: the eager slice has no
+    base). A bare later slice after a one-launch call finds no item: with a new query, the
+    output stays the call's; it marks the plan, so the next call resets first. A one-launch
+    call leaves nothing owed, whatever it found (stale owed words are planted before one).
+    Every call is right."""
     from hexcore.cuda.attention import persistent as p
 
     store, q, args, keys, values = _one_sequence_of_40(rng)
     options = DecodeOptions(ctas_per_sm=64, split_blocks=1, eager_first=True)
     plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=options)
+    assert plan.one_launch and plan.num_items == plan._sized[1] == 3
     with use_clock(SimulatedClock(STEP_NS)):
-        for call in range(3):
+        for call in ("run", "enqueue 1", "enqueue 2", "run", "bare"):
+            if call == "enqueue 1":  # stale owed words, which the call must clear
+                planted = plan._state.copy_to_host()
+                planted[[p.REPAIR, p.OWED, p.REPAID]] = (2, 2, 1)
+                plan._state.copy_to_device(planted)
+            before, kept = plan._state.copy_to_host(), plan.out.copy_to_host()
             q_host = rng.standard_normal((1, 1, 64)).astype(np.float16)
             q.copy_to_device(q_host)
-            snap = plan._state.copy_to_host()[p.SNAP]
-            plan.run(0)
+            if call == "bare":
+                plan.launches(0)[1].run(0)
+                assert np.array_equal(plan.out.copy_to_host(), kept)
+                expect = kept
+            else:
+                plan.out.copy_to_device(np.full((1, 1, 64), np.nan, np.float16))
+                plan.run(0) if call == "run" else plan.enqueue(0, int(call[-1]))
+                expect = ref.decode_attention(q_host, keys, values, 1 / 8)
             stats, state = plan.stats(), plan._state.copy_to_host()
-            assert stats.launches == 1 and stats.items_per_launch == (3,) and stats.drained, stats
-            assert state[p.BASE] == snap == 3 * call and state[p.SNAP] == snap + 3, state
-            expect = ref.decode_attention(q_host, keys, values, 1 / 8)
+            assert stats.drained and sum(stats.items_per_launch) == 3 and stats.yields == 0, (call, stats)
             assert ref.relative_l2(plan.out.copy_to_host(), expect) <= TOLERANCE, call
+            if call in ("run", "enqueue 1"):
+                assert state[p.SHOT] == 1 and state[p.LAUNCH] == 1 and state[p.DONE] == 3, (call, state)
+                assert (state[[p.REPAIR, p.OWED, p.REPAID]] == 0).all(), (call, state)
+                assert state[p.BASE] == p.DRAINED_BASE and state[p.SNAP] == state[p.CURSOR] == before[p.SNAP]
+                assert stats.launch_us == (50.0,) and stats.longest_item_us == 10.0, stats
+                assert stats.latest_take_us == (40.0,) and stats.items_per_launch == (3,), stats
+            elif call == "enqueue 2":
+                assert state[p.SHOT] == 0 and state[p.BASE] == before[p.SNAP], (state, before)
+                assert state[p.SNAP] == before[p.SNAP] + 6 and stats.items_per_launch == (3, 0), (state, stats)
+            else:  # the bare slice: the one-launch call's row (CTA 0's view), then its own, empty
+                assert state[p.SHOT] == 0 and stats.launches == 2 and stats.items_per_launch == (3, 0), stats
+                assert state[p.SNAP] == before[p.SNAP] + 3, (state, before)
+        assert (state[[p.START, p.EXITED, p.LONGEST, p.LATEST, p.REPAIR, p.OWED, p.REPAID]] == 0).all(), state
+        assert plan.resets == 0
+        q_host = rng.standard_normal((1, 1, 64)).astype(np.float16)
+        q.copy_to_device(q_host)
+        plan.run(0)
+    assert plan.resets == 1
+    assert ref.relative_l2(plan.out.copy_to_host(), ref.decode_attention(q_host, keys, values, 1 / 8)) <= TOLERANCE
 
 
 @pytest.mark.parametrize("budget", [0, -5, float("nan"), float("inf"), 2e6, True, "100", None])
@@ -620,3 +658,62 @@ def test_fixed_slices_capture_into_a_graph_gpu(rng):
         assert plan.stats().drained
         expect = ref.decode_attention(q_host, keys, values, 1 / math.sqrt(128))
         assert ref.relative_l2(plan.out.copy_to_host(), expect) <= TOLERANCE, step
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "int4", "int2"])
+def test_one_launch_calls_gpu(dtype, rng):
+    """At batch 1 the default slice grid holds every item, so ``run`` is one launch
+    (``ONESHOT``, no slice state): bit-identical to ``paged_decode``, a log row from the
+    CTAs' records that makes sense (a positive span holding the longest item and the latest
+    start), and a two-slice ``enqueue`` (the normal protocol) between two such calls right too."""
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=8, head_dim=128, block_size=32, kv_dtype=dtype)
+    store, tables, tails, keys, values = random_cache(cfg, [4000], rng)
+    q_host = rng.standard_normal((1, 32, 128)).astype(np.float16)
+    q, args = cuda.to_device(q_host), [cuda.to_device(a) for a in (tables, np.array([4000], np.int32), tails)]
+    paged = paged_decode(q_host, store, 0, tables, np.array([4000], np.int32), tails).copy_to_host()
+    from hexcore.cuda.attention import persistent as p
+
+    plan = PersistentDecode(q, store, *args, budget_us=1e6, max_seq_len=4000, count_items=True)
+    assert plan.one_launch, (plan.num_items, plan._sized[1])
+    grid = plan._sized[1]
+    for call in ("run", "enqueue 2", "run"):
+        plan.out.copy_to_device(np.full(q_host.shape, np.nan, np.float16))
+        plan.run(0) if call == "run" else plan.enqueue(0, 2)
+        stats, state = plan.stats(), plan._state.copy_to_host()
+        assert np.array_equal(plan.out.copy_to_host(), paged), call
+        assert np.array_equal(stats.item_counts, np.ones(stats.items, np.int32)), call
+        assert state[p.SHOT] == (call == "run"), (call, state[:p.STATE_WORDS])
+        if call == "run":  # every CTA's record: a start, then an end after it
+            starts, ends = (state[p.STATE_WORDS + k * grid:p.STATE_WORDS + (k + 1) * grid] for k in (1, 2))
+            assert (starts > 0).all() and (ends > starts).all(), (starts, ends)
+        assert stats.drained and stats.items_per_launch[0] == plan.num_items, (call, stats)
+        assert stats.launches == (1 if call == "run" else 2), (call, stats)
+        span = stats.launch_us[0]
+        assert 0 < stats.longest_item_us <= span and 0 <= stats.latest_take_us[0] <= span, (call, stats)
+    assert ref.relative_l2(paged, ref.decode_attention(q_host, keys, values, 1 / math.sqrt(128))) <= TOLERANCE
+
+
+@pytest.mark.gpu
+def test_one_launch_run_waits_for_its_stream_gpu(rng):
+    """``run`` synchronises with its stream also where it is one launch and reads nothing
+    back: on a torch stream (non-blocking, so nothing else would wait for it), held busy for
+    about 25 ms before the call, the stream is idle when ``run`` returns, and the output is
+    ``paged_decode``'s."""
+    torch = pytest.importorskip("torch")
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=8, head_dim=128, block_size=32, kv_dtype="int4")
+    store, tables, tails, _, _ = random_cache(cfg, [30000], rng)
+    q_host = rng.standard_normal((1, 32, 128)).astype(np.float16)
+    paged = paged_decode(q_host, store, 0, tables, np.array([30000], np.int32), tails).copy_to_host()
+    q, args = cuda.to_device(q_host), [cuda.to_device(a) for a in (tables, np.array([30000], np.int32), tails)]
+    plan = PersistentDecode(q, store, *args, budget_us=1e6, max_seq_len=30000)
+    assert plan.one_launch
+    side = torch.cuda.Stream()
+    for _ in range(3):
+        plan.out.copy_to_device(np.full(q_host.shape, np.nan, np.float16))
+        cuda.synchronize()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(50_000_000)  # GPU cycles: the launch below queues behind them
+        plan.run(0, stream=side)
+        assert side.query(), "run returned before its stream was done"
+        assert np.array_equal(plan.out.copy_to_host(), paged)
