@@ -1143,7 +1143,17 @@ def _slice_fields_clear(plan, what: str) -> None:
 
     state = plan._state.copy_to_host()
     assert state[p.START] == 0 and state[p.EXITED] == 0, (what, state[:p.STATE_WORDS])
-    assert 0 <= state[p.OWED] <= state.shape[0] - p.STATE_WORDS, (what, state[:p.STATE_WORDS])
+    assert 0 <= state[p.OWED] <= plan._sized[1], (what, state[:p.STATE_WORDS])
+
+
+def _left_mid_call(plan) -> bool:
+    """Whether the plan's owed list or its merge counters hold a call left mid-way (then its
+    next call must reset first: a call that started on them overflowed the owed list into
+    the one-launch records, silently, or merged stale counters)."""
+    from hexcore.cuda.attention import persistent as p
+
+    state = plan._state.copy_to_host()
+    return bool(state[[p.REPAIR, p.OWED, p.REPAID]].any() or plan._partials[2].copy_to_host().any())
 
 
 def target_persistent(data: bytes) -> None:
@@ -1180,6 +1190,7 @@ def target_persistent(data: bytes) -> None:
                 out = peer.out if op == 6 else plan.out
                 out.copy_to_device(np.full(out.shape, np.nan, np.float16))
                 expect = ref.decode_attention(q_host, keys, values, 1 / 8)
+            stale, resets = op <= 2 and _left_mid_call(plan), plan.resets
             try:
                 if op <= 1:
                     plan.run(0)
@@ -1212,6 +1223,7 @@ def target_persistent(data: bytes) -> None:
                     assert np.array_equal(plan._state.copy_to_host(), before), (what, bad)
                 if op != 3:
                     _slice_fields_clear(plan, what)
+                assert not stale or plan.resets > resets, (what, "a call on a plan left mid-call did not reset")
             except AssertionError:
                 raise
             except Exception as exc:

@@ -115,8 +115,10 @@ class Workspace:
     A persistent decode call that was cut short (an exception) or left by bare slices
     (``persistent.BareSlice``) may leave its counters mid-merge: the workspace records them
     (``clean`` is False) until they are zeroed, by the next persistent call that uses them
-    (its reset launch) or by ``paged_decode`` and ``DecodePlan``, which zero every recorded
-    array on their stream before they launch (:meth:`zero_mid_call`).
+    (its reset launch) or by ``paged_decode`` and ``DecodePlan.run``, which zero their own
+    counters on their stream before they launch if recorded (:meth:`zero_mid_call`). Other
+    launches on the workspace (a ``DecodeStep``, a prepared launch run directly, a graph
+    replay) do not look.
     """
 
     def __init__(self):
@@ -147,16 +149,17 @@ class Workspace:
         return id(counters) not in self._mid_call
 
     def settle(self, counters) -> None:
-        """Forget ``counters``' record, after the caller zeroed them (a reset launch)."""
+        """Forget ``counters``' record: the caller zeroed them (a reset launch) or saw its call
+        end with every merge done (a drained call)."""
         self._mid_call.pop(id(counters), None)
 
-    def zero_mid_call(self, stream) -> None:
-        """Zero every recorded counters array on ``stream`` (a ``streams.Stream``) and forget
-        the records (a host-to-device copy each: not for a stream under graph capture)."""
-        for counters in self._mid_call.values():
+    def zero_mid_call(self, counters, stream) -> None:
+        """Zero ``counters`` on ``stream`` (a ``streams.Stream``) and forget their record, if
+        they are recorded (a host-to-device copy: not for a stream under graph capture)."""
+        if id(counters) in self._mid_call:
             zeros = np.zeros(counters.shape, np.int32)
             counters.copy_to_device(zeros) if SIMULATOR else counters.copy_to_device(zeros, stream=stream.numba)
-        self._mid_call.clear()
+            del self._mid_call[id(counters)]
 
 
 _workspace = Workspace()
@@ -349,8 +352,8 @@ def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, ta
     launch, out = decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len,
                                 resolved_options(options), _workspace, verify)
     stream = resolve_stream(stream, q, block_tables, seq_lens, tail_slots, out)
-    if not _workspace.clean:  # a persistent call left merge counters mid-merge
-        _workspace.zero_mid_call(stream)
+    if not _workspace.clean:  # a persistent call left merge counters mid-merge: these?
+        _workspace.zero_mid_call(launch.args[COUNTERS_ARG], stream)
     launch.run(stream)
     return out
 
@@ -359,15 +362,15 @@ class DecodePlan:
     """``paged_decode`` for device buffers that keep their addresses between steps.
 
     Arguments are validated and marshalled once per layer; ``run(layer)`` only enqueues
-    the kernel (capture-safe). Change the contents of ``q``, ``block_tables``, ``seq_lens``
+    the kernel (capture-safe; but see the end). Change the contents of ``q``, ``block_tables``, ``seq_lens``
     and ``tail_slots`` between runs, never the arrays; every ``seq_lens`` entry must stay
     at most ``max_seq_len``. All arrays must be device arrays or CUDA tensors (a host
     array would be copied once and later changes to it ignored). ``workspace`` holds the
     split partials (default: the module's, shared with ``paged_decode``). ``verify``: a
     DecodeVerify of device arrays (every layer's launch checks its sampled blocks; change
-    ``vctl``'s contents between runs to move the sample). A run on a workspace that a
-    persistent call left mid-merge zeroes its counters first (``Workspace.zero_mid_call``:
-    a host copy, so not under graph capture).
+    ``vctl``'s contents between runs to move the sample). A run whose merge counters a
+    persistent call on the same workspace left mid-merge zeroes them first
+    (``Workspace.zero_mid_call``: a host copy, so not under graph capture).
     """
 
     def __init__(self, q, store: DeviceKVStore, block_tables, seq_lens, tail_slots, max_seq_len: int, out=None,
@@ -387,6 +390,7 @@ class DecodePlan:
                                     self.options, self._workspace, verify, prepared=True)
         self._torch = next((a for a in (*self._inputs, out) if type(a).__module__.startswith("torch")), None)
         self._layers: dict = {}
+        self._counters: dict = {}  # layer -> its launch's merge counters (the workspace's)
 
     def launch(self, layer: int):
         """The layer's prepared launch, made on first use (``layer``: an int in
@@ -400,6 +404,7 @@ class DecodePlan:
                                       self._max_seq_len, self.options, self._workspace, self._verify,
                                       prepared=True)
             prepared = self._layers[layer] = prepare_decode(launch, self.options)
+            self._counters[layer] = launch.args[COUNTERS_ARG]
         return prepared
 
     def run(self, layer: int, stream=None):
@@ -410,10 +415,13 @@ class DecodePlan:
         prepared = self._layers.get(layer) if type(layer) is int else None
         prepared = prepared or self.launch(layer)
         stream = resolve_stream(stream, self._torch)
-        if not self._workspace.clean:  # a persistent call left merge counters mid-merge
-            self._workspace.zero_mid_call(stream)
+        if not self._workspace.clean:  # a persistent call left merge counters mid-merge: these?
+            self._workspace.zero_mid_call(self._counters[layer if type(layer) is int else int(layer)], stream)
         prepared.run(stream)
         return self.out
+
+
+COUNTERS_ARG = 14  # the decode launch's merge counters argument (after part_o and part_ml)
 
 
 def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len,
@@ -471,7 +479,7 @@ def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scal
     kernel, ctas_per_sm, split_blocks = _choose_kernel(shape, options, items, max_virtual, args, bool(checks),
                                                        prepared)
     splits = -(-max_virtual // split_blocks)
-    args[12:15] = workspace.get(batch * num_q_heads, splits, cfg.head_dim, items)
+    args[12:15] = workspace.get(batch * num_q_heads, splits, cfg.head_dim, items)  # 14: COUNTERS_ARG
     args[18], args[19] = split_blocks, splits
     args += checks
     return Launch(kernel, (splits, cfg.num_kv_heads * shape.head_groups, batch), THREADS, tuple(args)), out

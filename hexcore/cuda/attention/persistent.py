@@ -478,6 +478,8 @@ def close_slice(state, log, counters, num_items, base, flags):
     end = global_timer_ns()
     first = flags & FIRST
     if base < 0:  # an eager slice's CTA that took nothing dynamic: the base is the snapshot
+        # (so too a later slice after a one-launch call, which read BASE = DRAINED_BASE: it
+        # counts from the snapshot, which that call left where it was, and finds no item)
         base = state[SNAP]
     start, longest, latest = load_relaxed(state, START), load_relaxed(state, LONGEST), load_relaxed(state, LATEST)
     cursor, owed, repaid = load_relaxed(state, CURSOR), load_relaxed(state, OWED), load_relaxed(state, REPAID)
@@ -711,11 +713,15 @@ class PersistentDecode:
         layer = self._layer(layer)
         stream = resolve_stream(stream, self._torch)
         self._start_call(layer, stream)
-        if slices == 1 and self._oneshot:
-            self._slice(layer, self._first | ONESHOT | LAST).run(stream)
-            return
-        for i in range(slices):
-            self._slice(layer, (self._first if i == 0 else 0) | (LAST if i == slices - 1 else 0)).run(stream)
+        try:
+            if slices == 1 and self._oneshot:
+                self._slice(layer, self._first | ONESHOT | LAST).run(stream)
+                return
+            for i in range(slices):
+                self._slice(layer, (self._first if i == 0 else 0) | (LAST if i == slices - 1 else 0)).run(stream)
+        except BaseException:  # cut short between slices (a launch error, an interrupt): mid-call
+            self._leave_mid_call()
+            raise
 
     def run(self, layer: int, stream=None):
         """Decode ``layer`` into ``self.out``: slices until the queue is drained (reads the

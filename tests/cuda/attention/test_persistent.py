@@ -444,9 +444,10 @@ def test_registers_keeping_an_occupancy(ctas_per_sm, registers):
 
 def test_a_call_after_bare_slices_resets_first(rng):
     """Slices run from ``launches()`` are the caller's: they may stop undrained and leave the
-    plan's queue and the workspace's merge counters mid-call. Running one marks the
-    workspace not clean, so the next call on it resets first, whichever plan makes it (two
-    plans here share a workspace); handing the launches out alone costs no reset."""
+    plan's queue and the workspace's merge counters mid-call. Running one marks the plan
+    and the workspace's record of its counters, so the next call on either resets first,
+    whichever plan makes it (two plans here share a workspace); handing the launches out
+    alone costs no reset."""
     from hexcore.cuda.attention.launcher import Workspace
 
     store, q, args, keys, values = _one_sequence_of_40(rng)
@@ -477,9 +478,10 @@ def test_a_call_after_bare_slices_resets_first(rng):
 def test_a_plan_left_mid_call_resets_after_another_plan_ran(rng):
     """The plan's own state is marked too, not only the shared merge counters: a plan whose
     bare slice stopped mid-call resets on its next call even after another plan on the same
-    counters ran (and reset them) in between. Without the plan's own mark its stale owed
-    list was indexed past its end (an IndexError on the simulator, a write past the state
-    array on a GPU)."""
+    counters ran (and reset them) in between. Without the plan's own mark its next call ran
+    on its stale owed list and overflowed it: past the state array before the one-launch
+    call's records followed the list (an IndexError on the simulator), into those records
+    since (silently: the reset count is what shows it)."""
     from hexcore.cuda.attention.launcher import Workspace
 
     store, q, args, keys, values = _one_sequence_of_40(rng)
@@ -533,6 +535,52 @@ def test_a_decode_after_a_persistent_call_left_mid_call_is_right(entry, rng):
             assert ref.relative_l2(got, expect) <= TOLERANCE
             assert workspace.clean
     assert plan.resets == 1
+
+
+def test_an_enqueue_cut_short_between_slices_is_marked(rng, monkeypatch):
+    """An ``enqueue`` whose later slice fails to launch (here its preparation raises) leaves
+    the call mid-way: the plan and the workspace are marked, so the next call resets first
+    and is right."""
+    from hexcore.cuda.attention import persistent as p
+
+    store, q, args, keys, values = _one_sequence_of_40(rng)
+    plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=SPLIT)
+    slice_of = plan._slice
+
+    def failing(layer, flags):
+        if flags & p.LAST:
+            raise RuntimeError("launch failed")
+        return slice_of(layer, flags)
+
+    with use_clock(SimulatedClock(STEP_NS)):
+        monkeypatch.setattr(plan, "_slice", failing)
+        with pytest.raises(RuntimeError, match="launch failed"):
+            plan.enqueue(0, slices=2)
+        monkeypatch.undo()
+        assert not plan._settled and not plan._workspace.clean and not plan.stats().drained
+        q_host = rng.standard_normal((1, 1, 64)).astype(np.float16)
+        q.copy_to_device(q_host)
+        plan.out.copy_to_device(np.full((1, 1, 64), np.nan, np.float16))
+        plan.run(0)
+    assert plan.resets == 1 and plan._settled and plan._workspace.clean
+    assert ref.relative_l2(plan.out.copy_to_host(), ref.decode_attention(q_host, keys, values, 1 / 8)) <= TOLERANCE
+
+
+def test_a_bare_slice_right_after_a_one_launch_call_takes_no_item(rng):
+    """From a fresh plan: a one-launch call, then a bare later slice. The call left ``BASE``
+    at ``DRAINED_BASE``, so the slice finds every item taken: its log row is empty and every
+    item was counted once (without that store it counted -2 items)."""
+    store, q, args, keys, values = _one_sequence_of_40(rng)
+    options = DecodeOptions(ctas_per_sm=64, split_blocks=1, eager_first=True)
+    plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=options,
+                            count_items=True)
+    assert plan.one_launch
+    with use_clock(SimulatedClock(STEP_NS)):
+        plan.run(0)
+        plan.launches(0)[1].run()
+        stats = plan.stats()
+    assert stats.items_per_launch == (3, 0) and stats.drained, stats
+    assert np.array_equal(stats.item_counts, np.ones(3, np.int32)), stats.item_counts
 
 
 def _one_sequence_of_40(rng):
