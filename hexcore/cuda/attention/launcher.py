@@ -32,6 +32,7 @@ FP16_UNSPLIT_MAX_BLOCKS = 128
 # H200's count, so that a decode there splits into as many CTAs as the grid of that GPU
 # would hold (its occupancy stays the simulator's: one CTA per SM unless ctas_per_sm says)
 SIMULATED_SMS = 132
+COUNTERS_ARG = 14  # the decode launch's merge counters argument (after part_o and part_ml)
 
 
 @functools.cache
@@ -362,9 +363,9 @@ class DecodePlan:
     """``paged_decode`` for device buffers that keep their addresses between steps.
 
     Arguments are validated and marshalled once per layer; ``run(layer)`` only enqueues
-    the kernel (capture-safe; but see the end). Change the contents of ``q``, ``block_tables``, ``seq_lens``
-    and ``tail_slots`` between runs, never the arrays; every ``seq_lens`` entry must stay
-    at most ``max_seq_len``. All arrays must be device arrays or CUDA tensors (a host
+    the kernel (capture-safe; but see the end). Change the contents of ``q``,
+    ``block_tables``, ``seq_lens`` and ``tail_slots`` between runs, never the arrays; every
+    ``seq_lens`` entry must stay at most ``max_seq_len``. All arrays must be device arrays or CUDA tensors (a host
     array would be copied once and later changes to it ignored). ``workspace`` holds the
     split partials (default: the module's, shared with ``paged_decode``). ``verify``: a
     DecodeVerify of device arrays (every layer's launch checks its sampled blocks; change
@@ -419,9 +420,6 @@ class DecodePlan:
             self._workspace.zero_mid_call(self._counters[layer if type(layer) is int else int(layer)], stream)
         prepared.run(stream)
         return self.out
-
-
-COUNTERS_ARG = 14  # the decode launch's merge counters argument (after part_o and part_ml)
 
 
 def decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len,
