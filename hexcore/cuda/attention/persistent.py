@@ -696,14 +696,19 @@ class PersistentDecode:
         counters = self._partials[2]
         if self._count or not self._settled or not self._workspace.settled(counters):
             self._prepared(layer)[0].run(stream)
-            self._settled = True
-            self._workspace.settle(counters)
+            self._settle()
             self.resets += 1
 
     def _leave_mid_call(self) -> None:
         """Mark this plan's state and its merge counters as possibly left mid-call."""
         self._settled = False
         self._workspace.leave_mid_call(self._partials[2])
+
+    def _settle(self) -> None:
+        """Clear both marks: this plan's state and merge counters hold no call left mid-way
+        (after a reset launch, or a call seen drained)."""
+        self._settled = True
+        self._workspace.settle(self._partials[2])
 
     def enqueue(self, layer: int, slices: int, stream=None) -> None:
         """Enqueue ``slices`` slices (no host read: capture-safe). Whether they were enough
@@ -745,8 +750,7 @@ class PersistentDecode:
             if done >= items:
                 break
             batch = min(64, max(1, math.ceil((items - done) * launched / max(done, 1))))  # at the rate so far
-        self._settled = True
-        self._workspace.settle(self._partials[2])
+        self._settle()
         return self.out
 
     def stats(self, stream=None) -> PersistentStats:

@@ -524,7 +524,7 @@ def test_a_decode_after_a_persistent_call_left_mid_call_is_right(entry, rng):
         reset, bare = plan.launches(0)
         reset.run()
         bare.run()
-        assert not plan.stats().drained and not workspace.clean
+        assert not plan.stats().drained and not workspace.settled(plan._partials[2])
         for call in (calls[entry], lambda: plan.run(0)):
             q_host = rng.standard_normal((1, 1, 64)).astype(np.float16)
             q.copy_to_device(q_host)
@@ -533,7 +533,7 @@ def test_a_decode_after_a_persistent_call_left_mid_call_is_right(entry, rng):
             got = call().copy_to_host()
             expect = ref.decode_attention(q_host, keys, values, 1 / 8)
             assert ref.relative_l2(got, expect) <= TOLERANCE
-            assert workspace.clean
+            assert workspace.settled(plan._partials[2])
     assert plan.resets == 1
 
 
@@ -557,12 +557,12 @@ def test_an_enqueue_cut_short_between_slices_is_marked(rng, monkeypatch):
         with pytest.raises(RuntimeError, match="launch failed"):
             plan.enqueue(0, slices=2)
         monkeypatch.undo()
-        assert not plan._settled and not plan._workspace.clean and not plan.stats().drained
+        assert not plan._settled and not plan._workspace.settled(plan._partials[2]) and not plan.stats().drained
         q_host = rng.standard_normal((1, 1, 64)).astype(np.float16)
         q.copy_to_device(q_host)
         plan.out.copy_to_device(np.full((1, 1, 64), np.nan, np.float16))
         plan.run(0)
-    assert plan.resets == 1 and plan._settled and plan._workspace.clean
+    assert plan.resets == 1 and plan._settled and plan._workspace.settled(plan._partials[2])
     assert ref.relative_l2(plan.out.copy_to_host(), ref.decode_attention(q_host, keys, values, 1 / 8)) <= TOLERANCE
 
 
