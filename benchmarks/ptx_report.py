@@ -18,7 +18,9 @@ kernels instead (plain and with fitted keys).
 at the grid kernel's register cap) instead, FP16/INT4/INT2 at D=128, block 32, group 4 by
 default: its registers and spills, and the slice's own cost (``benchmarks.sass_slice``):
 atomics, fences and barriers in the whole kernel, and the instructions before the first
-item and after the last one.
+item and after the last one; then, capped at 128 and uncapped, the registers and spills of
+the slice kernel, the one-launch call's kernel (``persistent.oneshot_kernel``) and the grid
+kernel.
 
 ``--tiered``: a format by age's pool kernels (``tiered_kernels.py``) at D=128, block 32, group
 4 by default, capped at 128 registers and uncapped: the partials kernel a merge launch
@@ -132,7 +134,10 @@ def report(sass: bool = False, dump: str | None = None, only: str | None = None,
 
 def persistent_report(dump: str | None = None, only: str | None = None, count_items: bool = False) -> None:
     """One line per shape of PERSISTENT_SHAPES (or ``only``): the persistent slice kernel's
-    registers and spills, then its slice cost (``sass_slice.describe``)."""
+    registers and spills, then its slice cost (``sass_slice.describe``); then, at a cap of
+    128 and uncapped, the registers and spills of the slice kernel, the one-launch call's
+    kernel (``persistent.oneshot_kernel``) and the grid kernel (all three dependent, as
+    launched by default)."""
     from benchmarks.sass_slice import describe as describe_slice, slice_cost
     from hexcore.cuda.attention.persistent import persistent_kernel
 
@@ -150,6 +155,24 @@ def persistent_report(dump: str | None = None, only: str | None = None, count_it
                 sass = f.read()
         print(f"persistent bits={bits:2} D={head_dim} BS={block_size} G={group}: {info.split(' | ')[0]}\n"
               f"    {describe_slice(slice_cost(sass))}", flush=True)
+        one_launch_lines(shape, count_items)
+
+
+def one_launch_lines(shape: DecodeShape, count_items: bool) -> None:
+    """Registers and spills of the slice kernel, the one-launch kernel and the grid kernel of
+    ``shape``, at a cap of 128 and uncapped."""
+    from hexcore.cuda.attention.launcher import UNCAPPED_REGISTERS
+    from hexcore.cuda.attention.persistent import oneshot_kernel, persistent_kernel
+
+    for cap in (GRID_REGISTERS, UNCAPPED_REGISTERS):
+        kernels = (("slice", persistent_kernel.__wrapped__(shape, cap, "none", True, count_items, "inline", True),
+                    PERSISTENT_SIG),
+                   ("one launch", oneshot_kernel.__wrapped__(shape, cap, "none", True, count_items, True),
+                    PERSISTENT_SIG),
+                   ("grid", decode_kernel(shape, cap, dependent=True), DECODE_SIG))
+        for name, kernel, sig in kernels:
+            ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+            print(f"    cap {cap} {name:10}: {ptxas(ptx, cap=cap).split(' | ')[0]}", flush=True)
 
 
 def tiered_report(only: str | None = None) -> None:

@@ -15,8 +15,9 @@ decode runs in *slices*, each a launch that ends within a time budget:
   items first. An *eager* first slice of a call (``DecodeOptions.eager_first``) runs its
   static items without waiting for the budget check, and owes none.
   Where that eager slice's grid is one CTA an item, ``run`` and a one-slice ``enqueue`` are
-  that one launch (``ONESHOT``): its outcome is known (every item runs), so its CTAs skip
-  the slice's state altogether and store their clock readings in records of their own.
+  that one launch (``ONESHOT``): its outcome is known (every item runs), so it runs a
+  kernel of its own (``oneshot_kernel``: the grid kernel's grid and item, no loop) that
+  skips the slice's state altogether and stores its clock readings in records per item.
   An item is ``kernel.decode_item``, the grid kernel's own work, so the numerics are
   ``paged_decode``'s.
 - The checkpoint is the split-K workspace: a finished item has written its partial, and the
@@ -77,7 +78,7 @@ CURSOR, LAUNCH, START, EXITED, LONGEST, LATEST, DONE, BASE, SNAP, REPAIR, OWED, 
 STATE_WORDS = 13
 # a slice's flags: the first of a call; the last of a fixed number (enqueue); with FIRST, its
 # CTAs start their static items before they know the slice's start (``DecodeOptions.eager_first``);
-# with FIRST | EAGER and a grid of one CTA an item, the call's only launch (``begin_oneshot``)
+# with FIRST | EAGER and a grid of one CTA an item, the call's only launch (``oneshot_kernel``)
 FIRST, LAST, EAGER, ONESHOT = 1, 2, 4, 8
 # BASE after a one-launch call: a later slice of the call (a bare ``launches`` slice) finds no item
 DRAINED_BASE = -(1 << 62)
@@ -129,8 +130,8 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
                       dependent: bool = False):
     """The slice kernel of ``shape``: the decode kernel's arguments, then ``state`` int64
     ``[STATE_WORDS + 3 * grid]``, ``log`` int64 ``[MAX_LOGGED * LOG_WORDS]``, ``item_counts`` int32 (``[items]``
-    with ``count_items``), ``budget_ns``, ``num_items``, ``flags`` (``FIRST`` | ``LAST`` | ``EAGER`` | ``ONESHOT``).
-    Launched with a 1-D grid.
+    with ``count_items``), ``budget_ns``, ``num_items``, ``flags`` (``FIRST`` | ``LAST`` | ``EAGER``).
+    Launched with a 1-D grid. A one-launch call (``ONESHOT``) runs ``oneshot_kernel`` instead.
 
     ``item_call`` (``DecodeOptions.persistent_item``) "call": the item is a device function
     the loop calls and NVVM may not inline (``call_noinline``):
@@ -194,10 +195,7 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
         # words: the item's ring, placed after them, stays 16-byte aligned)
         s = cuda.shared.array(10, int64)
         if tid == 0:
-            if flags & ONESHOT:
-                begin_oneshot(s)
-            else:
-                begin_slice(state, s, budget_ns, num_items, flags)
+            begin_slice(state, s, budget_ns, num_items, flags)
         # the one barrier before the first item: s set, s[6] the first item (or -1). Thread
         # 0's block must end in a barrier of its own (ptxas 13, sm_90, 2026-12-02: merged with
         # a later thread-0 block, lanes 1-31 of warp 0 reached the next barrier without
@@ -222,10 +220,49 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
                 next_item(state, s, budget_ns, num_items)
             cuda.syncthreads()  # s[6] (the next item, or -1) set
         if tid == 0:
-            if flags & ONESHOT:
-                end_oneshot(state, log, s, num_items)
-            else:
-                end_slice(state, log, counters, s[3], s[5], s[4], num_items, s[9], flags)
+            end_slice(state, log, counters, s[3], s[5], s[4], num_items, s[9], flags)
+        if dependent:
+            allow_dependent_grids()
+
+    kernel.waits_for_prior_grids = dependent
+    return kernel
+
+
+@functools.cache
+def oneshot_kernel(shape: DecodeShape, max_registers: int | None = None, l2_prefetch: str = "none",
+                   joint_softmax: bool = True, count_items: bool = False, dependent: bool = False):
+    """The kernel of a one-launch call (``ONESHOT``: ``PersistentDecode.one_launch``): the
+    slice kernel's arguments (``persistent_kernel``; ``budget_ns`` and ``flags`` unused) and
+    the grid kernel's grid, ``(splits, num_kv_heads * head_groups, batch)``: each CTA runs
+    its item with the grid kernel's own code (``kernel.decode_item_function``, its indices
+    read from ``blockIdx`` as ``decode_kernel`` reads them), between two clock readings of
+    thread 0 that ``end_oneshot`` stores under the item's queue number (split fastest: the
+    CTA's linear index). No loop, no queue and no slice state, so it compiles as the grid
+    kernel does (ptxas 13.5, sm_90, D=128 BS=32 G=4, ``benchmarks.ptx_report --persistent``),
+    where the slice kernel running the same item in its loop takes more registers (uncapped)
+    or spills more (at 128). ``dependent`` as in ``persistent_kernel``."""
+    decode_item = decode_item_function(shape, l2_prefetch, joint_softmax)
+    HG = shape.head_groups
+    cap = GRID_REGISTERS if max_registers is None else max_registers
+    options = {} if SIMULATOR else {"max_registers": cap}
+
+    @cuda.jit(**options)
+    def kernel(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots, out,
+               part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale, state, log,
+               item_counts, budget_ns, num_items, flags):
+        if dependent:
+            wait_prior_grids()
+        start = cuda.shared.array(1, int64)  # thread 0's first clock reading
+        if cuda.threadIdx.x == 0:
+            start[0] = global_timer_ns()
+            if count_items:
+                cuda.atomic.add(item_counts, linear_block(), 1)
+        decode_item(pool, k_codes, v_codes, k_meta, v_meta, k_tails, v_tails, q, block_tables, seq_lens, tail_slots,
+                    out, part_o, part_ml, counters, layer, num_blocks, max_seqs, split_blocks, max_splits, scale,
+                    cuda.blockIdx.x, cuda.blockIdx.y // HG, cuda.blockIdx.y % HG, cuda.blockIdx.z)
+        cuda.syncthreads()  # the item is done in every thread
+        if cuda.threadIdx.x == 0:
+            end_oneshot(state, log, start[0], global_timer_ns(), linear_block(), num_items)
         if dependent:
             allow_dependent_grids()
 
@@ -364,34 +401,25 @@ def begin_slice(state, s, budget_ns, num_items, flags):
 
 
 @cuda.jit(device=True)
-def begin_oneshot(s):
-    """Thread 0 of a CTA of a one-launch call (``ONESHOT``: a ``FIRST | EAGER`` slice whose
-    grid is one CTA an item, the host's choice): ``s`` as in ``begin_slice``, item
-    ``blockIdx.x``, no dynamic take, and no state read or written: nothing waits for a round
-    trip, here or at the end (``end_oneshot``)."""
-    now = global_timer_ns()
-    s[0] = s[1] = s[2] = s[5] = now
-    s[3] = 0
-    s[4] = 1
-    s[6] = cuda.blockIdx.x
-    s[7] = s[9] = 0
-    s[8] = -1
+def linear_block():
+    """The CTA's index in a 3-D grid, x fastest."""
+    return cuda.blockIdx.x + cuda.gridDim.x * (cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z)
 
 
 @cuda.jit(device=True)
-def end_oneshot(state, log, s, num_items):
-    """Thread 0 of a CTA leaving a one-launch call: its start and end readings into its own
-    record words (plain stores, no atomic, no fence: the host reads them after the stream,
-    ``PersistentDecode.stats``). CTA 0 also leaves the state as a drained call's last CTA
-    out would, without reading it: ``SHOT`` set (the records hold the call's log),
+def end_oneshot(state, log, start, end, j, num_items):
+    """Thread 0 of a CTA of a one-launch call (``oneshot_kernel``) after its item: its clock
+    readings before and after it, ``start`` and ``end``, into the record words of item ``j``
+    (its linear index; the grid is ``num_items`` CTAs), plain stores, no atomic, no fence:
+    the host reads them after the stream (``PersistentDecode.stats``). CTA 0 also leaves the
+    state as a drained call's last CTA out would, without reading it: ``SHOT`` set (the records hold the call's log),
     ``LAUNCH`` 1, ``DONE`` the items, nothing owed, and ``BASE`` ``DRAINED_BASE``, so that a
     later non-``FIRST`` slice finds no item; the cursor and ``SNAP`` stay where they were
     (the call took no cursor value), so the next call's base is this one's. Log row 0 gets
     CTA 0's own view (its start and end, the items, its item), what a later slice of the
     call would log after."""
-    j, grid = cuda.blockIdx.x, cuda.gridDim.x
-    state[STATE_WORDS + grid + j] = s[5]
-    state[STATE_WORDS + 2 * grid + j] = s[2]
+    state[STATE_WORDS + num_items + j] = start
+    state[STATE_WORDS + 2 * num_items + j] = end
     if j == 0:
         state[SHOT] = 1
         state[LAUNCH] = 1
@@ -400,7 +428,7 @@ def end_oneshot(state, log, s, num_items):
         state[REPAIR] = 0
         state[OWED] = 0
         state[REPAID] = 0
-        log[0], log[1], log[2], log[3], log[4] = s[5], s[2], num_items, s[3], s[5]
+        log[0], log[1], log[2], log[3], log[4] = start, end, num_items, end - start, start
 
 
 @cuda.jit(device=True)
@@ -579,6 +607,8 @@ class PersistentDecode:
         self._sized = self._size(launch, store)
         # a call whose eager first slice holds one CTA an item is that one launch (ONESHOT)
         self._oneshot = bool(self._first & EAGER) and self._sized[1] == self._sized[4]
+        self._oneshot_kernel = self._one_launch_kernel(launch, store) if self._oneshot else None
+        self._heads_batch = launch.grid[1:]
         # the owed list and a one-launch call's starts and ends: one word each per CTA
         self._state = cuda.to_device(np.zeros(STATE_WORDS + 3 * self._sized[1], np.int64))
         batch, num_q_heads, head_dim = self.out.shape
@@ -602,9 +632,8 @@ class PersistentDecode:
         fit one round as the grid launch's did (H100, fifty-first session: at B=1 128k INT2
         59.5 -> 47.8 us, FP16 198.5 -> 190.7 us; where the items fit, at B=1 32k, the cap cost
         FP16 3.5% and INT4 and INT2 1.5-1.6%, so it is not taken there)."""
-        cfg, o = store.config, self.options
-        shape = DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
-                            self.out.shape[1] // cfg.num_kv_heads, cfg.group_size)
+        o = self.options
+        shape = self._shape(store)
         cap = launcher.register_cap(launch, shape, o)
         sized = self._fit(launch, store, shape, cap)
         if cap == launcher.UNCAPPED_REGISTERS and sized[4] > sized[1]:
@@ -612,6 +641,20 @@ class PersistentDecode:
             # kernel's own work takes it past the grid kernel's registers and CTAs per SM
             sized = self._fit(launch, store, shape, registers_keeping(launcher.launch_ctas_per_sm(launch, o)))
         return sized
+
+    def _shape(self, store) -> DecodeShape:
+        """The decode shape of this plan's store and query heads."""
+        cfg = store.config
+        return DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
+                           self.out.shape[1] // cfg.num_kv_heads, cfg.group_size)
+
+    def _one_launch_kernel(self, launch, store):
+        """The one-launch call's kernel (``oneshot_kernel``) at the grid launch's register cap
+        (``launcher.register_cap``): its CTAs each run one item, as the grid kernel's do."""
+        o = self.options
+        shape = self._shape(store)
+        return oneshot_kernel(shape, launcher.register_cap(launch, shape, o), o.l2_prefetch, o.joint_softmax,
+                              self._count, launcher.dependent_launches(o))
 
     def _fit(self, launch, store, shape, cap):
         """``_size`` at register cap ``cap``."""
@@ -684,7 +727,10 @@ class PersistentDecode:
         """The layer's prepared slice launch with ``flags``."""
         _, slices, launch = self._prepared(layer)
         if flags not in slices:
-            slices[flags] = launcher.prepare_decode(launcher.Launch(launch.kernel, launch.grid, launch.block,
+            kernel, grid = launch.kernel, launch.grid
+            if flags & ONESHOT:  # the grid kernel's grid: (splits, KV heads * head groups, batch)
+                kernel, grid = self._oneshot_kernel, (self._sized[3], *self._heads_batch)
+            slices[flags] = launcher.prepare_decode(launcher.Launch(kernel, grid, launch.block,
                                                                     (*launch.args, np.int64(flags))), self.options)
         return slices[flags]
 

@@ -583,6 +583,37 @@ def test_a_bare_slice_right_after_a_one_launch_call_takes_no_item(rng):
     assert np.array_equal(stats.item_counts, np.ones(3, np.int32)), stats.item_counts
 
 
+def test_a_one_launch_call_runs_the_grid_kernels_items_over_its_grid(rng):
+    """A one-launch call runs ``oneshot_kernel`` over the grid kernel's grid (splits, KV
+    heads x head groups, batch), not the slice kernel: here 2 splits x (2 KV heads x 2 head
+    groups) x 2 sequences. Each CTA's item is its linear index (split fastest, as the queue
+    numbers them): every item is counted once, every CTA's start and end record is written
+    (an end after its start), and the output is ``paged_decode``'s, bit for bit."""
+    from hexcore.cuda.attention import persistent as p
+
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
+    store, tables, tails, keys, values = random_cache(cfg, [40, 17], rng)
+    q_host = rng.standard_normal((2, 18, 64)).astype(np.float16)
+    lens = np.array([40, 17], np.int32)
+    options = DecodeOptions(ctas_per_sm=64, split_blocks=2, eager_first=True)
+    paged = paged_decode(q_host, store, 0, tables, lens, tails, options=options).copy_to_host()
+    q, args = cuda.to_device(q_host), [cuda.to_device(a) for a in (tables, lens, tails)]
+    plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=options,
+                            count_items=True)
+    assert plan.one_launch and plan.num_items == plan._sized[1] == 16, (plan.num_items, plan._sized)
+    with use_clock(SimulatedClock(STEP_NS)):
+        plan.run(0)
+    launch = plan._slice(0, plan._first | p.ONESHOT | p.LAST)
+    assert launch._dispatcher is plan._oneshot_kernel and launch.grid == (2, 4, 2), (launch._dispatcher, launch.grid)
+    stats, state = plan.stats(), plan._state.copy_to_host()
+    assert np.array_equal(stats.item_counts, np.ones(16, np.int32)), stats.item_counts
+    starts, ends = (state[p.STATE_WORDS + k * 16:p.STATE_WORDS + (k + 1) * 16] for k in (1, 2))
+    assert (starts > 0).all() and (ends > starts).all(), (starts, ends)
+    assert stats.launches == 1 and stats.items_per_launch == (16,) and stats.drained, stats
+    assert np.array_equal(plan.out.copy_to_host(), paged)
+    assert ref.relative_l2(paged, ref.decode_attention(q_host, keys, values, 1 / 8)) <= TOLERANCE
+
+
 def _one_sequence_of_40(rng):
     """(store, q, [tables, lens, tails], keys, values): one FP16 sequence of 40 tokens, one KV
     head of 64 channels, block 16; q zeros on the device, for the test to fill per call."""
