@@ -155,9 +155,11 @@ def run_new_kernels(store, tables, rng) -> None:
     # the item out of line and inlined (DecodeOptions.persistent_item) over many one-block
     # splits, at 128 registers too (SPLIT's ctas_per_sm keeps FP16's grid launch, and so its
     # slice kernel, at the cap anyway), and at the default options (these few items: every
-    # dtype's slice kernel uncapped, as its grid launch's)
+    # dtype's grid launch uncapped; with its eager first slice the call is one launch of
+    # oneshot_kernel, uncapped; with the checked first slice, the slice kernel uncapped)
     for options in (dataclasses.replace(SPLIT, persistent_item="call"), SPLIT,
-                    dataclasses.replace(SPLIT, max_registers=128), DecodeOptions()):
+                    dataclasses.replace(SPLIT, max_registers=128), DecodeOptions(),
+                    DecodeOptions(eager_first=False)):
         out, stats = persistent_decode(q, store, 0, tables, np.array([35, 32], np.int32),
                                        np.array([0, 1], np.int32), budget_us=1000.0, options=options)
         cuda.synchronize()

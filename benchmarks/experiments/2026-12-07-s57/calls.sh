@@ -7,6 +7,10 @@
 #      no-yield rows (FP16, INT4, INT2, queued) at B=1 32k, B=1 128k and 64 x 32/8 4k, the tree
 #      before the diff ("before", a copy with it reversed) against this one ("kernel"), two
 #      rounds alternating (one round where ROUNDS=1).
+#   sanitize (~300 s, any GPU): memcheck, racecheck, initcheck and synccheck at once over
+#      benchmarks.sanitize --dtypes fp16,int4 --no-tiered (the new kernel's INT2 part was clean
+#      at 08:14), limit 540 s.
+#   tests (~460 s, any GPU): every gpu-marked test (scripts/gpu-check -n 12), limit 560 s.
 #   table (~390 s, an H200 only): the forty-fourth session's rows-table (two checked layers a
 #      step, then issue 12's decode table with SDPA and paged FlexAttention beside it).
 set -u
@@ -25,9 +29,18 @@ oneshot)
         persistent_rows "kernel-$round" "$PWD" "$shapes"
     done
     ;;
+sanitize)
+    OUT=$R/san HEXCORE_GPU_CHECK=sanitize HEXCORE_SANITIZERS="memcheck racecheck initcheck synccheck" \
+        HEXCORE_SANITIZE_ARGS="--dtypes fp16,int4 --no-tiered" timeout 540 scripts/gpu-check > "$R/san-stage.log" 2>&1
+    echo "sanitize rc $?"; grep -hE "ERROR SUMMARY|RACECHECK SUMMARY|exit|complete" "$R"/san/*.log "$R/san-stage.log" | head -12
+    ;;
+tests)
+    OUT=$R/tests HEXCORE_GPU_CHECK=tests timeout 560 scripts/gpu-check -n 12 > "$R/tests-stage.log" 2>&1
+    echo "tests rc $?"; tail -n 2 "$R/tests-stage.log"; grep -E "^(FAILED|ERROR)" "$R/tests-stage.log" | head -20
+    ;;
 table)
     if grep -q H200 "$R/gpu.txt"; then bash benchmarks/experiments/2026-12-06-s44/calls.sh rows-table
     else echo "not an H200: nothing run"; fi
     ;;
-*) echo "usage: $0 oneshot|table" >&2; exit 2 ;;
+*) echo "usage: $0 oneshot|sanitize|tests|table" >&2; exit 2 ;;
 esac

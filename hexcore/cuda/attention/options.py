@@ -160,7 +160,9 @@ class DecodeOptions:
       4-7% faster on every INT4/INT2 shape measured, FP16 unchanged: ``benchmarks/RESULTS.md``).
     - ``launch_path``: "raw" (one ``cuLaunchKernel``) or "core" (``cuda.core.launch``)
       for prepared launches.
-    - ``persistent_item``: how the persistent kernel runs its items (``persistent.py``):
+    - ``persistent_item``: how the persistent slice kernel runs its items (``persistent.py``;
+      a one-launch call, ``PersistentDecode.one_launch``, runs the grid kernel's item in a
+      kernel of its own whatever this says):
       "inline" (the default: inlined, its thread index read volatile, capped at 128
       registers with 60-144 bytes of spill stores, where ``max_registers`` does not say
       otherwise) or "call" (out of line, 168 registers, 3 CTAs per SM). Measured on the H200

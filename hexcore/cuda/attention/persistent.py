@@ -72,8 +72,8 @@ from .options import DecodeOptions
 from .shape import THREADS, DecodeShape
 
 # state: int64 [STATE_WORDS + 3 * grid]: the words, then the owed list (one word per CTA of
-# the slice grid), then a one-launch call's per-CTA starts and ends (``ONESHOT``); the
-# protocol and who writes what: docs/persistent.md
+# the slice grid), then a one-launch call's starts and ends, one word each per item (its grid
+# is the items: ``ONESHOT``); the protocol and who writes what: docs/persistent.md
 CURSOR, LAUNCH, START, EXITED, LONGEST, LATEST, DONE, BASE, SNAP, REPAIR, OWED, REPAID, SHOT = range(13)
 STATE_WORDS = 13
 # a slice's flags: the first of a call; the last of a fixed number (enqueue); with FIRST, its
@@ -237,10 +237,13 @@ def oneshot_kernel(shape: DecodeShape, max_registers: int | None = None, l2_pref
     its item with the grid kernel's own code (``kernel.decode_item_function``, its indices
     read from ``blockIdx`` as ``decode_kernel`` reads them), between two clock readings of
     thread 0 that ``end_oneshot`` stores under the item's queue number (split fastest: the
-    CTA's linear index). No loop, no queue and no slice state, so it compiles as the grid
-    kernel does (ptxas 13.5, sm_90, D=128 BS=32 G=4, ``benchmarks.ptx_report --persistent``),
-    where the slice kernel running the same item in its loop takes more registers (uncapped)
-    or spills more (at 128). ``dependent`` as in ``persistent_kernel``."""
+    CTA's linear index). No loop, no queue and no slice state (ptxas 13.5, sm_90, D=128 BS=32
+    G=4, ``benchmarks.ptx_report --persistent``): uncapped, FP16/INT4/INT2 take 166/162/158
+    registers against the grid kernel's 166/156/156 and the slice kernel's 188/168/187, whose
+    loop keeps the item's values live across items. At a cap of 128 its spill loads
+    (FP16/INT4/INT2 64/60/60 bytes) are the grid kernel's for FP16 and more for INT4 and INT2
+    (8 and 52): ``state``'s pointer stays live across the item for the stores after it.
+    ``dependent`` as in ``persistent_kernel``."""
     decode_item = decode_item_function(shape, l2_prefetch, joint_softmax)
     HG = shape.head_groups
     cap = GRID_REGISTERS if max_registers is None else max_registers
@@ -604,11 +607,12 @@ class PersistentDecode:
         self.resets = 0  # reset launches so far (after a call cut short, with count_items, or bare slices)
         self._log = cuda.to_device(np.zeros(LOG_WORDS * MAX_LOGGED, np.int64))
         self._counts = cuda.to_device(np.zeros(1, np.int32))
-        self._sized = self._size(launch, store)
-        # a call whose eager first slice holds one CTA an item is that one launch (ONESHOT)
+        self._sized, cap = self._size(launch, store)
+        # a call whose eager first slice holds one CTA an item is that one launch (ONESHOT),
+        # over the grid kernel's grid: (splits, KV heads * head groups, batch)
         self._oneshot = bool(self._first & EAGER) and self._sized[1] == self._sized[4]
-        self._oneshot_kernel = self._one_launch_kernel(launch, store) if self._oneshot else None
-        self._heads_batch = launch.grid[1:]
+        self._oneshot_kernel = self._one_launch_kernel(store, cap) if self._oneshot else None
+        self._oneshot_grid = (self._sized[3], *launch.grid[1:])
         # the owed list and a one-launch call's starts and ends: one word each per CTA
         self._state = cuda.to_device(np.zeros(STATE_WORDS + 3 * self._sized[1], np.int64))
         batch, num_q_heads, head_dim = self.out.shape
@@ -618,7 +622,8 @@ class PersistentDecode:
             self._counts = cuda.to_device(np.zeros(self.num_items, np.int32))
 
     def _size(self, launch, store):
-        """(kernel, grid, split_blocks, splits, num_items): the grid kernel's split choice, cut
+        """((kernel, grid, split_blocks, splits, num_items), the kernel's register cap): the
+        grid kernel's split choice, cut
         to items of at most ITEM_SHARE of the budget by the READ_BYTES_PER_US model, at the
         register cap of the grid launch (``launcher.register_cap``: uncapped where that launch
         fits one wave of the uncapped kernel: B=1, and FP16 only where that wave keeps its split
@@ -639,8 +644,9 @@ class PersistentDecode:
         if cap == launcher.UNCAPPED_REGISTERS and sized[4] > sized[1]:
             # the items would take two rounds where the grid launch took one wave: the slice
             # kernel's own work takes it past the grid kernel's registers and CTAs per SM
-            sized = self._fit(launch, store, shape, registers_keeping(launcher.launch_ctas_per_sm(launch, o)))
-        return sized
+            cap = registers_keeping(launcher.launch_ctas_per_sm(launch, o))
+            sized = self._fit(launch, store, shape, cap)
+        return sized, cap
 
     def _shape(self, store) -> DecodeShape:
         """The decode shape of this plan's store and query heads."""
@@ -648,13 +654,13 @@ class PersistentDecode:
         return DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
                            self.out.shape[1] // cfg.num_kv_heads, cfg.group_size)
 
-    def _one_launch_kernel(self, launch, store):
-        """The one-launch call's kernel (``oneshot_kernel``) at the grid launch's register cap
-        (``launcher.register_cap``): its CTAs each run one item, as the grid kernel's do."""
+    def _one_launch_kernel(self, store, cap):
+        """The one-launch call's kernel (``oneshot_kernel``) at the slice kernel's register
+        cap ``cap`` (``_size``; None: ``GRID_REGISTERS``), whose occupancy made the call one
+        launch: it takes no more registers than the slice kernel, so its CTAs fit as theirs did."""
         o = self.options
-        shape = self._shape(store)
-        return oneshot_kernel(shape, launcher.register_cap(launch, shape, o), o.l2_prefetch, o.joint_softmax,
-                              self._count, launcher.dependent_launches(o))
+        return oneshot_kernel(self._shape(store), GRID_REGISTERS if cap is None else cap, o.l2_prefetch,
+                              o.joint_softmax, self._count, launcher.dependent_launches(o))
 
     def _fit(self, launch, store, shape, cap):
         """``_size`` at register cap ``cap``."""
@@ -728,8 +734,8 @@ class PersistentDecode:
         _, slices, launch = self._prepared(layer)
         if flags not in slices:
             kernel, grid = launch.kernel, launch.grid
-            if flags & ONESHOT:  # the grid kernel's grid: (splits, KV heads * head groups, batch)
-                kernel, grid = self._oneshot_kernel, (self._sized[3], *self._heads_batch)
+            if flags & ONESHOT:
+                kernel, grid = self._oneshot_kernel, self._oneshot_grid
             slices[flags] = launcher.prepare_decode(launcher.Launch(kernel, grid, launch.block,
                                                                     (*launch.args, np.int64(flags))), self.options)
         return slices[flags]

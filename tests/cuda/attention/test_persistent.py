@@ -414,9 +414,11 @@ def test_an_uncapped_slice_kernel_whose_items_take_two_rounds_is_capped(monkeypa
     """Where the uncapped slice kernel holds fewer CTAs an SM than the grid kernel (2 against
     3 here, as INT2 and FP16 at D=128 G=4 on sm_90) and the items outnumber them (40 * 8 =
     320 items against 264 slots), the slice kernel is compiled at ``registers_keeping`` the
-    grid kernel's 3 (168); where they fit (33 * 8 = 264), it stays uncapped."""
+    grid kernel's 3 (168); where they fit (33 * 8 = 264), it stays uncapped. With an eager
+    first slice both calls are one launch (the items fit the slice grid), and the one-launch
+    kernel takes the slice kernel's cap, so its CTAs fit as the slice kernel's did."""
     from hexcore.cuda.attention import launcher
-    from hexcore.cuda.attention.persistent import persistent_kernel
+    from hexcore.cuda.attention.persistent import oneshot_kernel, persistent_kernel
     from hexcore.cuda.attention.shape import DecodeShape
 
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=8, head_dim=64, block_size=16, kv_dtype="int2")
@@ -430,6 +432,11 @@ def test_an_uncapped_slice_kernel_whose_items_take_two_rounds_is_capped(monkeypa
     decode = PersistentDecode(q, _store(cfg), tables, lens, slots, 100, max_seq_len=3)
     assert decode.num_items == 8 * batch
     assert decode._sized[0] is persistent_kernel(shape, want, "none", True, False, "inline", True)
+    assert not decode.one_launch and decode._oneshot_kernel is None
+    eager = PersistentDecode(q, _store(cfg), tables, lens, slots, 100, max_seq_len=3,
+                             options=DecodeOptions(eager_first=True))
+    assert eager.one_launch and eager._oneshot_kernel is oneshot_kernel(shape, want, "none", True, False, True)
+    assert eager._oneshot_kernel.waits_for_prior_grids
 
 
 @pytest.mark.parametrize("ctas_per_sm, registers", [(1, 255), (2, 255), (3, 168), (4, 128), (5, 96), (8, 64)])
@@ -583,33 +590,41 @@ def test_a_bare_slice_right_after_a_one_launch_call_takes_no_item(rng):
     assert np.array_equal(stats.item_counts, np.ones(3, np.int32)), stats.item_counts
 
 
-def test_a_one_launch_call_runs_the_grid_kernels_items_over_its_grid(rng):
+@pytest.mark.parametrize("split_blocks,budget_us,splits", [(2, BUDGET_US, 2), (8, 0.1, 3)])
+def test_a_one_launch_call_runs_the_grid_kernels_items_over_its_grid(split_blocks, budget_us, splits, rng):
     """A one-launch call runs ``oneshot_kernel`` over the grid kernel's grid (splits, KV
-    heads x head groups, batch), not the slice kernel: here 2 splits x (2 KV heads x 2 head
-    groups) x 2 sequences. Each CTA's item is its linear index (split fastest, as the queue
-    numbers them): every item is counted once, every CTA's start and end record is written
-    (an end after its start), and the output is ``paged_decode``'s, bit for bit."""
+    heads x head groups, batch), not the slice kernel: here ``splits`` x (2 KV heads x 2 head
+    groups) x 2 sequences. The splits are the plan's: a budget of 0.1 us cuts the grid
+    launch's one split of up to 8 blocks to three of one. Each CTA's item is its linear
+    index (split fastest, as the queue numbers them): every item is counted once, and the
+    records come in the simulator's CTA order (``np.ndindex`` over the grid: z fastest; each
+    CTA reads the clock twice), so an index that took the grid's dimensions in another
+    order fails. The output is ``paged_decode``'s, bit for bit."""
     from hexcore.cuda.attention import persistent as p
 
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
     store, tables, tails, keys, values = random_cache(cfg, [40, 17], rng)
     q_host = rng.standard_normal((2, 18, 64)).astype(np.float16)
     lens = np.array([40, 17], np.int32)
-    options = DecodeOptions(ctas_per_sm=64, split_blocks=2, eager_first=True)
+    options = DecodeOptions(ctas_per_sm=64, split_blocks=split_blocks, eager_first=True)
     paged = paged_decode(q_host, store, 0, tables, lens, tails, options=options).copy_to_host()
     q, args = cuda.to_device(q_host), [cuda.to_device(a) for a in (tables, lens, tails)]
-    plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=options,
+    plan = PersistentDecode(q, store, *args, budget_us=budget_us, max_seq_len=40, options=options,
                             count_items=True)
-    assert plan.one_launch and plan.num_items == plan._sized[1] == 16, (plan.num_items, plan._sized)
+    items = splits * 4 * 2
+    assert plan.one_launch and plan.num_items == plan._sized[1] == items, (plan.num_items, plan._sized)
     with use_clock(SimulatedClock(STEP_NS)):
         plan.run(0)
     launch = plan._slice(0, plan._first | p.ONESHOT | p.LAST)
-    assert launch._dispatcher is plan._oneshot_kernel and launch.grid == (2, 4, 2), (launch._dispatcher, launch.grid)
+    assert launch._dispatcher is plan._oneshot_kernel and launch.grid == (splits, 4, 2), launch.grid
     stats, state = plan.stats(), plan._state.copy_to_host()
-    assert np.array_equal(stats.item_counts, np.ones(16, np.int32)), stats.item_counts
-    starts, ends = (state[p.STATE_WORDS + k * 16:p.STATE_WORDS + (k + 1) * 16] for k in (1, 2))
-    assert (starts > 0).all() and (ends > starts).all(), (starts, ends)
-    assert stats.launches == 1 and stats.items_per_launch == (16,) and stats.drained, stats
+    assert np.array_equal(stats.item_counts, np.ones(items, np.int32)), stats.item_counts
+    starts, ends = (state[p.STATE_WORDS + k * items:p.STATE_WORDS + (k + 1) * items] for k in (1, 2))
+    assert (ends > starts).all(), (starts, ends)
+    j = np.arange(items)  # item j = (split x, row y, sequence z); the simulator runs z fastest
+    ran = (j % splits * 4 + j // splits % 4) * 2 + j // (4 * splits)
+    assert np.array_equal(np.argsort(np.argsort(starts)), ran), (starts, ran)
+    assert stats.launches == 1 and stats.items_per_launch == (items,) and stats.drained, stats
     assert np.array_equal(plan.out.copy_to_host(), paged)
     assert ref.relative_l2(paged, ref.decode_attention(q_host, keys, values, 1 / 8)) <= TOLERANCE
 
@@ -644,7 +659,9 @@ def test_persistent_matches_reference_gpu(dtype, group, item, cap, rng):
     """Every dtype and GQA ratio (12: two head groups), the item called or inlined, the slice
     kernel at the default cap (its grid launch's: mostly uncapped at these few items) or at 128
     registers (the default past one wave), a 200 us budget: counts all one, within tolerance of the reference;
-    bit-identical to paged_decode with the same options and a budget that leaves the splits alone."""
+    bit-identical to paged_decode with the same options and a budget that leaves the splits alone
+    (one launch: with its items within the slice grid, as here, that is ``oneshot_kernel``,
+    which runs the grid kernel's item whatever ``item`` says)."""
     options = DecodeOptions(persistent_item=item, max_registers=cap)
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=4, head_dim=128, block_size=32, kv_dtype=dtype, group_size=64)
     lens = [int(rng.integers(1, 8192)), 0, 300, 32 * 7, 8192, 1]
