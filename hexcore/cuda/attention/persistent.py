@@ -242,7 +242,9 @@ def oneshot_kernel(shape: DecodeShape, max_registers: int | None = None, l2_pref
     registers against the grid kernel's 166/156/156 and the slice kernel's 188/168/187, whose
     loop keeps the item's values live across items. At a cap of 128 its spill loads
     (FP16/INT4/INT2 64/60/60 bytes) are the grid kernel's for FP16 and more for INT4 and INT2
-    (8 and 52): ``state``'s pointer stays live across the item for the stores after it.
+    (8 and 52), likely because ``state``'s pointer stays live across the item for the stores
+    after it (a variant with no stores after the item has none: RESULTS.md, fifty-seventh
+    session).
     ``dependent`` as in ``persistent_kernel``."""
     decode_item = decode_item_function(shape, l2_prefetch, joint_softmax)
     HG = shape.head_groups
@@ -698,11 +700,12 @@ class PersistentDecode:
         """(reset, slice): the layer's prepared reset launch and its slice launch with no
         flags (a call's later slice), made on first use; ``run`` and ``enqueue`` use them and
         the same slice with other flags (``layer``: an int in ``[0, num_layers)``, numpy
-        integers accepted). The slice comes as a :class:`BareSlice`: run bare, it may stop with
-        its call undrained, so its ``run`` marks the plan's state and merge counters as
-        possibly mid-call, and the next call on either resets first."""
+        integers accepted). The reset comes as a :class:`PlanLaunch` (run it, read it; its
+        setters would change the plan's own launch), the slice as a :class:`BareSlice`: run
+        bare, it may stop with its call undrained, so its ``run`` marks the plan's state and
+        merge counters as possibly mid-call, and the next call on either resets first."""
         layer = self._layer(layer)
-        return self._prepared(layer)[0], BareSlice(self._slice(layer, 0), self._leave_mid_call)
+        return PlanLaunch(self._prepared(layer)[0]), BareSlice(self._slice(layer, 0), self._leave_mid_call)
 
     def _layer(self, layer) -> int:
         """``layer`` checked (``arrays.checked_layer``) before a call changes any state."""
@@ -846,7 +849,32 @@ class PersistentDecode:
         return host
 
 
-class BareSlice:
+class PlanLaunch:
+    """A prepared launch that a plan owns and its own calls run, as
+    ``PersistentDecode.launches`` hands it out (the reset launch): ``run(stream)`` and what
+    the launch tells (``dependent``, ``grid``, ``block``, ``cluster``, ``as_launch()``,
+    ``matches()``...), but not its setters (``SETTERS``): one would change the launch under
+    the plan's own calls (a slice's ``split_blocks`` set to 3 gave a relative L2 error of
+    968 on the simulator). ``as_launch()`` gives its kernel and arguments to prepare a copy
+    of one's own."""
+
+    SETTERS = frozenset({"set_scalar", "set_array", "rebind"})
+
+    def __init__(self, launch):
+        self._launch = launch
+
+    def run(self, stream=0) -> None:
+        """Enqueue the launch on ``stream`` (the prepared launch's ``run``)."""
+        self._launch.run(stream)
+
+    def __getattr__(self, name):
+        if name in PlanLaunch.SETTERS:
+            raise AttributeError(f"{name}: a plan's own launch is not to be changed (its calls run it); "
+                                 f"prepare a copy from as_launch() instead")
+        return getattr(self._launch, name)
+
+
+class BareSlice(PlanLaunch):
     """A plan's later-slice launch as ``PersistentDecode.launches`` hands it out, for a
     caller that drives the slices itself (after the reset launch). ``run(stream)`` enqueues
     it and marks the plan's state and merge counters as possibly mid-call (the slice may
@@ -855,18 +883,16 @@ class BareSlice:
     ``paged_decode`` or a ``DecodePlan`` on the workspace zeroes them first. So another
     launch on the workspace between two bare slices abandons their call. A graph that
     captures bare slices marks nothing when replayed: run the reset launch before the next
-    call. Other attributes are the prepared launch's (``dependent``, ``kernel``...)."""
+    call. Other attributes as :class:`PlanLaunch`'s."""
 
     def __init__(self, launch, leave_mid_call):
-        self._launch, self._leave_mid_call = launch, leave_mid_call
+        super().__init__(launch)
+        self._leave_mid_call = leave_mid_call
 
-    def run(self, *args, **kwargs) -> None:
-        """Enqueue the slice: the prepared launch's ``run(stream)``, with its defaults."""
+    def run(self, stream=0) -> None:
+        """Enqueue the slice on ``stream`` (the prepared launch's ``run``); marks the plan."""
         self._leave_mid_call()
-        self._launch.run(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._launch, name)
+        self._launch.run(stream)
 
 
 def persistent_decode(q, store, layer: int, block_tables, seq_lens, tail_slots, budget_us, out=None,
