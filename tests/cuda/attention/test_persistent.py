@@ -599,7 +599,8 @@ def test_a_one_launch_call_runs_the_grid_kernels_items_over_its_grid(split_block
     index (split fastest, as the queue numbers them): every item is counted once, and the
     records come in the simulator's CTA order (``np.ndindex`` over the grid: z fastest; each
     CTA reads the clock twice), so an index that took the grid's dimensions in another
-    order fails. The output is ``paged_decode``'s, bit for bit."""
+    order fails. The output is, bit for bit, that of ``paged_decode`` at the plan's split
+    size (one block where the budget cut it: the same splits, so the same merge)."""
     from hexcore.cuda.attention import persistent as p
 
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
@@ -607,12 +608,13 @@ def test_a_one_launch_call_runs_the_grid_kernels_items_over_its_grid(split_block
     q_host = rng.standard_normal((2, 18, 64)).astype(np.float16)
     lens = np.array([40, 17], np.int32)
     options = DecodeOptions(ctas_per_sm=64, split_blocks=split_blocks, eager_first=True)
-    paged = paged_decode(q_host, store, 0, tables, lens, tails, options=options).copy_to_host()
     q, args = cuda.to_device(q_host), [cuda.to_device(a) for a in (tables, lens, tails)]
     plan = PersistentDecode(q, store, *args, budget_us=budget_us, max_seq_len=40, options=options,
                             count_items=True)
     items = splits * 4 * 2
     assert plan.one_launch and plan.num_items == plan._sized[1] == items, (plan.num_items, plan._sized)
+    same_splits = DecodeOptions(ctas_per_sm=64, split_blocks=plan._sized[2])
+    paged = paged_decode(q_host, store, 0, tables, lens, tails, options=same_splits).copy_to_host()
     with use_clock(SimulatedClock(STEP_NS)):
         plan.run(0)
     launch = plan._slice(0, plan._first | p.ONESHOT | p.LAST)
