@@ -415,14 +415,14 @@ def linear_block():
 def end_oneshot(state, log, start, end, j, num_items):
     """Thread 0 of a CTA of a one-launch call (``oneshot_kernel``) after its item: its clock
     readings before and after it, ``start`` and ``end``, into the record words of item ``j``
-    (its linear index; the grid is ``num_items`` CTAs), plain stores, no atomic, no fence:
-    the host reads them after the stream (``PersistentDecode.stats``). CTA 0 also leaves the
-    state as a drained call's last CTA out would, without reading it: ``SHOT`` set (the records hold the call's log),
-    ``LAUNCH`` 1, ``DONE`` the items, nothing owed, and ``BASE`` ``DRAINED_BASE``, so that a
-    later non-``FIRST`` slice finds no item; the cursor and ``SNAP`` stay where they were
-    (the call took no cursor value), so the next call's base is this one's. Log row 0 gets
-    CTA 0's own view (its start and end, the items, its item), what a later slice of the
-    call would log after."""
+    (its linear index; the grid is ``num_items`` CTAs), plain stores, no atomic, no fence: the
+    host reads them after the stream (``PersistentDecode.stats``). CTA 0 also leaves the state
+    as a drained call's last CTA out would, without reading it: ``SHOT`` set (the records hold
+    the call's log), ``LAUNCH`` 1, ``DONE`` the items, nothing owed, and ``BASE``
+    ``DRAINED_BASE``, so that a later non-``FIRST`` slice finds no item; the cursor and ``SNAP``
+    stay where they were (the call took no cursor value), so the next call's base is this one's.
+    Log row 0 gets CTA 0's own view (its start and end, the items, its item), what a later slice
+    of the call would log after."""
     state[STATE_WORDS + num_items + j] = start
     state[STATE_WORDS + 2 * num_items + j] = end
     if j == 0:
@@ -615,7 +615,8 @@ class PersistentDecode:
         self._oneshot = bool(self._first & EAGER) and self._sized[1] == self._sized[4]
         self._oneshot_kernel = self._one_launch_kernel(store, cap) if self._oneshot else None
         self._oneshot_grid = (self._sized[3], *launch.grid[1:])
-        # the owed list and a one-launch call's starts and ends: one word each per CTA
+        # the owed list (one word per CTA of the slice grid) and a one-launch call's starts
+        # and ends (one word each per item: that call's grid is the items, ``_sized[1]``)
         self._state = cuda.to_device(np.zeros(STATE_WORDS + 3 * self._sized[1], np.int64))
         batch, num_q_heads, head_dim = self.out.shape
         heads = launch.grid[1] * batch  # merge counters: (sequence, KV head, head group)
@@ -624,21 +625,21 @@ class PersistentDecode:
             self._counts = cuda.to_device(np.zeros(self.num_items, np.int32))
 
     def _size(self, launch, store):
-        """((kernel, grid, split_blocks, splits, num_items), the kernel's register cap): the
-        grid kernel's split choice, cut
-        to items of at most ITEM_SHARE of the budget by the READ_BYTES_PER_US model, at the
-        register cap of the grid launch (``launcher.register_cap``: uncapped where that launch
-        fits one wave of the uncapped kernel: B=1, and FP16 only where that wave keeps its split
-        count or leaves short items unsplit, ``ctas_per_sm`` unset; on the H200, thirty-first
-        session, B=1 32/8 32k FP16 was 1.062x the grid decode's time capped at 128 and 1.009x
-        uncapped, and at B=64, items past one wave, 1.01-1.45x uncapped against 1.00-1.05x
-        capped). Uncapped, the slice kernel takes more registers than the grid kernel (its
-        own work: INT2 187 and FP16 188 at D=128 G=4 against 156 / 166), two CTAs an SM
-        against three; where its items then outnumber its resident CTAs it is compiled at
-        ``registers_keeping`` the grid kernel's CTAs per SM instead (168 for three), so they
-        fit one round as the grid launch's did (H100, fifty-first session: at B=1 128k INT2
-        59.5 -> 47.8 us, FP16 198.5 -> 190.7 us; where the items fit, at B=1 32k, the cap cost
-        FP16 3.5% and INT4 and INT2 1.5-1.6%, so it is not taken there)."""
+        """((kernel, grid, split_blocks, splits, num_items), the kernel's register cap): the grid
+        kernel's split choice, cut to items of at most ITEM_SHARE of the budget by the
+        READ_BYTES_PER_US model, at the register cap of the grid launch
+        (``launcher.register_cap``: uncapped where that launch fits one wave of the uncapped
+        kernel: B=1, and FP16 only where that wave keeps its split count or leaves short items
+        unsplit, ``ctas_per_sm`` unset; on the H200, thirty-first session, B=1 32/8 32k FP16 was
+        1.062x the grid decode's time capped at 128 and 1.009x uncapped, and at B=64, items past
+        one wave, 1.01-1.45x uncapped against 1.00-1.05x capped). Uncapped, the slice kernel
+        takes more registers than the grid kernel (its own work: INT2 187 and FP16 188 at D=128
+        G=4 against 156 / 166), two CTAs an SM against three; where its items then outnumber its
+        resident CTAs it is compiled at ``registers_keeping`` the grid kernel's CTAs per SM
+        instead (168 for three), so they fit one round as the grid launch's did (H100,
+        fifty-first session: at B=1 128k INT2 59.5 -> 47.8 us, FP16 198.5 -> 190.7 us; where the
+        items fit, at B=1 32k, the cap cost FP16 3.5% and INT4 and INT2 1.5-1.6%, so it is not
+        taken there)."""
         o = self.options
         shape = self._shape(store)
         cap = launcher.register_cap(launch, shape, o)
