@@ -5,8 +5,9 @@
 # this tree has it applied (uncommitted while unchecked, landed once checked):
 #   oneshot (~500 s, any GPU): the persistent GPU tests on this tree, then bench_persistent's
 #      no-yield rows (FP16, INT4, INT2, queued) at B=1 32k, B=1 128k and 64 x 32/8 4k, the tree
-#      before the diff ("before", a copy with it reversed) against this one ("kernel"), two
-#      rounds alternating (one round where ROUNDS=1).
+#      before the kernel ("before", a copy with before-oneshot-kernel.diff applied: 889ad4a's
+#      persistent.py; at 08:01 it was this tree with oneshot-kernel.diff reversed) against this
+#      one ("kernel"), two rounds alternating (one round where ROUNDS=1).
 #   sanitize (~300 s, any GPU): memcheck, racecheck, initcheck and synccheck at once over
 #      benchmarks.sanitize --dtypes fp16,int4 --no-tiered (the new kernel's INT2 part was clean
 #      at 08:13: san-int2), limit 540 s.
@@ -27,8 +28,7 @@ oneshot)
     (PYTHONPATH="$site:$PWD" timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 \
         tests/cuda/attention/test_persistent.py > "$R/oneshot-tests.log" 2>&1)
     echo "tests rc $?"; tail -n 2 "$R/oneshot-tests.log"; grep -E "^(FAILED|ERROR)" "$R/oneshot-tests.log" | head
-    [ -d /tmp/before ] || { cp -r . /tmp/before && (cd /tmp/before && git apply -R "$PWD/$here/oneshot-kernel.diff"); } \
-        || { echo "oneshot-kernel.diff does not reverse"; rm -rf /tmp/before; exit 1; }
+    patched_copy /tmp/before "$PWD/$here/before-oneshot-kernel.diff" || exit 1
     shapes="1,32,8,32768;1,32,8,131072;64,32,8,4096"
     for round in $(seq 1 "${ROUNDS:-2}"); do
         persistent_rows "before-$round" /tmp/before "$shapes"
