@@ -365,8 +365,8 @@ class DecodePlan:
     Arguments are validated and marshalled once per layer; ``run(layer)`` only enqueues
     the kernel (capture-safe; but see the end). Change the contents of ``q``,
     ``block_tables``, ``seq_lens`` and ``tail_slots`` between runs, never the arrays; every
-    ``seq_lens`` entry must stay at most ``max_seq_len``. All arrays must be device arrays or CUDA tensors (a host
-    array would be copied once and later changes to it ignored). ``workspace`` holds the
+    ``seq_lens`` entry must stay at most ``max_seq_len``. All arrays must be device arrays
+    or CUDA tensors (a host array would be copied once and later changes to it ignored). ``workspace`` holds the
     split partials (default: the module's, shared with ``paged_decode``). ``verify``: a
     DecodeVerify of device arrays (every layer's launch checks its sampled blocks; change
     ``vctl``'s contents between runs to move the sample). A run whose merge counters a

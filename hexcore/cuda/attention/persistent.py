@@ -853,13 +853,14 @@ class PersistentDecode:
 class PlanLaunch:
     """A prepared launch that a plan owns and its own calls run, as
     ``PersistentDecode.launches`` hands it out (the reset launch): ``run(stream)`` and what
-    the launch tells (``dependent``, ``grid``, ``block``, ``cluster``, ``as_launch()``,
-    ``matches()``...), but not its setters (``SETTERS``): one would change the launch under
-    the plan's own calls (a slice's ``split_blocks`` set to 3 gave a relative L2 error of
-    968 on the simulator). ``as_launch()`` gives its kernel and arguments to prepare a copy
-    of one's own."""
+    the launch tells (``READABLE``: ``dependent``, ``grid``, ``block``, ``cluster``,
+    ``as_launch()``...), nothing else: its setters (``set_scalar``, ``set_array``,
+    ``rebind``) would change the launch under the plan's own calls (a slice's
+    ``split_blocks`` set to 3 gave a relative L2 error of 968 on the simulator).
+    ``as_launch()`` gives its kernel and arguments to prepare a copy of one's own."""
 
-    SETTERS = frozenset({"set_scalar", "set_array", "rebind"})
+    READABLE = frozenset({"dependent", "grid", "block", "cluster", "name", "as_launch", "matches",
+                          "max_active_clusters"})
 
     def __init__(self, launch):
         self._launch = launch
@@ -869,9 +870,10 @@ class PlanLaunch:
         self._launch.run(stream)
 
     def __getattr__(self, name):
-        if name in PlanLaunch.SETTERS:
-            raise AttributeError(f"{name}: a plan's own launch is not to be changed (its calls run it); "
-                                 f"prepare a copy from as_launch() instead")
+        if name not in PlanLaunch.READABLE:
+            raise AttributeError(f"{name}: a plan's own launch is not to be changed (its calls run it), only run "
+                                 f"or read ({', '.join(sorted(PlanLaunch.READABLE))}); prepare a copy from "
+                                 f"as_launch() instead")
         return getattr(self._launch, name)
 
 

@@ -633,7 +633,8 @@ def test_a_one_launch_call_runs_the_grid_kernels_items_over_its_grid(split_block
 
 def test_the_launches_handed_out_keep_their_setters_to_the_plan(rng):
     """``launches()`` hands out the plan's own reset and later-slice launches, which its calls
-    run: they run and tell (``grid``, ``as_launch()``), but their setters raise, so a caller
+    run: they run and tell (``grid``, ``as_launch()``), but their setters (and anything else
+    not in ``PlanLaunch.READABLE``) raise, so a caller
     cannot change what the plan's next call runs (``set_scalar`` of a slice's
     ``split_blocks`` to 3 forwarded unchecked gave a relative L2 error of 968), and the call
     after the attempts is right."""
@@ -641,7 +642,8 @@ def test_the_launches_handed_out_keep_their_setters_to_the_plan(rng):
     plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=SPLIT)
     reset, bare = plan.launches(0)
     for launch, call in ((bare, lambda l: l.set_scalar(18, 3)), (bare, lambda l: l.set_array(21, plan._log)),
-                         (reset, lambda l: l.set_array(0, plan._log)), (bare, lambda l: l.rebind(l.as_launch().args))):
+                         (reset, lambda l: l.set_array(0, plan._log)), (bare, lambda l: l.rebind(l.as_launch().args)),
+                         (bare, lambda l: l._args)):  # nor anything but what it may read (READABLE)
         with pytest.raises(AttributeError, match="a plan's own launch is not to be changed"):
             call(launch)
     assert bare.as_launch().args[18] == plan._sized[2] and reset.grid == plan.launches(0)[0].grid
