@@ -212,7 +212,7 @@ if "persistent" in SECTIONS:
                                                     tail_slots=TAILS[:0]))
     pp = pplan()
     pp.run(0)
-    pstate = (lambda: sorted(pp._layers), lambda: pp._workspace.clean, lambda: pp._settled, lambda: pp.resets)
+    pstate = (lambda: sorted(pp._layers), lambda: pp._workspace.has_mid_call, lambda: pp._mid_call, lambda: pp.resets)
     for h in H + [2, 1.0]:
         t(f"PersistentDecode.run({h!r})", lambda: unchanged("prun", lambda: pp.run(h), *pstate))
         t(f"PersistentDecode.launches({h!r})", lambda: unchanged("plaunches", lambda: pp.launches(h), *pstate))

@@ -115,7 +115,7 @@ class Workspace:
     after every launch. The module's default one serves ``paged_decode`` and ``DecodePlan``.
     A persistent decode call that was cut short (an exception) or left by bare slices
     (``persistent.BareSlice``) may leave its counters mid-merge: the workspace records them
-    (``clean`` is False) until they are zeroed, by the next persistent call that uses them
+    (``has_mid_call`` is True) until they are zeroed, by the next persistent call that uses them
     (its reset launch) or by ``paged_decode`` and ``DecodePlan.run``, which zero their own
     counters on their stream before they launch if recorded (:meth:`zero_mid_call`). Other
     launches on the workspace (a ``DecodeStep``, a prepared launch run directly, a graph
@@ -137,19 +137,19 @@ class Workspace:
         return self._arrays[key]
 
     @property
-    def clean(self) -> bool:
-        """No counters are recorded as left mid-merge."""
-        return not self._mid_call
+    def has_mid_call(self) -> bool:
+        """Whether any counters are recorded as left mid-merge."""
+        return bool(self._mid_call)
 
-    def leave_mid_call(self, counters) -> None:
+    def mark_mid_call(self, counters) -> None:
         """Record ``counters`` (one of this workspace's) as possibly left mid-merge."""
         self._mid_call[id(counters)] = counters
 
-    def settled(self, counters) -> bool:
-        """Whether ``counters`` are not recorded as left mid-merge."""
-        return id(counters) not in self._mid_call
+    def is_mid_call(self, counters) -> bool:
+        """Whether ``counters`` are recorded as left mid-merge."""
+        return id(counters) in self._mid_call
 
-    def settle(self, counters) -> None:
+    def clear_mid_call(self, counters) -> None:
         """Forget ``counters``' record: the caller zeroed them (a reset launch) or saw its call
         end with every merge done (a drained call)."""
         self._mid_call.pop(id(counters), None)
@@ -353,7 +353,7 @@ def paged_decode(q, store: DeviceKVStore, layer: int, block_tables, seq_lens, ta
     launch, out = decode_launch(q, store, layer, block_tables, seq_lens, tail_slots, out, scale, max_seq_len,
                                 resolved_options(options), _workspace, verify)
     stream = resolve_stream(stream, q, block_tables, seq_lens, tail_slots, out)
-    if not _workspace.clean:  # a persistent call left merge counters mid-merge: these?
+    if _workspace.has_mid_call:  # a persistent call left merge counters mid-merge: these?
         _workspace.zero_mid_call(launch.args[COUNTERS_ARG], stream)
     launch.run(stream)
     return out
@@ -416,7 +416,7 @@ class DecodePlan:
         prepared = self._layers.get(layer) if type(layer) is int else None
         prepared = prepared or self.launch(layer)
         stream = resolve_stream(stream, self._torch)
-        if not self._workspace.clean:  # a persistent call left merge counters mid-merge: these?
+        if self._workspace.has_mid_call:  # a persistent call left merge counters mid-merge: these?
             self._workspace.zero_mid_call(self._counters[layer if type(layer) is int else int(layer)], stream)
         prepared.run(stream)
         return self.out

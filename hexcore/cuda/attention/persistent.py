@@ -601,7 +601,7 @@ class PersistentDecode:
         self._workspace = launcher.checked_workspace(workspace, _workspace)
         launch, self.out = launcher.decode_launch(q, store, 0, block_tables, seq_lens, tail_slots, out, scale,
                                                   max_seq_len, self.options, self._workspace)
-        self._settled = True  # False while this plan's state may hold a call left mid-way
+        self._mid_call = False  # True while this plan's state may hold a call left mid-way
         self._torch = next((a for a in (q, block_tables, seq_lens, tail_slots, self.out)
                             if type(a).__module__.startswith("torch")), None)
         self._layers: dict = {}
@@ -615,9 +615,10 @@ class PersistentDecode:
         self._oneshot = bool(self._first & EAGER) and self._sized[1] == self._sized[4]
         self._oneshot_kernel = self._one_launch_kernel(store, cap) if self._oneshot else None
         self._oneshot_grid = (self._sized[3], *launch.grid[1:])
-        # the owed list (one word per CTA of the slice grid) and a one-launch call's starts
-        # and ends (one word each per item: that call's grid is the items, ``_sized[1]``)
-        self._state = cuda.to_device(np.zeros(STATE_WORDS + 3 * self._sized[1], np.int64))
+        # the owed list (one word per CTA of the slice grid) and, for a one-launch plan, its
+        # call's starts and ends (one word each per item: that call's grid is the items, ``_sized[1]``)
+        records = 2 * self._sized[1] if self._oneshot else 0
+        self._state = cuda.to_device(np.zeros(STATE_WORDS + self._sized[1] + records, np.int64))
         batch, num_q_heads, head_dim = self.out.shape
         heads = launch.grid[1] * batch  # merge counters: (sequence, KV head, head group)
         self._partials = self._workspace.get(batch * num_q_heads, self._sized[3], head_dim, heads)
@@ -706,7 +707,7 @@ class PersistentDecode:
         bare, it may stop with its call undrained, so its ``run`` marks the plan's state and
         merge counters as possibly mid-call, and the next call on either resets first."""
         layer = self._layer(layer)
-        return PlanLaunch(self._prepared(layer)[0]), BareSlice(self._slice(layer, 0), self._leave_mid_call)
+        return PlanLaunch(self._prepared(layer)[0]), BareSlice(self._slice(layer, 0), self._mark_mid_call)
 
     def _layer(self, layer) -> int:
         """``layer`` checked (``arrays.checked_layer``) before a call changes any state."""
@@ -750,21 +751,21 @@ class PersistentDecode:
         did so on these merge counters (the workspace's record), and with ``count_items``
         (counts per call)."""
         counters = self._partials[2]
-        if self._count or not self._settled or not self._workspace.settled(counters):
+        if self._count or self._mid_call or self._workspace.is_mid_call(counters):
             self._prepared(layer)[0].run(stream)
-            self._settle()
+            self._clear_mid_call()
             self.resets += 1
 
-    def _leave_mid_call(self) -> None:
+    def _mark_mid_call(self) -> None:
         """Mark this plan's state and its merge counters as possibly left mid-call."""
-        self._settled = False
-        self._workspace.leave_mid_call(self._partials[2])
+        self._mid_call = True
+        self._workspace.mark_mid_call(self._partials[2])
 
-    def _settle(self) -> None:
+    def _clear_mid_call(self) -> None:
         """Clear both marks: this plan's state and merge counters hold no call left mid-way
         (after a reset launch, or a call seen drained)."""
-        self._settled = True
-        self._workspace.settle(self._partials[2])
+        self._mid_call = False
+        self._workspace.clear_mid_call(self._partials[2])
 
     def enqueue(self, layer: int, slices: int, stream=None) -> None:
         """Enqueue ``slices`` slices (no host read: capture-safe). Whether they were enough
@@ -781,7 +782,7 @@ class PersistentDecode:
             for i in range(slices):
                 self._slice(layer, (self._first if i == 0 else 0) | (LAST if i == slices - 1 else 0)).run(stream)
         except BaseException:  # cut short between slices (a launch error, an interrupt): mid-call
-            self._leave_mid_call()
+            self._mark_mid_call()
             raise
 
     def run(self, layer: int, stream=None):
@@ -795,7 +796,7 @@ class PersistentDecode:
             self._slice(layer, self._first | ONESHOT | LAST).run(stream)
             self._synchronize(stream)
             return self.out
-        self._leave_mid_call()  # until the queue is seen drained
+        self._mark_mid_call()  # until the queue is seen drained
         self._slice(layer, self._first).run(stream)
         rest, items, launched, batch = self._slice(layer, 0), self.num_items, 1, 0
         while True:
@@ -806,7 +807,7 @@ class PersistentDecode:
             if done >= items:
                 break
             batch = min(64, max(1, math.ceil((items - done) * launched / max(done, 1))))  # at the rate so far
-        self._settle()
+        self._clear_mid_call()
         return self.out
 
     def stats(self, stream=None) -> PersistentStats:
@@ -888,13 +889,13 @@ class BareSlice(PlanLaunch):
     captures bare slices marks nothing when replayed: run the reset launch before the next
     call. Other attributes as :class:`PlanLaunch`'s."""
 
-    def __init__(self, launch, leave_mid_call):
+    def __init__(self, launch, mark_mid_call):
         super().__init__(launch)
-        self._leave_mid_call = leave_mid_call
+        self._mark_mid_call = mark_mid_call
 
     def run(self, stream=0) -> None:
         """Enqueue the slice on ``stream`` (the prepared launch's ``run``); marks the plan."""
-        self._leave_mid_call()
+        self._mark_mid_call()
         self._launch.run(stream)
 
 

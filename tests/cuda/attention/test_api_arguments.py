@@ -107,7 +107,7 @@ def test_persistent_bad_layer_leaves_the_plan_as_it_was(case, layer):
     for call in (lambda: plan.run(layer), lambda: plan.enqueue(layer, 2), lambda: plan.launches(layer)):
         with pytest.raises(HexcoreInvalidArgumentError, match="layer"):
             call()
-        assert plan._workspace.settled(plan._partials[2]) and plan._settled  # nothing marked mid-call
+        assert not plan._workspace.is_mid_call(plan._partials[2]) and not plan._mid_call  # nothing marked mid-call
         assert plan.resets == 0 and sorted(plan._layers) == [0]
     assert np.array_equal(plan.run(np.int64(0)).copy_to_host(), expect)
 

@@ -470,13 +470,13 @@ def test_a_call_after_bare_slices_resets_first(rng):
                 if call == "reset, bare":
                     reset.run()
                 bare.run()  # a slice of the first plan's call of three items
-                assert not workspace.clean
+                assert workspace.has_mid_call
                 assert plans[0].stats().drained == (call == "bare"), call  # the first one slice: undrained
                 continue
             plan = plans[plan]
             plan.out.copy_to_device(np.full((1, 1, 64), np.nan, np.float16))
             plan.run(0) if call == "run" else plan.enqueue(0, slices=plan.num_items + 1)
-            assert plan.stats().drained and workspace.clean, call
+            assert plan.stats().drained and not workspace.has_mid_call, call
             expect = ref.decode_attention(q_host, keys, values, 1 / 8)
             assert ref.relative_l2(plan.out.copy_to_host(), expect) <= TOLERANCE, call
     assert [plan.resets for plan in plans] == [1, 1]
@@ -508,7 +508,7 @@ def test_a_plan_left_mid_call_resets_after_another_plan_ran(rng):
             plan.run(0)
             expect = ref.decode_attention(q_host, keys, values, 1 / 8)
             assert ref.relative_l2(plan.out.copy_to_host(), expect) <= TOLERANCE
-    assert [plan.resets for plan in plans] == [1, 1] and workspace.clean
+    assert [plan.resets for plan in plans] == [1, 1] and not workspace.has_mid_call
 
 
 @pytest.mark.parametrize("entry", ["DecodePlan", "paged_decode"])
@@ -531,7 +531,7 @@ def test_a_decode_after_a_persistent_call_left_mid_call_is_right(entry, rng):
         reset, bare = plan.launches(0)
         reset.run()
         bare.run()
-        assert not plan.stats().drained and not workspace.settled(plan._partials[2])
+        assert not plan.stats().drained and workspace.is_mid_call(plan._partials[2])
         for call in (calls[entry], lambda: plan.run(0)):
             q_host = rng.standard_normal((1, 1, 64)).astype(np.float16)
             q.copy_to_device(q_host)
@@ -540,7 +540,7 @@ def test_a_decode_after_a_persistent_call_left_mid_call_is_right(entry, rng):
             got = call().copy_to_host()
             expect = ref.decode_attention(q_host, keys, values, 1 / 8)
             assert ref.relative_l2(got, expect) <= TOLERANCE
-            assert workspace.settled(plan._partials[2])
+            assert not workspace.is_mid_call(plan._partials[2])
     assert plan.resets == 1
 
 
@@ -564,12 +564,12 @@ def test_an_enqueue_cut_short_between_slices_is_marked(rng, monkeypatch):
         with pytest.raises(RuntimeError, match="launch failed"):
             plan.enqueue(0, slices=2)
         monkeypatch.undo()
-        assert not plan._settled and not plan._workspace.settled(plan._partials[2]) and not plan.stats().drained
+        assert plan._mid_call and plan._workspace.is_mid_call(plan._partials[2]) and not plan.stats().drained
         q_host = rng.standard_normal((1, 1, 64)).astype(np.float16)
         q.copy_to_device(q_host)
         plan.out.copy_to_device(np.full((1, 1, 64), np.nan, np.float16))
         plan.run(0)
-    assert plan.resets == 1 and plan._settled and plan._workspace.settled(plan._partials[2])
+    assert plan.resets == 1 and not plan._mid_call and not plan._workspace.is_mid_call(plan._partials[2])
     assert ref.relative_l2(plan.out.copy_to_host(), ref.decode_attention(q_host, keys, values, 1 / 8)) <= TOLERANCE
 
 
