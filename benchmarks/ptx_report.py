@@ -14,12 +14,12 @@ kernels instead (plain and with fitted keys).
 (``decode_kernel(verify=True)``: sampled blocks checked against their head digests); with
 ``--sass``, then by what the variant's hot loop adds to the plain one's, by opcode.
 
-``--persistent``: the persistent slice kernel (``persistent.persistent_kernel``, item inlined,
+``--persistent``: the persistent slice kernel (``persistent_kernels.persistent_kernel``, item inlined,
 at the grid kernel's register cap) instead, FP16/INT4/INT2 at D=128, block 32, group 4 by
 default: its registers and spills, and the slice's own cost (``benchmarks.sass_slice``):
 atomics, fences and barriers in the whole kernel, and the instructions before the first
 item and after the last one; then, capped at 128 and uncapped, the registers and spills of
-the slice kernel, the one-launch call's kernel (``persistent.oneshot_kernel``) and the grid
+the slice kernel, the one-launch call's kernel (``persistent_kernels.oneshot_kernel``) and the grid
 kernel.
 
 ``--tiered``: a format by age's pool kernels (``tiered_kernels.py``) at D=128, block 32, group
@@ -136,10 +136,10 @@ def persistent_report(dump: str | None = None, only: str | None = None, count_it
     """One line per shape of PERSISTENT_SHAPES (or ``only``): the persistent slice kernel's
     registers and spills, then its slice cost (``sass_slice.describe``); then, at a cap of
     128 and uncapped, the registers and spills of the slice kernel, the one-launch call's
-    kernel (``persistent.oneshot_kernel``) and the grid kernel (all three dependent, as
+    kernel (``persistent_kernels.oneshot_kernel``) and the grid kernel (all three dependent, as
     launched by default)."""
     from benchmarks.sass_slice import describe as describe_slice, slice_cost
-    from hexcore.cuda.attention.persistent import persistent_kernel
+    from hexcore.cuda.attention.persistent_kernels import persistent_kernel
 
     shapes = [tuple(int(x) for x in only.split(","))] if only else PERSISTENT_SHAPES
     for bits, head_dim, block_size, group in shapes:
@@ -162,7 +162,7 @@ def one_launch_lines(shape: DecodeShape, count_items: bool) -> None:
     """Registers and spills of the slice kernel, the one-launch kernel and the grid kernel of
     ``shape``, at a cap of 128 and uncapped."""
     from hexcore.cuda.attention.launcher import UNCAPPED_REGISTERS
-    from hexcore.cuda.attention.persistent import oneshot_kernel, persistent_kernel
+    from hexcore.cuda.attention.persistent_kernels import oneshot_kernel, persistent_kernel
 
     for cap in (GRID_REGISTERS, UNCAPPED_REGISTERS):
         kernels = (("slice", persistent_kernel.__wrapped__(shape, cap, "none", True, count_items, "inline", True),

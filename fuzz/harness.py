@@ -1139,7 +1139,7 @@ def _check_call(plan, expect, what: str) -> None:
 
 def _slice_fields_clear(plan, what: str) -> None:
     """Every slice's last CTA out clears the slice's own fields; the owed list fits its grid."""
-    from hexcore.cuda.attention import persistent as p
+    from hexcore.cuda.attention import persistent_kernels as p
 
     state = plan._state.copy_to_host()
     assert state[p.START] == 0 and state[p.EXITED] == 0, (what, state[:p.STATE_WORDS])
@@ -1150,7 +1150,7 @@ def _left_mid_call(plan) -> bool:
     """Whether the plan's owed list or its merge counters hold a call left mid-way (then its
     next call must reset first: a call that started on them overflowed the owed list into
     the one-launch records, silently, or merged stale counters)."""
-    from hexcore.cuda.attention import persistent as p
+    from hexcore.cuda.attention import persistent_kernels as p
 
     state = plan._state.copy_to_host()
     return bool(state[[p.REPAIR, p.OWED, p.REPAID]].any() or plan._partials[2].copy_to_host().any())

@@ -16,7 +16,7 @@ split (a run of ``split_blocks`` virtual blocks of one sequence) for one KV head
 
 The work of one CTA is ``decode_item``, a device function of the item's (split, KV head,
 head group, sequence): the grid kernel calls it once with its block indices, the
-persistent kernel (``persistent.py``) once per item it takes from its queue.
+persistent kernel (``persistent_kernels.py``) once per item it takes from its queue.
 
 Device index arrays are trusted by the launcher (reading them back would synchronise),
 so the item keeps its reads inside its arrays: a ``seq_lens`` entry is clamped to
@@ -184,7 +184,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     the whole CTA (every thread calls it, and every thread returns from it together): the
     split ``split`` of sequence ``b`` for KV head ``h`` and its query heads of head group
     ``hg``, with the fused merge when it is the sequence's last split to finish. Shared by
-    the grid kernel (``decode_kernel``) and the persistent kernel (``persistent.py``).
+    the grid kernel (``decode_kernel``) and the persistent kernel (``persistent_kernels.py``).
 
     With ``partials`` (a specialisation; the kernels above do not contain it) every item
     writes its partial to the workspace and nothing else, not ``out``, no merge, and an
@@ -193,7 +193,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     other pools' (its ``part_o``/``part_ml`` start at the pool's first split slot).
 
     ``volatile_tid``: the item reads its thread index with ``thread_index_volatile``, for a
-    caller that runs items in a loop with the item inlined (``persistent.py``, the FP16
+    caller that runs items in a loop with the item inlined (``persistent_kernels.py``, the FP16
     pool in ``tiered.py``'s merge): what the item derives from the index is then recomputed
     per item, not held across the loop.
 

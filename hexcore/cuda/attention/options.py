@@ -160,7 +160,7 @@ class DecodeOptions:
       4-7% faster on every INT4/INT2 shape measured, FP16 unchanged: ``benchmarks/RESULTS.md``).
     - ``launch_path``: "raw" (one ``cuLaunchKernel``) or "core" (``cuda.core.launch``)
       for prepared launches.
-    - ``persistent_item``: how the persistent slice kernel runs its items (``persistent.py``;
+    - ``persistent_item``: how the persistent slice kernel runs its items (``persistent_kernels.py``;
       a one-launch call, ``PersistentDecode.one_launch``, runs the grid kernel's item in a
       kernel of its own whatever this says):
       "inline" (the default: inlined, its thread index read volatile, capped at 128

@@ -93,7 +93,7 @@ def test_each_slice_leaves_the_state_ready_for_the_next(options, rng):
     is the cursor, DONE the cursor less the call's base (clipped to the call's items; less the
     owed items, which an abandoned call never took),
     LAUNCH the slices of the call; the log's items add up to the call's."""
-    from hexcore.cuda.attention import persistent as p
+    from hexcore.cuda.attention import persistent_kernels as p
 
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="fp16")
     store, tables, tails, _, _ = random_cache(cfg, [60], rng)
@@ -158,7 +158,7 @@ def test_eager_first_slice_takes_every_static_item(ctas_per_sm, budget, step, fi
     without waiting for the slice's start, so on the simulator, whose later CTAs start past
     the budget, none owes its item; later slices take the rest from the cursor and repair
     nothing. Every item once, the output paged_decode's bit for bit, the state cleared."""
-    from hexcore.cuda.attention import persistent as p
+    from hexcore.cuda.attention import persistent_kernels as p
 
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
     options = DecodeOptions(ctas_per_sm=ctas_per_sm, split_blocks=2, eager_first=True)
@@ -186,7 +186,7 @@ def test_eager_first_slice_takes_every_static_item(ctas_per_sm, budget, step, fi
 def test_eager_first_defaults_to_the_gpu_only():
     """None: eager on a GPU with the grid at the occupancy (``ctas_per_sm`` unset), where a
     slice's CTAs start together; checked with ``ctas_per_sm`` set and on the simulator."""
-    from hexcore.cuda.attention import persistent as p
+    from hexcore.cuda.attention import persistent_kernels as p
     from hexcore.cuda.device import SIMULATOR
 
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16)
@@ -209,7 +209,7 @@ def test_static_items_late_ctas_and_repair_slices(budget, taken, rng):
     starts at item 6 and no CTA takes from the cursor (no item past the static ones): CTA 0
     takes item 6 and leaves (two clock readings), so CTA 1 starts inside the budget and
     takes 7, and CTA 2's static item (8) is past the call's items, neither taken nor owed."""
-    from hexcore.cuda.attention import persistent as p
+    from hexcore.cuda.attention import persistent_kernels as p
 
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="fp16")
     options = DecodeOptions(ctas_per_sm=3, split_blocks=2)  # two splits of 2 blocks per (sequence, head)
@@ -256,7 +256,7 @@ def test_calls_follow_one_another_without_a_reset(options, rng):
     """No reset launch between calls (the base is the cursor's device-side snapshot): run,
     an abandoned enqueue (too few slices), run again, each with a new query: every run is
     right, its base is the snapshot the call before left, and no reset was launched."""
-    from hexcore.cuda.attention import persistent as p
+    from hexcore.cuda.attention import persistent_kernels as p
 
     store, q, args, keys, values = _one_sequence_of_40(rng)
     plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=options)
@@ -290,7 +290,7 @@ def test_one_launch_calls_leave_the_queue_where_it_was(rng):
     output stays the call's; it marks the plan, so the next call resets first. A one-launch
     call leaves nothing owed, whatever it found (stale owed words are planted before one).
     Every call is right."""
-    from hexcore.cuda.attention import persistent as p
+    from hexcore.cuda.attention import persistent_kernels as p
 
     store, q, args, keys, values = _one_sequence_of_40(rng)
     options = DecodeOptions(ctas_per_sm=64, split_blocks=1, eager_first=True)
@@ -383,7 +383,7 @@ def test_slice_kernel_takes_the_grid_launchs_register_cap(monkeypatch):
     default cap where it did not: the items fill the GPU (512 items, 396 resident) or, for
     FP16, ``ctas_per_sm`` is set; an explicit ``max_registers`` as given."""
     from hexcore.cuda.attention import launcher
-    from hexcore.cuda.attention.persistent import persistent_kernel
+    from hexcore.cuda.attention.persistent_kernels import persistent_kernel
     from hexcore.cuda.attention.shape import DecodeShape
 
     monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
@@ -418,7 +418,7 @@ def test_an_uncapped_slice_kernel_whose_items_take_two_rounds_is_capped(monkeypa
     first slice both calls are one launch (the items fit the slice grid), and the one-launch
     kernel takes the slice kernel's cap, so its CTAs fit as the slice kernel's did."""
     from hexcore.cuda.attention import launcher
-    from hexcore.cuda.attention.persistent import oneshot_kernel, persistent_kernel
+    from hexcore.cuda.attention.persistent_kernels import oneshot_kernel, persistent_kernel
     from hexcore.cuda.attention.shape import DecodeShape
 
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=8, head_dim=64, block_size=16, kv_dtype="int2")
@@ -548,7 +548,7 @@ def test_an_enqueue_cut_short_between_slices_is_marked(rng, monkeypatch):
     """An ``enqueue`` whose later slice fails to launch (here its preparation raises) leaves
     the call mid-way: the plan and the workspace are marked, so the next call resets first
     and is right."""
-    from hexcore.cuda.attention import persistent as p
+    from hexcore.cuda.attention import persistent_kernels as p
 
     store, q, args, keys, values = _one_sequence_of_40(rng)
     plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=SPLIT)
@@ -601,7 +601,7 @@ def test_a_one_launch_call_runs_the_grid_kernels_items_over_its_grid(split_block
     CTA reads the clock twice), so an index that took the grid's dimensions in another
     order fails. The output is, bit for bit, that of ``paged_decode`` at the plan's split
     size (one block where the budget cut it: the same splits, so the same merge)."""
-    from hexcore.cuda.attention import persistent as p
+    from hexcore.cuda.attention import persistent_kernels as p
 
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
     store, tables, tails, keys, values = random_cache(cfg, [40, 17], rng)
@@ -794,7 +794,7 @@ def test_one_launch_calls_gpu(dtype, rng):
     q_host = rng.standard_normal((1, 32, 128)).astype(np.float16)
     q, args = cuda.to_device(q_host), [cuda.to_device(a) for a in (tables, np.array([4000], np.int32), tails)]
     paged = paged_decode(q_host, store, 0, tables, np.array([4000], np.int32), tails).copy_to_host()
-    from hexcore.cuda.attention import persistent as p
+    from hexcore.cuda.attention import persistent_kernels as p
 
     plan = PersistentDecode(q, store, *args, budget_us=1e6, max_seq_len=4000, count_items=True)
     assert plan.one_launch, (plan.num_items, plan._sized[1])
