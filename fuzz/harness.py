@@ -1211,7 +1211,7 @@ def target_persistent(data: bytes) -> None:
                     assert ref.relative_l2(got, expect) <= 2e-3, (what, "DecodePlan", ref.relative_l2(got, expect))
                     continue
                 elif op == 4:
-                    from hexcore.cuda.attention.persistent import MAX_LOGGED
+                    from hexcore.cuda.attention.persistent_kernels import MAX_LOGGED
 
                     stats = plan.stats()  # after anything, bare slices included: a log that reads
                     assert len(stats.items_per_launch) == min(stats.launches, MAX_LOGGED), (what, stats)

@@ -7,7 +7,7 @@ launches, run, enqueue(layer, slices), stats), prefill_attention, prefill_attent
 
 Prints every call that ended in anything but a typed error, and every refused call that
 left state changed: the store's pool, the merge counters of the decode workspaces (all
-zero between calls), a plan's prepared layers and its workspace's ``clean`` flag; after
+zero between calls), a plan's prepared layers, its workspace's ``has_mid_call`` and its own ``_mid_call`` mark; after
 every section a valid call must still give the output it gave before the section.
 
 cd fuzz/probes && NUMBA_ENABLE_CUDASIM=1 nice -n 5 python api_pass_5_decode.py [SECTION ...]

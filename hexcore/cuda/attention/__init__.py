@@ -3,8 +3,8 @@ and the tensor-core kernel (``kernel.py``, per-warp work in ``fragments.py``, si
 ``shape.py``, the tensor-core intrinsics in ``cuda/mma.py``); prefill over a cached prefix (``prefill.py``:
 ``prefill_attention``, ``prefill_attention_batch`` and its ``BatchRows``, ``gather_prefix``);
 the persistent checkpoint-and-yield decode (``persistent.py``: ``persistent_decode``,
-``PersistentDecode``; its kernels and protocol in ``persistent_kernels.py``); decode over the pools of a format by age (``tiered.py``:
-``tiered_decode``, ``TieredDecodePlan``)."""
+``PersistentDecode``; its kernels and protocol in ``persistent_kernels.py``); decode over
+the pools of a format by age (``tiered.py``: ``tiered_decode``, ``TieredDecodePlan``)."""
 
 from __future__ import annotations
 

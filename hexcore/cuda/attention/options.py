@@ -170,7 +170,7 @@ class DecodeOptions:
       1.04-1.13x at B=64 and 1.19-1.28x at B=1 32k, call 1.05-1.37x and 1.33-1.46x
       (``benchmarks/RESULTS.md``, "eleventh session").
     - ``eager_first``: whether a persistent decode call's first slice starts every CTA's
-      static item at once, checking the slice's start and budget only after it (``persistent.py``,
+      static item at once, checking the slice's start and budget only after it (``persistent_kernels.py``,
       ``EAGER``), instead of one global round trip (a compare-and-swap) before it. None
       (the default): on a GPU with ``ctas_per_sm`` unset, where the first slice's grid is
       its resident CTAs and they start together; off with ``ctas_per_sm`` set (it may exceed

@@ -6,7 +6,11 @@ decode runs in *slices*, each a launch that ends within a time budget.
 
 The work is the decode kernel's items, run in slices by the kernels of
 ``persistent_kernels.py`` (which describes the protocol); a finished item's partial is the
-checkpoint, and the queue cursor the resume point.
+checkpoint, and the queue cursor the resume point. Where a call's eager first slice holds
+one CTA an item, the call is one launch of ``oneshot_kernel`` (a *one-launch call*). A plan
+resets its state and merge counters (a reset launch) before a call only after a call was cut
+short or left by bare slices (its own mark, ``_mid_call``, and the workspace's record for
+the counters, which another plan may share) and, with ``count_items``, before every call.
 
 Host side: ``persistent_decode`` (and ``PersistentDecode.run``) enqueue slices and read the
 state back until the queue is drained, so they synchronise with the stream (a one-launch
@@ -124,10 +128,12 @@ class PersistentDecode:
         self._oneshot = bool(self._first & EAGER) and self._sized[1] == self._sized[4]
         self._oneshot_kernel = self._one_launch_kernel(store, cap) if self._oneshot else None
         self._oneshot_grid = (self._sized[3], *launch.grid[1:])
-        # the owed list (one word per CTA of the slice grid) and, for a one-launch plan, its
-        # call's starts and ends (one word each per item: that call's grid is the items, ``_sized[1]``)
-        records = 2 * self._sized[1] if self._oneshot else 0
-        self._state = cuda.to_device(np.zeros(STATE_WORDS + self._sized[1] + records, np.int64))
+        # the owed list (one word per CTA of the slice grid) and a one-launch call's starts
+        # and ends (one word each per item: that call's grid is the items, ``_sized[1]``). Every
+        # plan has the records' words: where a caller replays bare slices in a graph (which
+        # marks nothing) and the next call appends to a stale owed list, the overflow lands
+        # there and not past the array (``begin_slice`` does not bound the list)
+        self._state = cuda.to_device(np.zeros(STATE_WORDS + 3 * self._sized[1], np.int64))
         batch, num_q_heads, head_dim = self.out.shape
         heads = launch.grid[1] * batch  # merge counters: (sequence, KV head, head group)
         self._partials = self._workspace.get(batch * num_q_heads, self._sized[3], head_dim, heads)

@@ -55,10 +55,9 @@ from ..timer import global_timer_ns
 from .kernel import GRID_REGISTERS, decode_item_function
 from .shape import DecodeShape
 
-# state: int64 [STATE_WORDS + grid (+ 2 * grid)]: the words, then the owed list (one word per
-# CTA of the slice grid), then, in a one-launch plan only, its call's starts and ends, one word
-# each per item (its grid is the items: ``ONESHOT``); the protocol and who writes what:
-# docs/persistent.md
+# state: int64 [STATE_WORDS + 3 * grid]: the words, then the owed list (one word per CTA of
+# the slice grid), then a one-launch call's starts and ends, one word each per item (its grid
+# is the items: ``ONESHOT``); the protocol and who writes what: docs/persistent.md
 CURSOR, LAUNCH, START, EXITED, LONGEST, LATEST, DONE, BASE, SNAP, REPAIR, OWED, REPAID, SHOT = range(13)
 STATE_WORDS = 13
 # a slice's flags: the first of a call; the last of a fixed number (enqueue); with FIRST, its
@@ -78,7 +77,7 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
                       joint_softmax: bool = True, count_items: bool = False, item_call: str = "inline",
                       dependent: bool = False):
     """The slice kernel of ``shape``: the decode kernel's arguments, then ``state`` int64
-    ``[STATE_WORDS + grid]`` (and a one-launch plan's records after it), ``log`` int64 ``[MAX_LOGGED * LOG_WORDS]``, ``item_counts`` int32 (``[items]``
+    ``[STATE_WORDS + 3 * grid]``, ``log`` int64 ``[MAX_LOGGED * LOG_WORDS]``, ``item_counts`` int32 (``[items]``
     with ``count_items``), ``budget_ns``, ``num_items``, ``flags`` (``FIRST`` | ``LAST`` | ``EAGER``).
     Launched with a 1-D grid. A one-launch call (``ONESHOT``) runs ``oneshot_kernel`` instead.
 
