@@ -7,6 +7,10 @@ kernels instead (plain and with fitted keys).
     python -m benchmarks.ptx_report --persistent [--dump DIR] [--only BITS,D,BS,G] [--count-items]
     python -m benchmarks.ptx_report --tiered [--only BITS,D,BS,G]
 
+Each plain decode kernel's line, and each kernel's line of ``--persistent``'s caps, ends with
+the shared memory it declares beside its ring against ``kernel.BESIDE_RING`` (a hand-counted
+bound, which the verify kernel's weight table is sized by): "EXCEEDS" means the count is short.
+
 ``--prefetch MODE``: the decode kernels built with ``DecodeOptions.l2_prefetch`` MODE
 ("quantized", "all"; "none" by default).
 
@@ -14,13 +18,13 @@ kernels instead (plain and with fitted keys).
 (``decode_kernel(verify=True)``: sampled blocks checked against their head digests); with
 ``--sass``, then by what the variant's hot loop adds to the plain one's, by opcode.
 
-``--persistent``: the persistent slice kernel (``persistent_kernels.persistent_kernel``, item inlined,
-at the grid kernel's register cap) instead, FP16/INT4/INT2 at D=128, block 32, group 4 by
+``--persistent``: the persistent slice kernel (``persistent_kernels.persistent_kernel``, item
+inlined, at the grid kernel's register cap) instead, FP16/INT4/INT2 at D=128, block 32, group 4 by
 default: its registers and spills, and the slice's own cost (``benchmarks.sass_slice``):
 atomics, fences and barriers in the whole kernel, and the instructions before the first
 item and after the last one; then, capped at 128 and uncapped, the registers and spills of
-the slice kernel, the one-launch call's kernel (``persistent_kernels.oneshot_kernel``) and the grid
-kernel.
+the slice kernel, the one-launch call's kernel (``persistent_kernels.oneshot_kernel``) and the
+grid kernel.
 
 ``--tiered``: a format by age's pool kernels (``tiered_kernels.py``) at D=128, block 32, group
 4 by default, capped at 128 registers and uncapped: the partials kernel a merge launch
@@ -55,7 +59,7 @@ from numba import cuda, types  # noqa: E402
 # device functions ask the current device for its compute capability; there is none here
 _dispatcher.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=(9, 0))
 
-from hexcore.cuda.attention.kernel import GRID_REGISTERS, decode_kernel  # noqa: E402
+from hexcore.cuda.attention.kernel import BESIDE_RING, GRID_REGISTERS, decode_kernel, ring_words  # noqa: E402
 from benchmarks.sass_loop import describe, difference, hot_loop  # noqa: E402
 from hexcore.cuda.attention.shape import DecodeShape  # noqa: E402
 
@@ -108,6 +112,18 @@ def ptxas(ptx: str, sass: bool = False, dump: str | None = None, name: str = "k"
         return info if res.returncode == 0 else res.stderr[-500:]
 
 
+def beside_ring(info: str, shape: DecodeShape) -> str:
+    """The static shared memory a kernel of ``shape`` declares beside its ring (ptxas's
+    ``smem`` in ``info`` less the ring's bytes), against ``kernel.BESIDE_RING``, the hand-counted
+    bound the verify kernel's weight table is sized with (``kernel.TABLED``); "EXCEEDS" where
+    the count is short."""
+    found = re.search(r"(\d+) bytes smem", info)
+    if not found:
+        return "beside the ring: no smem figure"
+    beside = int(found.group(1)) - 4 * ring_words(shape)
+    return f"beside the ring {beside} B of BESIDE_RING {BESIDE_RING}" + (" EXCEEDS" if beside > BESIDE_RING else "")
+
+
 def report(sass: bool = False, dump: str | None = None, only: str | None = None, verify: bool = False,
            l2_prefetch: str = "none") -> None:
     """One line per shape of SHAPES (or only ``only``, "bits,head_dim,block_size,group"); with
@@ -125,9 +141,11 @@ def report(sass: bool = False, dump: str | None = None, only: str | None = None,
                 os.makedirs(dump, exist_ok=True)
                 with open(os.path.join(dump, f"{name}.ptx"), "w") as f:
                     f.write(ptx)
+            info = ptxas(ptx, sass, dump, name, loops=loops)
+            ring = "" if variant else f" | {beside_ring(info, shape)}"  # (verify: its table beside it too)
             print(f"decode{' verify' if variant else ''} bits={bits:2} D={head_dim} BS={block_size} G={group}: "
                   f"mma {ptx.count('mma.sync')}, v4 loads {ptx.count('ld.global.v4')}, local {ptx.count('.local')}, "
-                  f"cvt.s64 {ptx.count('cvt.rn.f32.s64')} | {ptxas(ptx, sass, dump, name, loops=loops)}", flush=True)
+                  f"cvt.s64 {ptx.count('cvt.rn.f32.s64')} | {info}{ring}", flush=True)
         if len(loops) == 2:
             print(f"    verify's hot loop against the plain one: {difference(*loops)}", flush=True)
 
@@ -172,7 +190,8 @@ def one_launch_lines(shape: DecodeShape, count_items: bool) -> None:
                    ("grid", decode_kernel(shape, cap, dependent=True), DECODE_SIG))
         for name, kernel, sig in kernels:
             ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
-            print(f"    cap {cap} {name:10}: {ptxas(ptx, cap=cap).split(' | ')[0]}", flush=True)
+            info = ptxas(ptx, cap=cap).split(' | ')[0]
+            print(f"    cap {cap} {name:10}: {info} | {beside_ring(info, shape)}", flush=True)
 
 
 def tiered_report(only: str | None = None) -> None:

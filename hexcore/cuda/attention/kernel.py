@@ -54,7 +54,10 @@ MERGE_CHUNK = 64  # splits whose weights are staged in shared memory per merge r
 STATIC_SHARED = 48 * 1024
 # bytes the decode item's kernels declare beside the ring: the warps' (m, l), a flag, the
 # cluster's (m, l) per head, the merge's statistics and weights, a persistent slice's ten
-# queue words, and the ring's 16-byte alignment (ptxas sm_90: 2,376 in the grid kernel)
+# queue words, and the ring's 16-byte alignment; an upper bound, counted by hand and checked
+# by ``python -m benchmarks.ptx_report`` (ptxas 13.5, sm_90: 2,372 bytes in every plain grid
+# kernel it compiles; at D=128 block 32 G=4, 2,452 in the slice kernel, 2,388 in the
+# one-launch kernel)
 BESIDE_RING = 4 * (WARPS * HEADS_PER_CTA * 2 + 1 + 2 * HEADS_PER_CTA + HEADS_PER_CTA * (2 + MERGE_CHUNK)) + 8 * 10 + 16
 GRID_REGISTERS = 128  # the grid kernel's default register cap (DecodeOptions.max_registers)
 # the verify kernel's highest cap: three CTAs of 128 threads an SM, as its uncapped plain twin
