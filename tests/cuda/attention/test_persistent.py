@@ -783,12 +783,16 @@ def test_fixed_slices_capture_into_a_graph_gpu(rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("count_items", [True, False])
 @pytest.mark.parametrize("dtype", ["fp16", "int4", "int2"])
-def test_one_launch_calls_gpu(dtype, rng):
+def test_one_launch_calls_gpu(dtype, count_items, rng):
     """At batch 1 the default slice grid holds every item, so ``run`` is one launch
     (``ONESHOT``, no slice state): bit-identical to ``paged_decode``, a log row from the
     CTAs' records that makes sense (a positive span holding the longest item and the latest
-    start), and a two-slice ``enqueue`` (the normal protocol) between two such calls right too."""
+    start), and a two-slice ``enqueue`` (the normal protocol) between two such calls right too.
+    With ``count_items`` every call resets first (its counts are per call) and each item is
+    counted once; without, no call resets, so the normal protocol runs on the state a
+    one-launch call left, and the next one-launch call on the state it left."""
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=8, head_dim=128, block_size=32, kv_dtype=dtype)
     store, tables, tails, keys, values = random_cache(cfg, [4000], rng)
     q_host = rng.standard_normal((1, 32, 128)).astype(np.float16)
@@ -796,15 +800,17 @@ def test_one_launch_calls_gpu(dtype, rng):
     paged = paged_decode(q_host, store, 0, tables, np.array([4000], np.int32), tails).copy_to_host()
     from hexcore.cuda.attention import persistent_kernels as p
 
-    plan = PersistentDecode(q, store, *args, budget_us=1e6, max_seq_len=4000, count_items=True)
+    plan = PersistentDecode(q, store, *args, budget_us=1e6, max_seq_len=4000, count_items=count_items)
     assert plan.one_launch, (plan.num_items, plan._sized[1])
     grid = plan._sized[1]
-    for call in ("run", "enqueue 2", "run"):
+    for k, call in enumerate(("run", "enqueue 2", "run")):
         plan.out.copy_to_device(np.full(q_host.shape, np.nan, np.float16))
         plan.run(0) if call == "run" else plan.enqueue(0, 2)
         stats, state = plan.stats(), plan._state.copy_to_host()
         assert np.array_equal(plan.out.copy_to_host(), paged), call
-        assert np.array_equal(stats.item_counts, np.ones(stats.items, np.int32)), call
+        assert plan.resets == (k + 1 if count_items else 0), (call, plan.resets)
+        if count_items:
+            assert np.array_equal(stats.item_counts, np.ones(stats.items, np.int32)), call
         assert state[p.SHOT] == (call == "run"), (call, state[:p.STATE_WORDS])
         if call == "run":  # every CTA's record: a start, then an end after it
             starts, ends = (state[p.STATE_WORDS + k * grid:p.STATE_WORDS + (k + 1) * grid] for k in (1, 2))
