@@ -122,11 +122,12 @@ class PersistentDecode:
         self.resets = 0  # reset launches so far (after a call cut short, with count_items, or bare slices)
         self._log = cuda.to_device(np.zeros(LOG_WORDS * MAX_LOGGED, np.int64))
         self._counts = cuda.to_device(np.zeros(1, np.int32))
-        self._sized, cap = self._size(launch, store)
+        shape = self._shape(store)
+        self._sized, cap = self._size(launch, store, shape)
         # a call whose eager first slice holds one CTA an item is that one launch (ONESHOT),
         # over the grid kernel's grid: (splits, KV heads * head groups, batch)
         self._oneshot = bool(self._first & EAGER) and self._sized[1] == self._sized[4]
-        self._oneshot_kernel = self._one_launch_kernel(store, cap) if self._oneshot else None
+        self._oneshot_kernel = self._one_launch_kernel(shape, cap) if self._oneshot else None
         self._oneshot_grid = (self._sized[3], *launch.grid[1:])
         # the owed list (one word per CTA of the slice grid) and a one-launch call's starts
         # and ends (one word each per item: that call's grid is the items, ``_sized[1]``). Every
@@ -140,7 +141,7 @@ class PersistentDecode:
         if self._count:
             self._counts = cuda.to_device(np.zeros(self.num_items, np.int32))
 
-    def _size(self, launch, store):
+    def _size(self, launch, store, shape):
         """((kernel, grid, split_blocks, splits, num_items), the kernel's register cap): the grid
         kernel's split choice, cut to items of at most ITEM_SHARE of the budget by the
         READ_BYTES_PER_US model, at the register cap of the grid launch
@@ -157,7 +158,6 @@ class PersistentDecode:
         items fit, at B=1 32k, the cap cost FP16 3.5% and INT4 and INT2 1.5-1.6%, so it is not
         taken there)."""
         o = self.options
-        shape = self._shape(store)
         cap = launcher.register_cap(launch, shape, o)
         sized = self._fit(launch, store, shape, cap)
         if cap == launcher.UNCAPPED_REGISTERS and sized[4] > sized[1]:
@@ -173,12 +173,12 @@ class PersistentDecode:
         return DecodeShape(cfg.kv_dtype.bits, cfg.num_kv_heads, cfg.head_dim, cfg.block_size,
                            self.out.shape[1] // cfg.num_kv_heads, cfg.group_size)
 
-    def _one_launch_kernel(self, store, cap):
+    def _one_launch_kernel(self, shape, cap):
         """The one-launch call's kernel (``oneshot_kernel``) at the slice kernel's register
         cap ``cap`` (``_size``; None: ``GRID_REGISTERS``), whose occupancy made the call one
         launch: it takes no more registers than the slice kernel, so its CTAs fit as theirs did."""
         o = self.options
-        return oneshot_kernel(self._shape(store), GRID_REGISTERS if cap is None else cap, o.l2_prefetch,
+        return oneshot_kernel(shape, GRID_REGISTERS if cap is None else cap, o.l2_prefetch,
                               o.joint_softmax, self._count, launcher.dependent_launches(o))
 
     def _fit(self, launch, store, shape, cap):
