@@ -5,6 +5,7 @@ yield, what a competing stream sees, and %globaltimer's granularity. One JSON li
                                           [--skip-latency]
                                           [--registers default,168,128] [--items call,inline] [--skip-yields]
                                           [--queued] [--unclustered]
+                                          [--variants "default;ctas_per_sm=8:eager_first=1;..."]
 
 Rows:
 - ``timer``: the smallest nonzero step of ``%globaltimer`` seen by one thread over many reads.
@@ -19,6 +20,13 @@ Rows:
 - ``--unclustered``: the ``no_yield`` rows also against a plan that never merges in clusters
   (``DecodeOptions(cluster_merge=False)``, as eager ``paged_decode`` and the persistent
   decode itself): ``paged_unclustered_ms``, ``ratio_unclustered``.
+- ``--variants``: ``;``-separated sets of the persistent plan's ``DecodeOptions`` beside
+  ``--registers`` and ``--items`` (integer fields, ``name=value`` joined by ``:``; "default"
+  none), each row run per set and labelled with it (``variant``). With ``ctas_per_sm`` above
+  the occupancy the slice grid holds every item, so a call runs as one wide launch whose
+  CTAs the hardware schedules: ``eager_first=1`` makes it the one-launch kernel,
+  ``eager_first=0`` the slice kernel with static items only (each CTA checks the budget
+  first). ``split_blocks`` pins the split length, which ``ctas_per_sm`` would otherwise move.
 - ``--skip-yields``: the ``no_yield`` rows alone (no ``LONG`` decode, no ``yield_1ms`` rows).
 - ``yield_1ms``: the same with a 1 ms budget (first on a ~15 ms decode, ``LONG``, then on
   each decode shape; per persistent-kernel register cap of ``--registers``, "default" being
@@ -96,10 +104,11 @@ LONG = (128, 32, 8, 131072)
 
 
 def cost_rows(dtype, shape, num_blocks=None, registers=None, item="inline", yields=True, queue_ns=0,
-              unclustered=False) -> list[dict]:
+              unclustered=False, variant="default") -> list[dict]:
     """The ``no_yield`` row (persistent over ``DecodePlan.run`` at its defaults; ``unclustered``:
     also over a plan that never merges in clusters, as eager ``paged_decode`` launches and the
-    persistent decode itself do) and, with ``yields``, the ``yield_1ms`` row."""
+    persistent decode itself do) and, with ``yields``, the ``yield_1ms`` row. ``variant``: more
+    of the persistent plan's options (``parse_variant``)."""
     import functools
 
     from benchmarks.gpu_common import host_seconds_per_call, time_gpu
@@ -110,10 +119,10 @@ def cost_rows(dtype, shape, num_blocks=None, registers=None, item="inline", yiel
     batch, hq, hkv, ctx = shape
     store, q, tables, lens, slots = case(dtype, *shape, num_blocks=num_blocks)
     base = dict(dtype=dtype, B=batch, Hq=hq, Hkv=hkv, ctx=ctx, registers=registers or "default", item=item,
-                queued=queue_ns > 0)
+                queued=queue_ns > 0, variant=variant)
     time_gpu = functools.partial(time_gpu, queue_ns=queue_ns)
     # the persistent kernel's cap and item only (the plan keeps its own)
-    options = DecodeOptions(max_registers=registers, persistent_item=item)
+    options = DecodeOptions(max_registers=registers, persistent_item=item, **parse_variant(variant))
     plan = DecodePlan(q, store, tables, lens, slots, max_seq_len=ctx)
     t_plan = time_gpu(lambda: plan.run(0))
     whole = PersistentDecode(q, store, tables, lens, slots, MAX_BUDGET_US, max_seq_len=ctx, options=options)
@@ -145,6 +154,18 @@ def cost_rows(dtype, shape, num_blocks=None, registers=None, item="inline", yiel
                      relaunch_gap_us=gap_us, longest_launch_us=stats.longest_launch_us,
                      longest_item_us=stats.longest_item_us, drained=stats.drained))
     return rows
+
+
+def parse_variant(text: str) -> dict:
+    """``DecodeOptions`` keywords from ``--variants``' ``name=value:name=value`` ("default":
+    none); ``eager_first`` reads 0/1 as a bool, the other fields as integers."""
+    if text == "default":
+        return {}
+    out = {}
+    for pair in text.split(":"):
+        name, _, value = pair.partition("=")
+        out[name] = bool(int(value)) if name == "eager_first" else int(value)
+    return out
 
 
 def latency_rows() -> list[dict]:
@@ -212,14 +233,16 @@ def main(argv) -> None:
             emit(row)
     caps = [None if c == "default" else int(c) for c in arg("--registers", "default").split(",")]
     items = arg("--items", "inline").split(",")
+    variants = arg("--variants", "default").split(";")
     for shape in shapes:
         for dtype in dtypes:
             for cap in caps:
                 for item in items:
-                    for row in cost_rows(dtype, shape, registers=cap, item=item, yields=yields,
-                                         queue_ns=QUEUE_NS if "--queued" in argv else 0,
-                                         unclustered="--unclustered" in argv):
-                        emit(row)
+                    for variant in variants:
+                        for row in cost_rows(dtype, shape, registers=cap, item=item, yields=yields,
+                                             queue_ns=QUEUE_NS if "--queued" in argv else 0,
+                                             unclustered="--unclustered" in argv, variant=variant):
+                            emit(row)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from benchmarks.per_unit import min_ns
 
 HERE = Path(__file__).resolve().parent
 # the latest H200 decode table, peers in the same run (graph.json: the 2026-12-01 run)
-GPU_RUN = HERE / "gpu-runs" / "2026-12-06-s46" / "call6"
+GPU_RUN = HERE / "gpu-runs" / "2026-12-07-s59" / "table"
 GRAPH_RUN = HERE / "gpu-runs" / "2026-12-01"
 CEILING_TBS = 4.47  # HBM read ceiling measured on the H200 (numba, 16-byte loads)
 POOLS = (1024, 4096, 16384, 65536, 262144)
