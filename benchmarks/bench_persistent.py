@@ -22,11 +22,12 @@ Rows:
   decode itself): ``paged_unclustered_ms``, ``ratio_unclustered``.
 - ``--variants``: ``;``-separated sets of the persistent plan's ``DecodeOptions`` beside
   ``--registers`` and ``--items`` (integer fields, ``name=value`` joined by ``:``; "default"
-  none), each row run per set and labelled with it (``variant``). With ``ctas_per_sm`` above
-  the occupancy the slice grid holds every item, so a call runs as one wide launch whose
-  CTAs the hardware schedules: ``eager_first=1`` makes it the one-launch kernel,
-  ``eager_first=0`` the slice kernel with static items only (each CTA checks the budget
-  first). ``split_blocks`` pins the split length, which ``ctas_per_sm`` would otherwise move.
+  none), each row run per set and labelled with it (``variant``); every set is checked
+  before any GPU work. With ``ctas_per_sm`` past the occupancy (``ctas_per_sm`` times the
+  SMs at least the items) the slice grid holds every item, so a call runs as one wide
+  launch whose CTAs the hardware schedules: ``eager_first=1`` makes it the one-launch
+  kernel, ``eager_first=0`` the slice kernel with static items only (each CTA checks the
+  budget first). ``split_blocks`` pins the split length.
 - ``--skip-yields``: the ``no_yield`` rows alone (no ``LONG`` decode, no ``yield_1ms`` rows).
 - ``yield_1ms``: the same with a 1 ms budget (first on a ~15 ms decode, ``LONG``, then on
   each decode shape; per persistent-kernel register cap of ``--registers``, "default" being
@@ -158,14 +159,33 @@ def cost_rows(dtype, shape, num_blocks=None, registers=None, item="inline", yiel
 
 def parse_variant(text: str) -> dict:
     """``DecodeOptions`` keywords from ``--variants``' ``name=value:name=value`` ("default":
-    none); ``eager_first`` reads 0/1 as a bool, the other fields as integers."""
-    if text == "default":
+    none); ``eager_first`` reads 0/1 as a bool, the other fields as integers. Exits naming
+    the piece it cannot read, or a field that ``--registers``/``--items`` set."""
+    if text.strip() == "default":
         return {}
     out = {}
     for pair in text.split(":"):
-        name, _, value = pair.partition("=")
-        out[name] = bool(int(value)) if name == "eager_first" else int(value)
+        name, eq, value = (part.strip() for part in pair.partition("="))
+        if not eq or not name or not value.lstrip("-").isdigit():
+            raise SystemExit(f"--variants: {pair!r} in {text!r} is not name=integer")
+        if name in ("max_registers", "persistent_item"):
+            raise SystemExit(f"--variants: {name} is set by --registers / --items")
+        if name == "eager_first" and value not in ("0", "1"):
+            raise SystemExit(f"--variants: eager_first={value} is not 0 or 1")
+        out[name] = value == "1" if name == "eager_first" else int(value)
     return out
+
+
+def check_variants(variants: list[str]) -> None:
+    """Every ``--variants`` set made into ``DecodeOptions`` before any GPU work: a bad one
+    exits naming it, not midway through a run."""
+    from hexcore.cuda.attention.options import DecodeOptions
+
+    for variant in variants:
+        try:
+            DecodeOptions(**parse_variant(variant))
+        except (TypeError, ValueError) as exc:
+            raise SystemExit(f"--variants: {variant!r}: {exc}") from exc
 
 
 def latency_rows() -> list[dict]:
@@ -223,6 +243,8 @@ def main(argv) -> None:
 
     shapes = parse_shapes(arg("--shapes", "all"))
     dtypes = arg("--dtypes", "fp16,int4,int2").split(",")
+    variants = arg("--variants", "default").split(";")
+    check_variants(variants)
     emit(timer_granularity())
     yields = "--skip-yields" not in argv
     if yields:  # the yield costs first: what a short run must see
@@ -233,7 +255,6 @@ def main(argv) -> None:
             emit(row)
     caps = [None if c == "default" else int(c) for c in arg("--registers", "default").split(",")]
     items = arg("--items", "inline").split(",")
-    variants = arg("--variants", "default").split(";")
     for shape in shapes:
         for dtype in dtypes:
             for cap in caps:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU calls owed after the fifty-ninth session, run from the repository root on the lent GPU
 # with .whl/ carried; results into $OUT (see NEXT.md for the order):
-#   wide (~200 s, any GPU; issue 17): where the slice protocol's extra time at the shapes
+#   wide (~200 s, limit 300 s, any GPU; issue 17): where the slice protocol's extra time at the shapes
 #      whose items outnumber the resident CTAs goes. bench_persistent's no-yield rows at
 #      128 x 32/8 2k and 64 x 32/32 4k, INT4 and INT2, three option sets of the persistent
 #      plan: its default (a slice grid of the resident CTAs, dynamic takes after each CTA's
@@ -11,14 +11,14 @@
 #      as the slice kernel (eager_first=0: each CTA checks the budget before its static
 #      item, a compare-and-swap round trip). split_blocks=128 keeps one split a sequence,
 #      the grid decode's count at both shapes.
-#   source (~150 s, any GPU; issue 17): Nsight Compute's source page of the grid decode and
+#   source (~250 s, limit 330 s, any GPU; issue 17): Nsight Compute's source page of the grid decode and
 #      the no-yield slice at 128 x 32/8 2k, INT4 and INT2 (benchmarks.profile_persistent),
 #      summarised by benchmarks.ncu_source (before the hot loop, in it, after it).
 set -u
 source benchmarks/experiments/device-site.sh  # site, R
 case "${1:-}" in
 wide)
-    PYTHONPATH="$site:$PWD" timeout 300 python3 -m benchmarks.bench_persistent \
+    PYTHONPATH="$site:$PWD" timeout 240 python3 -m benchmarks.bench_persistent \
         --shapes "128,32,8,2048;64,32,32,4096" --dtypes int4,int2 --skip-latency --skip-yields --queued \
         --variants "default;ctas_per_sm=16:eager_first=1:split_blocks=128;ctas_per_sm=16:eager_first=0:split_blocks=128" \
         > "$R/wide.log" 2>&1
@@ -32,7 +32,7 @@ for line in sys.stdin:
     ;;
 source)
     for dt in int4 int2; do
-        PYTHONPATH="$site:$PWD" timeout 150 ncu --profile-from-start off --clock-control none \
+        PYTHONPATH="$site:$PWD" timeout 120 ncu --profile-from-start off --clock-control none \
             --section SourceCounters --section WarpStateStats --section Occupancy --import-source no \
             -f -o /tmp/w-$dt python3 -m benchmarks.profile_persistent $dt 128,32,8,2048 > "$R/w-$dt.log" 2>&1
         echo "== source $dt rc $?"
