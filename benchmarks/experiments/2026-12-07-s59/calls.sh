@@ -16,8 +16,8 @@
 #      summarised by benchmarks.ncu_source (before the hot loop, in it, after it).
 #   rows3 (~300 s, limit 420 s, any GPU; issue 17): the same two shapes' no-yield rows (INT4,
 #      INT2) on this tree, on open-take.diff (a normal slice's dynamic take issues the
-#      cursor's atomic before the clock read and the start/base reads, one round trip not
-#      two or three; an item so taken past the budget is owed) and on take-ahead.diff (the
+#      cursor's atomic before the clock read and the start/base reads, all in flight
+#      together, where main waits for each in turn; an item so taken past the budget is owed) and on take-ahead.diff (the
 #      same, with the atomic issued at the start of the item before, awaited after it), two
 #      rounds alternating.
 #   ptests2 (~300 s, limit 450 s, any GPU): the persistent GPU tests on both copies at once.
