@@ -26,6 +26,14 @@
 set -u
 source benchmarks/experiments/device-site.sh  # site, R, patched_copy
 here=benchmarks/experiments/2026-12-07-s59
+rows() {  # rows LOG: the no_yield rows of a bench_persistent log, one line each
+    grep no_yield "$1" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    d = json.loads(line)
+    print(d["dtype"], d["B"], d["Hq"], d["Hkv"], d["ctx"], d.get("variant", "default"), d["items"], d["one_launch"],
+          round(d["paged_ms"] * 1e3, 2), round(d["persistent_ms"] * 1e3, 2), round(d["ratio"], 4), d["out_finite"])'
+}
 copies() { patched_copy /tmp/open "$PWD/$here/open-take.diff" && patched_copy /tmp/ahead "$PWD/$here/take-ahead.diff"; }
 case "${1:-}" in
 wide)
@@ -34,12 +42,7 @@ wide)
         --variants "default;ctas_per_sm=16:eager_first=1:split_blocks=128;ctas_per_sm=16:eager_first=0:split_blocks=128" \
         > "$R/wide.log" 2>&1
     echo "== wide rc $?"
-    grep no_yield "$R/wide.log" | python3 -c '
-import json, sys
-for line in sys.stdin:
-    d = json.loads(line)
-    print(d["dtype"], d["B"], d["Hq"], d["Hkv"], d["ctx"], d["variant"], d["items"], d["one_launch"],
-          round(d["paged_ms"] * 1e3, 2), round(d["persistent_ms"] * 1e3, 2), round(d["ratio"], 4), d["out_finite"])'
+    rows "$R/wide.log"
     ;;
 source)
     for dt in int4 int2; do
@@ -61,12 +64,7 @@ rows3)
                 --shapes "128,32,8,2048;64,32,32,4096" --dtypes int4,int2 --skip-latency --skip-yields --queued \
                 > "$R/$t-$round.log" 2>&1)
             echo "== $t-$round rc $?"
-            grep no_yield "$R/$t-$round.log" | python3 -c '
-import json, sys
-for line in sys.stdin:
-    d = json.loads(line)
-    print(d["dtype"], d["B"], d["Hkv"], d["ctx"], round(d["paged_ms"] * 1e3, 2), round(d["persistent_ms"] * 1e3, 2),
-          round(d["ratio"], 4), d["out_finite"])'
+            rows "$R/$t-$round.log"
         done
     done
     ;;

@@ -803,12 +803,12 @@ def test_one_launch_calls_gpu(dtype, count_items, rng):
     plan = PersistentDecode(q, store, *args, budget_us=1e6, max_seq_len=4000, count_items=count_items)
     assert plan.one_launch, (plan.num_items, plan._sized[1])
     grid = plan._sized[1]
-    for k, call in enumerate(("run", "enqueue 2", "run")):
+    for n, call in enumerate(("run", "enqueue 2", "run")):
         plan.out.copy_to_device(np.full(q_host.shape, np.nan, np.float16))
         plan.run(0) if call == "run" else plan.enqueue(0, 2)
         stats, state = plan.stats(), plan._state.copy_to_host()
         assert np.array_equal(plan.out.copy_to_host(), paged), call
-        assert plan.resets == (k + 1 if count_items else 0), (call, plan.resets)
+        assert plan.resets == (n + 1 if count_items else 0), (call, plan.resets)
         if count_items:
             assert np.array_equal(stats.item_counts, np.ones(stats.items, np.int32)), call
         assert state[p.SHOT] == (call == "run"), (call, state[:p.STATE_WORDS])
