@@ -39,6 +39,17 @@ tests_beside_sanitizers() {  # tests_beside_sanitizers DIR LIMIT PYTEST_ARGS...:
     tail -n 3 "$R"/memcheck.log "$R"/racecheck.log
 }
 
+no_yield_rows() {  # no_yield_rows LOG: the no_yield rows of a bench_persistent log, one line each
+    # (dtype, shape, item, variant, items, one launch, grid decode us, persistent us, ratio, outputs finite)
+    grep no_yield "$1" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    d = json.loads(line)
+    print(d["dtype"], d["B"], d["Hq"], d["Hkv"], d["ctx"], d.get("item"), d.get("variant", "default"), d["items"],
+          d["one_launch"], round(d["paged_ms"] * 1e3, 2), round(d["persistent_ms"] * 1e3, 2), round(d["ratio"], 4),
+          d["out_finite"])'
+}
+
 persistent_rows() {  # persistent_rows NAME TREE SHAPES: in TREE, bench_persistent's no-yield rows (FP16,
     # INT4, INT2 at SHAPES, queued), printed and logged to $R/NAME.log
     (cd "$2" && OUT=$R PYTHONPATH="$site:$2" timeout 200 python3 -m benchmarks.bench_persistent \

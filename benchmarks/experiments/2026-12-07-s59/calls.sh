@@ -26,14 +26,7 @@
 set -u
 source benchmarks/experiments/device-site.sh  # site, R, patched_copy
 here=benchmarks/experiments/2026-12-07-s59
-rows() {  # rows LOG: the no_yield rows of a bench_persistent log, one line each
-    grep no_yield "$1" | python3 -c '
-import json, sys
-for line in sys.stdin:
-    d = json.loads(line)
-    print(d["dtype"], d["B"], d["Hq"], d["Hkv"], d["ctx"], d.get("variant", "default"), d["items"], d["one_launch"],
-          round(d["paged_ms"] * 1e3, 2), round(d["persistent_ms"] * 1e3, 2), round(d["ratio"], 4), d["out_finite"])'
-}
+rows() { no_yield_rows "$1"; }  # (device-site.sh)
 copies() { patched_copy /tmp/open "$PWD/$here/open-take.diff" && patched_copy /tmp/ahead "$PWD/$here/take-ahead.diff"; }
 case "${1:-}" in
 wide)

@@ -19,15 +19,7 @@
 set -u
 source benchmarks/experiments/device-site.sh  # site, R, patched_copy
 here=benchmarks/experiments/2026-12-07-s60
-rows() {  # rows LOG: the no_yield rows of a bench_persistent log, one line each
-    grep no_yield "$1" | python3 -c '
-import json, sys
-for line in sys.stdin:
-    d = json.loads(line)
-    print(d["dtype"], d["B"], d["Hq"], d["Hkv"], d["ctx"], d.get("item"), d.get("variant", "default"), d["items"],
-          d["one_launch"], round(d["paged_ms"] * 1e3, 2), round(d["persistent_ms"] * 1e3, 2), round(d["ratio"], 4),
-          d["out_finite"])'
-}
+rows() { no_yield_rows "$1"; }  # (device-site.sh)
 bench() {  # bench NAME LIMIT ARGS...: bench_persistent at the two shapes into $R/NAME.log
     local name=$1 limit=$2
     shift 2
