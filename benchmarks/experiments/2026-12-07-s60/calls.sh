@@ -7,7 +7,7 @@
 #      "single") keeps the grid decode's time where the slice grid holds every item
 #      (ctas_per_sm=16, eager_first=0: each CTA's budget check a compare-and-swap round trip
 #      before its item), against the default plan and the wide one-launch kernel (no check),
-#      at 128 x 32/8 2k and 64 x 32/32 4k, INT4/INT2, two rounds. It ran (16:00 UTC) on the
+#      at 128 x 32/8 2k and 64 x 32/32 4k, INT4/INT2, two rounds. It ran (15:54-15:59 UTC) on the
 #      working tree with single.diff applied; on a clean tree, use boundaries (its diff holds
 #      single.diff's kernel).
 #   boundaries (~480 s, limit 560 s, any GPU; issue 17): the single kernel's two round trips
