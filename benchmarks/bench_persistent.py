@@ -27,7 +27,9 @@ Rows:
   SMs at least the items) the slice grid holds every item, so a call runs as one wide
   launch whose CTAs the hardware schedules: ``eager_first=1`` makes it the one-launch
   kernel, ``eager_first=0`` the slice kernel with static items only (each CTA checks the
-  budget first). ``split_blocks`` pins the split length.
+  budget first). ``split_blocks`` pins the split length. By default a call the item model
+  puts within a quarter of its budget is one wide launch anyway (``wide_one_launch``, on a
+  GPU): ``wide_one_launch=0`` times the slice protocol at such a shape instead.
 - ``--skip-yields``: the ``no_yield`` rows alone (no ``LONG`` decode, no ``yield_1ms`` rows).
 - ``yield_1ms``: the same with a 1 ms budget (first on a ~15 ms decode, ``LONG``, then on
   each decode shape; per persistent-kernel register cap of ``--registers``, "default" being
@@ -157,10 +159,14 @@ def cost_rows(dtype, shape, num_blocks=None, registers=None, item="inline", yiel
     return rows
 
 
+BOOL_FIELDS = ("eager_first", "wide_one_launch")  # --variants fields read as 0/1
+
+
 def parse_variant(text: str) -> dict:
     """``DecodeOptions`` keywords from ``--variants``' ``name=value:name=value`` ("default":
-    none); ``eager_first`` reads 0/1 as a bool, the other fields as integers. Exits naming
-    the piece it cannot read, or a field that ``--registers``/``--items`` set."""
+    none); ``eager_first`` and ``wide_one_launch`` read 0/1 as a bool, the other fields as
+    integers. Exits naming the piece it cannot read, or a field that ``--registers``/``--items``
+    set."""
     if text.strip() == "default":
         return {}
     out = {}
@@ -170,9 +176,9 @@ def parse_variant(text: str) -> dict:
             raise SystemExit(f"--variants: {pair!r} in {text!r} is not name=integer")
         if name in ("max_registers", "persistent_item"):
             raise SystemExit(f"--variants: {name} is set by --registers / --items")
-        if name == "eager_first" and value not in ("0", "1"):
-            raise SystemExit(f"--variants: eager_first={value} is not 0 or 1")
-        out[name] = value == "1" if name == "eager_first" else int(value)
+        if name in BOOL_FIELDS and value not in ("0", "1"):
+            raise SystemExit(f"--variants: {name}={value} is not 0 or 1")
+        out[name] = value == "1" if name in BOOL_FIELDS else int(value)
     return out
 
 

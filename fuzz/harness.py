@@ -1098,9 +1098,10 @@ def _cache(dtype: str, kv_heads: int, lens: tuple):
 
 def _persistent_plans(r: Reader):
     """(plans, q, keys, values, peer): two ``PersistentDecode`` of the same arguments over a
-    random cache, with a grid, split, budget and first-slice mode drawn from ``r``, sharing
-    a new workspace; in one input in two ``peer``, a ``DecodePlan`` on that workspace too
-    (else None). Each input has a workspace of its own, so that it replays alone."""
+    random cache, with a grid, split, budget, first-slice mode and wide one-launch calls or
+    not drawn from ``r``, sharing a new workspace; in one input in two ``peer``, a
+    ``DecodePlan`` on that workspace too (else None). Each input has a workspace of its own,
+    so that it replays alone."""
     from numba import cuda
 
     from hexcore.cuda import DecodeOptions, DecodePlan
@@ -1111,8 +1112,13 @@ def _persistent_plans(r: Reader):
     lens = r.pick(((60,), (60, 33), (40,), (37, 0), (17, 5, 48)))
     store, tables, tails, keys, values = _cache(dtype, kv_heads, lens)
     group = r.pick((1, 2))
-    options = DecodeOptions(ctas_per_sm=r.pick((1, 2, 3, 64)), split_blocks=r.int(1, 2),
-                            eager_first=r.pick((None, True, False)))
+    ctas, split_blocks = r.pick((1, 2, 3, 64)), r.int(1, 2)
+    # one byte: the first slice's mode (its value mod 3, as a pick of three would read it) and,
+    # from the rest of it, a wide one-launch call in one input of four (so that the seed
+    # corpus's inputs keep the modes they were saved with)
+    first = r.byte()
+    options = DecodeOptions(ctas_per_sm=ctas, split_blocks=split_blocks, eager_first=(None, True, False)[first % 3],
+                            wide_one_launch=first // 3 % 4 == 3)
     q = cuda.to_device(np.zeros((len(lens), kv_heads * group, 64), np.float16))
     args = [cuda.to_device(a) for a in (tables, np.array(lens, np.int32), tails)]
     workspace, budget, count = Workspace(), r.pick((5, 15, 25, 35, 1000)), r.bool()

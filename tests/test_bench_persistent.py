@@ -17,11 +17,14 @@ def test_a_set_gives_the_options_it_names():
     options = DecodeOptions(**kwargs)
     assert (options.ctas_per_sm, options.eager_first, options.split_blocks) == (8, False, 64)
     assert parse_variant(" eager_first = 1 ") == {"eager_first": True}
+    assert parse_variant("wide_one_launch=0") == {"wide_one_launch": False}
+    assert DecodeOptions(**parse_variant("wide_one_launch=1")).wide_one_launch is True
 
 
 @pytest.mark.parametrize("text, named", [
     ("ctas_per_sm", "'ctas_per_sm'"), ("ctas_per_sm=", "'ctas_per_sm='"), ("=8", "'=8'"),
     ("split_blocks=x", "'split_blocks=x'"), ("eager_first=2", "eager_first=2"),
+    ("wide_one_launch=yes", "'wide_one_launch=yes'"), ("wide_one_launch=2", "wide_one_launch=2"),
     ("max_registers=168", "--registers"), ("persistent_item=1", "--items"),
 ])
 def test_a_piece_it_cannot_read_exits_naming_it(text, named):

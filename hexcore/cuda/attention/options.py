@@ -178,6 +178,18 @@ class DecodeOptions:
       simulator, which runs CTAs one after another (so its tests see late CTAs owe their
       items). Eager, a CTA that another stream keeps off its SM past the budget still runs
       its static item once it starts.
+    - ``wide_one_launch``: whether a persistent decode call whose items outnumber the
+      resident CTAs is one launch of the one-launch kernel over every item (``persistent.py``,
+      a *wide* one-launch call) where the item model (``READ_BYTES_PER_US``) puts the whole
+      call within ``ITEM_SHARE`` (a quarter) of its budget: the hardware schedules the items,
+      as it does the grid decode's, with no slice protocol around them. Its CTAs read no
+      clock, so its bound rests on the model: the launch keeps within the budget while the
+      items take up to four times the model's time. None (the default): on a GPU with
+      ``ctas_per_sm`` unset where the first slice is eager (``eager_first``), which checks no
+      budget before its items either; off on the simulator (whose tests run slices), with
+      ``ctas_per_sm`` set and with ``eager_first=False``. Measured on an H100 (``benchmarks/RESULTS.md``, sixtieth session): at
+      128 x 32/8 2k and 64 x 32/32 4k, no yield, the slice protocol takes 1.04-1.09x the grid
+      decode's time, one launch over every item 1.00-1.01x.
     - ``dependent_launch``: whether prepared decode launches (``DecodePlan``, ``DecodeGraph``,
       the engine's steps, the persistent decode's slices) are programmatic dependent launches
       (``launch.PreparedLaunch``, ``dependent``): the kernel waits for the one ahead of it on
@@ -257,6 +269,7 @@ class DecodeOptions:
     launch_path: str = "raw"
     persistent_item: str = "inline"
     eager_first: bool | None = None
+    wide_one_launch: bool | None = None
     tiered_fp16: str = "merge"
     tiered_merge: str | None = None
     dependent_launch: bool | None = None
@@ -279,8 +292,9 @@ class DecodeOptions:
             _check_choice(name, getattr(self, name), choices)
         if not isinstance(self.joint_softmax, bool):
             raise HexcoreConfigError(f"joint_softmax: expected a bool, got {self.joint_softmax!r}")
-        if not (self.eager_first is None or isinstance(self.eager_first, bool)):
-            raise HexcoreConfigError(f"eager_first: expected None or a bool, got {self.eager_first!r}")
+        for name in ("eager_first", "wide_one_launch"):
+            if not (getattr(self, name) is None or isinstance(getattr(self, name), bool)):
+                raise HexcoreConfigError(f"{name}: expected None or a bool, got {getattr(self, name)!r}")
         if self.tiered_merge is not None:
             _check_choice("tiered_merge", self.tiered_merge, TIERED_MERGE, "None or ")
         if not (self.dependent_launch is None or isinstance(self.dependent_launch, bool)) \

@@ -12,6 +12,11 @@ resets its state and merge counters (a reset launch) before a call only after a 
 short or left by bare slices (its own mark, ``_mid_call``, and the workspace's record for
 the counters, which another plan may share) and, with ``count_items``, before every call.
 
+A call the item model predicts to finish within ``ITEM_SHARE`` of its budget is one launch
+of ``oneshot_kernel`` over every item even where they outnumber the resident CTAs (a *wide*
+one-launch call, ``DecodeOptions.wide_one_launch``): the hardware schedules the items, as it
+does the grid decode's, and no slice protocol runs around them.
+
 Host side: ``persistent_decode`` (and ``PersistentDecode.run``) enqueue slices and read the
 state back until the queue is drained, so they synchronise with the stream (a one-launch
 call reads nothing back and waits for the stream).
@@ -125,16 +130,20 @@ class PersistentDecode:
         shape = self._shape(store)
         self._sized, cap = self._size(launch, store, shape)
         # a call whose eager first slice holds one CTA an item is that one launch (ONESHOT),
-        # over the grid kernel's grid: (splits, KV heads * head groups, batch)
-        self._oneshot = bool(self._first & EAGER) and self._sized[1] == self._sized[4]
+        # over the grid kernel's grid: (splits, KV heads * head groups, batch); so is a wide one
+        # (``_wide_call``), whose slices (a multi-slice ``enqueue``) keep the resident grid
+        self._wide = self._wide_call()
+        self._oneshot = self._wide or (bool(self._first & EAGER) and self._sized[1] == self._sized[4])
         self._oneshot_kernel = self._one_launch_kernel(shape, cap) if self._oneshot else None
         self._oneshot_grid = (self._sized[3], *launch.grid[1:])
         # the owed list (one word per CTA of the slice grid) and a one-launch call's starts
-        # and ends (one word each per item: that call's grid is the items, ``_sized[1]``). Every
-        # plan has the records' words: where a caller replays bare slices in a graph (which
-        # marks nothing) and the next call appends to a stale owed list, the overflow lands
-        # there and not past the array (``begin_slice`` does not bound the list)
-        self._state = cuda.to_device(np.zeros(STATE_WORDS + 3 * self._sized[1], np.int64))
+        # and ends (one word each per item: that call's grid is the items, ``_sized[4]``, which
+        # a wide call's are past the slice grid, ``_sized[1]``). Every plan has the records'
+        # words: where a caller replays bare slices in a graph (which marks nothing) and the
+        # next call appends to a stale owed list, the overflow lands there and not past the
+        # array (``begin_slice`` does not bound the list)
+        records = self._sized[4] if self._oneshot else self._sized[1]
+        self._state = cuda.to_device(np.zeros(STATE_WORDS + 3 * records, np.int64))
         batch, num_q_heads, head_dim = self.out.shape
         heads = launch.grid[1] * batch  # merge counters: (sequence, KV head, head group)
         self._partials = self._workspace.get(batch * num_q_heads, self._sized[3], head_dim, heads)
@@ -142,7 +151,7 @@ class PersistentDecode:
             self._counts = cuda.to_device(np.zeros(self.num_items, np.int32))
 
     def _size(self, launch, store, shape):
-        """((kernel, grid, split_blocks, splits, num_items), the kernel's register cap): the grid
+        """((kernel, grid, split_blocks, splits, num_items, call_us), the kernel's register cap): the grid
         kernel's split choice, cut to items of at most ITEM_SHARE of the budget by the
         READ_BYTES_PER_US model, at the register cap of the grid launch
         (``launcher.register_cap``: uncapped where that launch fits one wave of the uncapped
@@ -167,6 +176,15 @@ class PersistentDecode:
             sized = self._fit(launch, store, shape, cap)
         return sized, cap
 
+    def _wide_call(self) -> bool:
+        """Whether a call is one launch over more items than resident CTAs: with
+        ``wide_one_launch`` on (``wide_one_launch``), where the item model's time of the whole
+        call, ``call_us`` (``_fit``), is at most ``ITEM_SHARE`` of the budget. Its CTAs check no
+        budget, so the launch's bound rests on that model, not the clock: it keeps within the
+        budget while the items take up to 1 / ITEM_SHARE times the model's time."""
+        _, grid, _, _, items, call_us = self._sized
+        return grid < items and wide_one_launch(self.options) and call_us <= ITEM_SHARE * self.budget_us
+
     def _shape(self, store) -> DecodeShape:
         """The decode shape of this plan's store and query heads."""
         cfg = store.config
@@ -182,7 +200,9 @@ class PersistentDecode:
                               o.joint_softmax, self._count, launcher.dependent_launches(o))
 
     def _fit(self, launch, store, shape, cap):
-        """``_size`` at register cap ``cap``."""
+        """``_size`` at register cap ``cap``, and the item model's time of the whole call in
+        us: its rounds of ``resident`` CTAs times the time of an item of ``split_blocks``
+        blocks (a bound: a shorter sequence's items are shorter)."""
         cfg, (splits, ys, batch), o = store.config, launch.grid, self.options
         kernel = persistent_kernel(shape, cap, o.l2_prefetch, o.joint_softmax, self._count, o.persistent_item,
                                    launcher.dependent_launches(o))
@@ -200,12 +220,16 @@ class PersistentDecode:
         if split_blocks > fits:
             split_blocks = fits
             splits = -(-max_virtual // split_blocks)
-        return kernel, min(resident, splits * ys * batch), split_blocks, splits, splits * ys * batch
+        items = splits * ys * batch
+        call_us = -(-items // resident) * (split_blocks + o.split_overhead) * block_us
+        return kernel, min(resident, items), split_blocks, splits, items, call_us
 
     @property
     def one_launch(self) -> bool:
         """Whether ``run`` and a one-slice ``enqueue`` are one launch that touches no slice
-        state (``ONESHOT``): the first slice is eager and its grid is one CTA an item."""
+        state (``ONESHOT``): the first slice is eager and its grid is one CTA an item, or the
+        call is wide (``DecodeOptions.wide_one_launch``: more items than resident CTAs, all
+        in that launch)."""
         return self._oneshot
 
     @property
@@ -237,7 +261,7 @@ class PersistentDecode:
             q, store, tables, lens, slots = self._inputs
             launch, _ = launcher.decode_launch(q, store, layer, tables, lens, slots, self.out, self._scale,
                                                self._max_seq_len, self.options, self._workspace)
-            kernel, grid, split_blocks, splits, items = self._sized
+            kernel, grid, split_blocks, splits, items, _ = self._sized
             args = list(launch.args)
             args[12:15] = self._partials
             args[18], args[19] = split_blocks, splits
@@ -347,9 +371,9 @@ class PersistentDecode:
     def _oneshot_log(self, state):
         """A one-launch call's log row from its CTAs' records (``end_oneshot``): the first
         start, the last end, the items, the longest item, the latest start."""
-        grid = self._sized[1]
-        starts = state[STATE_WORDS + grid:STATE_WORDS + 2 * grid]
-        ends = state[STATE_WORDS + 2 * grid:STATE_WORDS + 3 * grid]
+        n = self.num_items  # (the call's grid: one CTA an item)
+        starts = state[STATE_WORDS + n:STATE_WORDS + 2 * n]
+        ends = state[STATE_WORDS + 2 * n:STATE_WORDS + 3 * n]
         return np.array([[starts.min(), ends.max(), self.num_items, (ends - starts).max(), starts.max()]], np.int64)
 
     @staticmethod
@@ -450,6 +474,16 @@ def eager_first(options: DecodeOptions) -> bool:
     if options.eager_first is not None:
         return options.eager_first
     return not SIMULATOR and options.ctas_per_sm is None
+
+
+def wide_one_launch(options: DecodeOptions) -> bool:
+    """Whether a call may be a wide one-launch call: ``options.wide_one_launch``, or where None,
+    on a GPU with ``ctas_per_sm`` unset where the first slice is eager (``eager_first``), which
+    checks no budget before its items either: the simulator's tests of slices, a caller who
+    sets the slice grid and one who asks for a checked first slice get slices."""
+    if options.wide_one_launch is not None:
+        return options.wide_one_launch
+    return not SIMULATOR and options.ctas_per_sm is None and eager_first(options)
 
 
 def checked_budget(budget_us) -> float:

@@ -423,7 +423,8 @@ def test_options_are_validated():
                 dict(tiered_fp16="first"), dict(split_costs=0.7), dict(split_costs=(1, 0, 0, 0)),
                 dict(dependent_launch=1), dict(dependent_launch=True, launch_path="core"), dict(split_blocks=0),
                 dict(split_blocks=True), dict(split_blocks=2.0), dict(tiered_merge="first"),
-                dict(tiered_merge=["last"]), dict(eager_first=1), dict(eager_first="yes")):
+                dict(tiered_merge=["last"]), dict(eager_first=1), dict(eager_first="yes"),
+                dict(wide_one_launch=1), dict(wide_one_launch="on")):
         with pytest.raises(HexcoreConfigError, match=next(iter(bad))):
             DecodeOptions(**bad)
     for bad, name in (((-1, 0, 0, 0), "cta"), ((0, float("nan"), 0, 0), "merge"), ((0, 0, "0.1", 0), "cluster_merge"),

@@ -631,6 +631,95 @@ def test_a_one_launch_call_runs_the_grid_kernels_items_over_its_grid(split_block
     assert ref.relative_l2(paged, ref.decode_attention(q_host, keys, values, 1 / 8)) <= TOLERANCE
 
 
+def _wide_case(rng):
+    """(cfg, store, device args, q, host inputs): 2 sequences (40 and 17 tokens) x 2 KV heads x
+    2 head groups of INT4, for the wide one-launch tests: at one block a split, 3 x 4 x 2 = 24
+    items on the simulator's grid of one resident CTA (``ctas_per_sm=1``)."""
+    cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
+    store, tables, tails, keys, values = random_cache(cfg, [40, 17], rng)
+    q_host = rng.standard_normal((2, 18, 64)).astype(np.float16)
+    lens = np.array([40, 17], np.int32)
+    q, args = cuda.to_device(q_host), [cuda.to_device(a) for a in (tables, lens, tails)]
+    return store, q, args, q_host, (tables, lens, tails, keys, values)
+
+
+WIDE = DecodeOptions(ctas_per_sm=1, split_blocks=1, wide_one_launch=True)
+
+
+def test_a_call_the_model_puts_well_within_its_budget_is_one_wide_launch(rng):
+    """``wide_one_launch``: 24 items outnumber the one resident CTA, but the item model puts
+    the whole call (24 rounds of a one-block item) far inside a quarter of the budget, so the
+    call is one launch of ``oneshot_kernel`` over every item, with no slice: each item
+    counted once, the state's records sized for them, the output bit for bit
+    ``paged_decode``'s at the same splits. A 12-slice ``enqueue`` of the same plan runs the
+    slice protocol on the one resident CTA instead, and is right too."""
+    from hexcore.cuda.attention import persistent as pd, persistent_kernels as p
+
+    store, q, args, q_host, (tables, lens, tails, keys, values) = _wide_case(rng)
+    plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=WIDE, count_items=True)
+    call_us = plan._sized[5]
+    assert 0 < call_us <= pd.ITEM_SHARE * BUDGET_US, call_us
+    assert plan.one_launch and plan._first == p.FIRST, plan._first  # wide, though the first slice is not eager
+    assert plan.num_items == 24 and plan._sized[1] == 1, plan._sized  # (a multi-slice enqueue's grid: 1)
+    assert plan._state.shape[0] == p.STATE_WORDS + 3 * 24  # the records: a word each per item
+    with use_clock(SimulatedClock(STEP_NS)):  # 48 clock reads: 480 us of simulated time, no check
+        plan.run(0)
+    launch = plan._slice(0, plan._first | p.ONESHOT | p.LAST)
+    assert launch._dispatcher is plan._oneshot_kernel and launch.grid == (3, 4, 2), launch.grid
+    stats = plan.stats()
+    assert np.array_equal(stats.item_counts, np.ones(24, np.int32)), stats.item_counts
+    assert stats.launches == 1 and stats.items_per_launch == (24,) and stats.drained, stats
+    paged = paged_decode(q_host, store, 0, tables, lens, tails,
+                         options=DecodeOptions(ctas_per_sm=64, split_blocks=1)).copy_to_host()
+    assert np.array_equal(plan.out.copy_to_host(), paged)
+    assert ref.relative_l2(paged, ref.decode_attention(q_host, keys, values, 1 / 8)) <= TOLERANCE
+    # a multi-slice enqueue keeps the normal protocol on the resident grid: two items a slice
+    plan.out.copy_to_device(np.full(q_host.shape, np.nan, np.float16))
+    with use_clock(SimulatedClock(STEP_NS)):
+        plan.enqueue(0, 12)
+    stats = plan.stats()
+    assert plan._slice(0, plan._first).grid == (1, 1, 1), plan._slice(0, plan._first).grid
+    assert stats.launches == 12 and stats.items_per_launch == (2,) * 12 and stats.drained, stats
+    assert np.array_equal(stats.item_counts, np.ones(24, np.int32)), stats.item_counts
+    assert np.array_equal(plan.out.copy_to_host(), paged)
+
+
+@pytest.mark.parametrize("share,wide", [(0.99, False), (1.01, True)])
+def test_a_wide_launch_needs_the_whole_call_within_a_quarter_of_the_budget(share, wide, rng):
+    """At a budget just under the model's whole-call time over ``ITEM_SHARE`` the call runs in
+    slices (the one resident CTA takes the items, yielding as the simulated clock passes
+    the budget), just over it in one wide launch; both outputs are ``paged_decode``'s."""
+    from hexcore.cuda.attention import persistent as pd
+
+    store, q, args, q_host, (tables, lens, tails, _, _) = _wide_case(rng)
+    call_us = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=WIDE)._sized[5]
+    budget = call_us / pd.ITEM_SHARE * share
+    plan = PersistentDecode(q, store, *args, budget_us=budget, max_seq_len=40, options=WIDE, count_items=True)
+    assert plan._sized[5] == call_us and plan.one_launch == wide and plan._sized[1] == 1
+    with use_clock(SimulatedClock(STEP_NS)):
+        plan.run(0)
+    stats = plan.stats()
+    assert np.array_equal(stats.item_counts, np.ones(24, np.int32)) and stats.drained, stats
+    assert (stats.launches == 1) == wide, stats.launches
+    paged = paged_decode(q_host, store, 0, tables, lens, tails,
+                         options=DecodeOptions(ctas_per_sm=64, split_blocks=1)).copy_to_host()
+    assert np.array_equal(plan.out.copy_to_host(), paged)
+
+
+def test_wide_one_launch_defaults_to_the_gpu_where_the_first_slice_is_eager():
+    """None: wide calls on a GPU with the slice grid at the occupancy (``ctas_per_sm`` unset)
+    where the first slice is eager; off on the simulator, with ``ctas_per_sm`` set (eager or
+    not) or a checked first slice asked for; on wherever it is True."""
+    from hexcore.cuda.attention.persistent import wide_one_launch
+    from hexcore.cuda.device import SIMULATOR
+
+    for wide, ctas, eager, want in ((None, None, None, not SIMULATOR), (None, 2, None, False),
+                                    (None, None, False, False), (None, 2, True, False), (False, None, True, False),
+                                    (True, 2, False, True)):
+        options = DecodeOptions(wide_one_launch=wide, ctas_per_sm=ctas, eager_first=eager)
+        assert wide_one_launch(options) == want, (wide, ctas, eager)
+
+
 def test_the_launches_handed_out_keep_their_setters_to_the_plan(rng):
     """``launches()`` hands out the plan's own reset and later-slice launches, which its calls
     run: they run and tell (``grid``, ``as_launch()``), but their setters (and anything else
@@ -820,6 +909,33 @@ def test_one_launch_calls_gpu(dtype, count_items, rng):
         span = stats.launch_us[0]
         assert 0 < stats.longest_item_us <= span and 0 <= stats.latest_take_us[0] <= span, (call, stats)
     assert ref.relative_l2(paged, ref.decode_attention(q_host, keys, values, 1 / math.sqrt(128))) <= TOLERANCE
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "int4", "int2"])
+def test_a_wide_one_launch_call_gpu(dtype):
+    """128 sequences of 2k tokens, llama-3-8b heads (32/8): 1024 items, more than the slice
+    grid's resident CTAs, and a budget the item model's whole call is far inside, so ``run``
+    is one wide launch of ``oneshot_kernel`` over every item (``wide_one_launch``'s default on
+    a GPU): bit-identical to ``paged_decode`` (the same splits, one a sequence), every item
+    counted once, one launch. With ``wide_one_launch=False`` the same call is one slice of the
+    slice kernel (no budget is spent), also bit-identical."""
+    from benchmarks.bench_persistent import case
+
+    store, q, tables, lens, slots = case(dtype, 128, 32, 8, 2048)
+    paged = paged_decode(q, store, 0, tables, lens, slots).copy_to_host()
+    for wide in (None, False):
+        plan = PersistentDecode(q, store, tables, lens, slots, budget_us=1e6, max_seq_len=2048, count_items=True,
+                                options=DecodeOptions(wide_one_launch=wide))
+        assert plan.num_items == 1024 and plan._wide == (wide is None) and plan.one_launch == (wide is None)
+        plan.out.copy_to_device(np.full(plan.out.shape, np.nan, np.float16))
+        plan.run(0)
+        stats = plan.stats()
+        assert np.array_equal(plan.out.copy_to_host(), paged), wide
+        assert np.array_equal(stats.item_counts, np.ones(1024, np.int32)) and stats.drained, (wide, stats)
+        assert stats.launches == 1, (wide, stats.launches)  # (the slices: one, as no budget is spent)
+        span = stats.launch_us[0]
+        assert 0 < stats.longest_item_us <= span and 0 <= stats.latest_take_us[0] <= span, (wide, stats)
 
 
 @pytest.mark.gpu
