@@ -13,7 +13,9 @@ Rows:
   no decode reaches (one slice, the reset included) against ``DecodePlan.run``; target
   ratio <= 1.05; also the eager ``run`` (which reads the cursor back, or where a call is one
   launch waits for its stream) per call, and whether
-  a call is one launch with no slice state (``one_launch``: the slice grid holds every item).
+  a call is one launch with no slice state (``one_launch``: the slice grid holds every item,
+  or the item model puts the call within a quarter of its budget, ``wide_one_launch``; the
+  ``yield_1ms`` rows of the decode shapes are then that one launch too).
 - ``--queued``: the ``no_yield`` and ``yield_1ms`` GPU times with the calls enqueued before
   the GPU reaches them (``gpu_common.time_gpu``'s ``queue_ns``, 2 ms: the device's time
   alone, not a host-paced one); rows carry ``queued``.

@@ -66,7 +66,8 @@ class PersistentStats(NamedTuple):
     followed by a bare ``launches`` slice, row 0 is that call's CTA 0's own view); ``longest_launch_us``,
     ``longest_item_us``: maxima over the call; ``latest_take_us``: per logged slice, how long
     after its start its last item was taken (below ``budget_us``: the protocol's
-    invariant, except in an eager first slice, ``DecodeOptions.eager_first``); ``drained``: every item was taken (always
+    invariant, except in an eager first slice, ``DecodeOptions.eager_first``, and a wide
+    one-launch call, ``DecodeOptions.wide_one_launch``); ``drained``: every item was taken (always
     true after ``run``); ``item_counts``: int32 ``[items]``, how often each item was taken
     (with ``count_items``, else None).
     """
@@ -96,7 +97,8 @@ def registers_keeping(ctas_per_sm: int) -> int:
 
 class PersistentDecode:
     """``paged_decode`` in slices of at most ``budget_us`` microseconds each (plus one item;
-    an eager first slice: see ``DecodeOptions.eager_first``).
+    an eager first slice: see ``DecodeOptions.eager_first``; a wide one-launch call, whose
+    bound rests on the item model: ``DecodeOptions.wide_one_launch``).
 
     Same arguments as ``DecodePlan`` (device arrays or CUDA tensors that keep their
     addresses; their contents may change between runs), plus ``budget_us``: a slice's time
@@ -183,7 +185,7 @@ class PersistentDecode:
         budget, so the launch's bound rests on that model, not the clock: it keeps within the
         budget while the items take up to 1 / ITEM_SHARE times the model's time."""
         _, grid, _, _, items, call_us = self._sized
-        return grid < items and wide_one_launch(self.options) and call_us <= ITEM_SHARE * self.budget_us
+        return grid <= items and wide_one_launch(self.options) and call_us <= ITEM_SHARE * self.budget_us
 
     def _shape(self, store) -> DecodeShape:
         """The decode shape of this plan's store and query heads."""
@@ -442,7 +444,8 @@ def persistent_decode(q, store, layer: int, block_tables, seq_lens, tail_slots, 
                       scale: float | None = None, max_seq_len: int | None = None, stream=None,
                       options: DecodeOptions | None = None, count_items: bool = False):
     """``paged_decode`` in launches of at most ``budget_us`` microseconds (plus one work item;
-    an eager first slice: see ``DecodeOptions.eager_first``);
+    an eager first slice: see ``DecodeOptions.eager_first``; a wide one-launch call, whose
+    bound rests on the item model: ``DecodeOptions.wide_one_launch``);
     returns ``(out, PersistentStats)``. Host arrays are checked and copied once, as by
     ``paged_decode``; device arrays are trusted (the kernel clamps bad ids, see kernel.py).
 

@@ -13,10 +13,12 @@ of the slice protocol over the ``state`` words. The host side (sizing, launching
   its static item (the owed list), and the next slice, a *repair* slice, takes the owed
   items first. An *eager* first slice of a call (``DecodeOptions.eager_first``) runs its
   static items without waiting for the budget check, and owes none.
-  Where that eager slice's grid is one CTA an item, ``run`` and a one-slice ``enqueue`` are
-  that one launch (``ONESHOT``): its outcome is known (every item runs), so it runs a
-  kernel of its own (``oneshot_kernel``: the grid kernel's grid and item, no loop) that
-  skips the slice's state altogether and stores its clock readings in records per item.
+  Where that eager slice's grid is one CTA an item, or the host's item model puts the whole
+  call within a quarter of its budget (a wide call, ``DecodeOptions.wide_one_launch``),
+  ``run`` and a one-slice ``enqueue`` are one launch (``ONESHOT``): its outcome is known
+  (every item runs), so it runs a kernel of its own (``oneshot_kernel``: the grid kernel's
+  grid and item, no loop) that skips the slice's state altogether and stores its clock
+  readings in records per item.
   An item is ``kernel.decode_item``, the grid kernel's own work, so the numerics are
   ``paged_decode``'s.
 - The checkpoint is the split-K workspace: a finished item has written its partial, and the
@@ -55,14 +57,16 @@ from ..timer import global_timer_ns
 from .kernel import GRID_REGISTERS, decode_item_function
 from .shape import DecodeShape
 
-# state: int64 [STATE_WORDS + 3 * grid]: the words, then the owed list (one word per CTA of
-# the slice grid), then a one-launch call's starts and ends, one word each per item (its grid
-# is the items: ``ONESHOT``); the protocol and who writes what: docs/persistent.md
+# state: int64 [STATE_WORDS + 3 * n], n the slice grid, or the items where a call is one
+# launch (``ONESHOT``): the words, then the owed list (one word per CTA of the slice grid),
+# then, from ``STATE_WORDS + items``, a one-launch call's starts and ends, one word each per
+# item; the protocol and who writes what: docs/persistent.md
 CURSOR, LAUNCH, START, EXITED, LONGEST, LATEST, DONE, BASE, SNAP, REPAIR, OWED, REPAID, SHOT = range(13)
 STATE_WORDS = 13
 # a slice's flags: the first of a call; the last of a fixed number (enqueue); with FIRST, its
 # CTAs start their static items before they know the slice's start (``DecodeOptions.eager_first``);
-# with FIRST | EAGER and a grid of one CTA an item, the call's only launch (``oneshot_kernel``)
+# ONESHOT: the call's only launch (``oneshot_kernel``, one CTA an item: an eager first slice
+# whose grid holds every item, or a wide call)
 FIRST, LAST, EAGER, ONESHOT = 1, 2, 4, 8
 # BASE after a one-launch call: a later slice of the call (a bare ``launches`` slice) finds no item
 DRAINED_BASE = -(1 << 62)
@@ -77,7 +81,7 @@ def persistent_kernel(shape: DecodeShape, max_registers: int | None = None, l2_p
                       joint_softmax: bool = True, count_items: bool = False, item_call: str = "inline",
                       dependent: bool = False):
     """The slice kernel of ``shape``: the decode kernel's arguments, then ``state`` int64
-    ``[STATE_WORDS + 3 * grid]``, ``log`` int64 ``[MAX_LOGGED * LOG_WORDS]``, ``item_counts`` int32 (``[items]``
+    ``[STATE_WORDS + 3 * n]`` (n: the grid, or the items of a plan whose calls are one launch), ``log`` int64 ``[MAX_LOGGED * LOG_WORDS]``, ``item_counts`` int32 (``[items]``
     with ``count_items``), ``budget_ns``, ``num_items``, ``flags`` (``FIRST`` | ``LAST`` | ``EAGER``).
     Launched with a 1-D grid. A one-launch call (``ONESHOT``) runs ``oneshot_kernel`` instead.
 
@@ -458,6 +462,9 @@ def close_slice(state, log, counters, num_items, base, flags):
     launch on the same stream, which sees them."""
     end = global_timer_ns()
     first = flags & FIRST
+    # a later slice of a one-launch call (BASE DRAINED_BASE): the call's items were all taken,
+    # though its grid, the slice grid, may be fewer (a wide call): DONE stays the items
+    after_one_launch = base == DRAINED_BASE
     if base < 0:  # an eager slice's CTA that took nothing dynamic: the base is the snapshot
         # (so too a later slice after a one-launch call, which read BASE = DRAINED_BASE: it
         # counts from the snapshot, which that call left where it was, and finds no item)
@@ -471,7 +478,7 @@ def close_slice(state, log, counters, num_items, base, flags):
         owed = repair - min(repaid, repair)
     else:  # a normal slice: its static items handed out, its late CTAs' ones owed
         cursor += cuda.gridDim.x
-    done = min(cursor - base, num_items) - owed
+    done = num_items if after_one_launch else min(cursor - base, num_items) - owed
     state[LAUNCH] = n + 1
     state[SHOT] = 0
     if first:

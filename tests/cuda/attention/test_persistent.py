@@ -573,21 +573,28 @@ def test_an_enqueue_cut_short_between_slices_is_marked(rng, monkeypatch):
     assert ref.relative_l2(plan.out.copy_to_host(), ref.decode_attention(q_host, keys, values, 1 / 8)) <= TOLERANCE
 
 
-def test_a_bare_slice_right_after_a_one_launch_call_takes_no_item(rng):
+@pytest.mark.parametrize("wide", [False, True])
+def test_a_bare_slice_right_after_a_one_launch_call_takes_no_item(wide, rng):
     """From a fresh plan: a one-launch call, then a bare later slice. The call left ``BASE``
     at ``DRAINED_BASE``, so the slice finds every item taken: its log row is empty and every
-    item was counted once (without that store it counted -2 items)."""
-    store, q, args, keys, values = _one_sequence_of_40(rng)
-    options = DecodeOptions(ctas_per_sm=64, split_blocks=1, eager_first=True)
+    item was counted once (without that store it counted -2 items). Also after a wide call,
+    whose slice grid (one CTA) is smaller than its 24 items: the slice leaves ``DONE`` the
+    items (counted from its grid, it said 1 of 24 done: rows (24, -23), not drained)."""
+    if wide:
+        store, q, args, _, _ = _wide_case(rng)
+        options, items = WIDE, 24
+    else:
+        store, q, args, keys, values = _one_sequence_of_40(rng)
+        options, items = DecodeOptions(ctas_per_sm=64, split_blocks=1, eager_first=True), 3
     plan = PersistentDecode(q, store, *args, budget_us=BUDGET_US, max_seq_len=40, options=options,
                             count_items=True)
-    assert plan.one_launch
+    assert plan.one_launch and plan._wide == wide
     with use_clock(SimulatedClock(STEP_NS)):
         plan.run(0)
         plan.launches(0)[1].run()
         stats = plan.stats()
-    assert stats.items_per_launch == (3, 0) and stats.drained, stats
-    assert np.array_equal(stats.item_counts, np.ones(3, np.int32)), stats.item_counts
+    assert stats.items_per_launch == (items, 0) and stats.drained and stats.yields == 0, stats
+    assert np.array_equal(stats.item_counts, np.ones(items, np.int32)), stats.item_counts
 
 
 @pytest.mark.parametrize("split_blocks,budget_us,splits", [(2, BUDGET_US, 2), (8, 0.1, 3)])
@@ -669,6 +676,9 @@ def test_a_call_the_model_puts_well_within_its_budget_is_one_wide_launch(rng):
     stats = plan.stats()
     assert np.array_equal(stats.item_counts, np.ones(24, np.int32)), stats.item_counts
     assert stats.launches == 1 and stats.items_per_launch == (24,) and stats.drained, stats
+    # the log row from the 24 CTAs' records (two clock reads each, 10 us apart, in order)
+    assert stats.launch_us == (470.0,) and stats.longest_item_us == 10.0, stats
+    assert stats.latest_take_us == (460.0,), stats
     paged = paged_decode(q_host, store, 0, tables, lens, tails,
                          options=DecodeOptions(ctas_per_sm=64, split_blocks=1)).copy_to_host()
     assert np.array_equal(plan.out.copy_to_host(), paged)
@@ -923,7 +933,7 @@ def test_a_wide_one_launch_call_gpu(dtype):
     from benchmarks.bench_persistent import case
 
     store, q, tables, lens, slots = case(dtype, 128, 32, 8, 2048)
-    paged = paged_decode(q, store, 0, tables, lens, slots).copy_to_host()
+    paged = paged_decode(q, store, 0, tables, lens, slots, max_seq_len=2048).copy_to_host()
     for wide in (None, False):
         plan = PersistentDecode(q, store, tables, lens, slots, budget_us=1e6, max_seq_len=2048, count_items=True,
                                 options=DecodeOptions(wide_one_launch=wide))
