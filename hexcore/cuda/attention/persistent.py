@@ -179,13 +179,14 @@ class PersistentDecode:
         return sized, cap
 
     def _wide_call(self) -> bool:
-        """Whether a call is one launch over more items than resident CTAs: with
-        ``wide_one_launch`` on (``wide_one_launch``), where the item model's time of the whole
-        call, ``call_us`` (``_fit``), is at most ``ITEM_SHARE`` of the budget. Its CTAs check no
-        budget, so the launch's bound rests on that model, not the clock: it keeps within the
-        budget while the items take up to 1 / ITEM_SHARE times the model's time."""
-        _, grid, _, _, items, call_us = self._sized
-        return grid <= items and wide_one_launch(self.options) and call_us <= ITEM_SHARE * self.budget_us
+        """Whether a call is one launch over every item, however many the resident CTAs (the
+        slice grid) are: with ``wide_one_launch`` on (``wide_one_launch``), where the item
+        model's time of the whole call, ``call_us`` (``_fit``), is at most ``ITEM_SHARE`` of the
+        budget. Its CTAs check no budget, so the launch's bound rests on that model, not the
+        clock: it keeps within the budget while the items take up to 1 / ITEM_SHARE times the
+        model's time."""
+        call_us = self._sized[5]
+        return wide_one_launch(self.options) and call_us <= ITEM_SHARE * self.budget_us
 
     def _shape(self, store) -> DecodeShape:
         """The decode shape of this plan's store and query heads."""
@@ -230,8 +231,8 @@ class PersistentDecode:
     def one_launch(self) -> bool:
         """Whether ``run`` and a one-slice ``enqueue`` are one launch that touches no slice
         state (``ONESHOT``): the first slice is eager and its grid is one CTA an item, or the
-        call is wide (``DecodeOptions.wide_one_launch``: more items than resident CTAs, all
-        in that launch)."""
+        call is wide (``DecodeOptions.wide_one_launch``: every item in that launch, even
+        past the resident CTAs)."""
         return self._oneshot
 
     @property
