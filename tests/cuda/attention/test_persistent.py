@@ -639,7 +639,7 @@ def test_a_one_launch_call_runs_the_grid_kernels_items_over_its_grid(split_block
 
 
 def _wide_case(rng):
-    """(cfg, store, device args, q, host inputs): 2 sequences (40 and 17 tokens) x 2 KV heads x
+    """(store, q, device args, host q, (tables, lens, tails, keys, values)): 2 sequences (40 and 17 tokens) x 2 KV heads x
     2 head groups of INT4, for the wide one-launch tests: at one block a split, 3 x 4 x 2 = 24
     items on the simulator's grid of one resident CTA (``ctas_per_sm=1``)."""
     cfg = KVCacheConfig(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, kv_dtype="int4", group_size=32)
