@@ -188,7 +188,7 @@ class DecodeOptions:
       ``ctas_per_sm`` unset where the first slice is eager (``eager_first``), which checks no
       budget before its items either; off on the simulator (whose tests run slices), with
       ``ctas_per_sm`` set and with ``eager_first=False``. Measured on an H100 (``benchmarks/RESULTS.md``, sixtieth session): at
-      128 x 32/8 2k and 64 x 32/32 4k, no yield, the slice protocol takes 1.04-1.09x the grid
+      128 x 32/8 2k and 64 x 32/32 4k, no yield, the slice protocol takes 1.03-1.09x the grid
       decode's time, one launch over every item 1.00-1.01x.
     - ``dependent_launch``: whether prepared decode launches (``DecodePlan``, ``DecodeGraph``,
       the engine's steps, the persistent decode's slices) are programmatic dependent launches
