@@ -187,9 +187,10 @@ class DecodeOptions:
       items take up to four times the model's time. None (the default): on a GPU with
       ``ctas_per_sm`` unset where the first slice is eager (``eager_first``), which checks no
       budget before its items either; off on the simulator (whose tests run slices), with
-      ``ctas_per_sm`` set and with ``eager_first=False``. Measured on an H100 (``benchmarks/RESULTS.md``, sixtieth session): at
-      128 x 32/8 2k and 64 x 32/32 4k, no yield, the slice protocol takes 1.03-1.09x the grid
-      decode's time, one launch over every item 1.00-1.01x.
+      ``ctas_per_sm`` set and with ``eager_first=False``. Measured (``benchmarks/RESULTS.md``, sixtieth and sixty-first
+      sessions): at 128 x 32/8 2k and 64 x 32/32 4k, no yield, the slice protocol takes
+      1.03-1.09x the grid decode's time on an H100 (1.06x INT4, 1.09x INT2 at 128 x 32/8 on the
+      H200), the wide one-launch call 1.00-1.01x on the H200.
     - ``dependent_launch``: whether prepared decode launches (``DecodePlan``, ``DecodeGraph``,
       the engine's steps, the persistent decode's slices) are programmatic dependent launches
       (``launch.PreparedLaunch``, ``dependent``): the kernel waits for the one ahead of it on
