@@ -4,7 +4,8 @@ paged decode (every dtype, MHA and GQA, one split and many, a head group of 9; t
 variant checking every block against head digests the head-digest kernel recorded; a plan of
 programmatic dependent launches), a
 DecodeGraph step (and one that verifies blocks against their digests inside the step), prefill over a cached prefix (gather and extend kernels, one sequence and a batch), block
-checksums and guard words, the persistent decode (several slices), and a format by age's
+checksums and guard words, the persistent decode (several slices; a wide one-launch call past
+the resident CTAs), and a format by age's
 kernels (the seal with fitted keys, re-seals between pools, the partials decode and its merge).
 
     compute-sanitizer --tool racecheck python3 -m benchmarks.sanitize
@@ -24,6 +25,7 @@ from hexcore.cuda import (DecodeGraph, DecodeOptions, DeviceKVStore, PersistentD
                           persistent_decode, prefill_attention, prefill_attention_batch, reseal_blocks, seal, seal_rows,
                           tiered_decode)
 from hexcore.cuda.attention import DecodeVerify
+from hexcore.cuda.device import SIMULATOR
 from hexcore.cuda.integrity import check_guards, checksum_blocks, record_head_sums
 
 SPLIT = DecodeOptions(ctas_per_sm=64, split_blocks=1)
@@ -187,6 +189,29 @@ def run_new_kernels(store, tables, rng) -> None:
     plan.enqueue(0, slices=1)
     cuda.synchronize()
     assert plan.stats().drained and not np.isnan(plan.out.copy_to_host()).any()
+    run_wide_call(store, rng)
+
+
+def run_wide_call(store, rng) -> None:
+    """A wide one-launch persistent call (``DecodeOptions.wide_one_launch``): more items than
+    the resident CTAs (``ctas_per_sm=1`` makes those one an SM; rows of blocks 5 and 6, one-block
+    splits: rows * 2 KV heads * 3 items), one launch of every item with a record each; then a
+    two-slice ``enqueue`` of the same plan (the normal protocol on the resident grid) and a
+    one-slice one (one launch again)."""
+    sms = 1 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
+    rows = sms // 6 + 1
+    index = (np.tile(np.array([[5, 6, 0]], np.int32), (rows, 1)), np.full(rows, 35, np.int32),
+             np.arange(rows, dtype=np.int32) % 2)
+    q = rng.standard_normal((rows, 8, 128)).astype(np.float16)
+    options = DecodeOptions(ctas_per_sm=1, split_blocks=1, eager_first=True, wide_one_launch=True)
+    plan = PersistentDecode(cuda.to_device(q), store, *(cuda.to_device(a) for a in index), budget_us=1000.0,
+                            max_seq_len=35, options=options)
+    assert plan.one_launch and plan.num_items > sms, (plan.one_launch, plan.num_items, sms)
+    for slices in (None, 2, 1):
+        plan.out.copy_to_device(np.full(plan.out.shape, np.nan, np.float16))
+        plan.run(0) if slices is None else plan.enqueue(0, slices=slices)
+        cuda.synchronize()
+        assert plan.stats().drained and not np.isnan(plan.out.copy_to_host()).any(), slices
 
 
 def run_tiered(rng) -> None:
