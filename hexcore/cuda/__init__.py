@@ -17,7 +17,7 @@ Importing this package loads numba.cuda; to run on the simulator, set
 
 from __future__ import annotations
 
-from .attention import (BatchRows, DecodeOptions, DecodePlan, PersistentDecode, PersistentStats, SplitCosts,
+from .attention import (BatchRows, DecodeOptions, DecodePlan, ItemTimes, PersistentDecode, PersistentStats, SplitCosts,
                         TieredDecodePlan, gather_prefix, paged_decode, persistent_decode, prefill_attention,
                         prefill_attention_batch, tiered_decode)
 from .blocks import (copy_blocks, copy_tails, dequantize_blocks, prepare_copy_blocks, prepare_copy_tails,
@@ -36,6 +36,7 @@ __all__ = [
     "DecodePlan",
     "DecodeStep",
     "DeviceKVStore",
+    "ItemTimes",
     "Launch",
     "PersistentDecode",
     "PersistentStats",

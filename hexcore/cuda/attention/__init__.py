@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from .launcher import DecodePlan, DecodeVerify, Workspace, paged_decode
 from .options import DecodeOptions, SplitCosts
-from .persistent import BudgetError, PersistentDecode, PersistentStats, persistent_decode
+from .persistent import BudgetError, ItemTimes, PersistentDecode, PersistentStats, persistent_decode
 from .prefill import BatchRows, gather_prefix, prefill_attention, prefill_attention_batch
 from .tiered import TieredDecodePlan, tiered_decode
 
-__all__ = ["BatchRows", "BudgetError", "DecodeOptions", "DecodePlan", "DecodeVerify", "PersistentDecode",
+__all__ = ["BatchRows", "BudgetError", "DecodeOptions", "DecodePlan", "DecodeVerify", "ItemTimes", "PersistentDecode",
            "PersistentStats", "SplitCosts", "TieredDecodePlan", "Workspace", "gather_prefix", "paged_decode",
            "persistent_decode", "prefill_attention", "prefill_attention_batch", "tiered_decode"]

@@ -56,6 +56,16 @@ class BudgetError(HexcoreInvalidArgumentError):
     """A time budget that is not a number in (0, MAX_BUDGET_US] or is shorter than one work item."""
 
 
+class ItemTimes(NamedTuple):
+    """A one-launch call's clock readings per item (``PersistentDecode.item_times``):
+    ``starts`` and ``ends`` int64 ``[items]`` (``%globaltimer`` ns, queue order: split fastest)
+    and ``splits``, the splits of each (sequence, KV head, head group)."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    splits: int
+
+
 class PersistentStats(NamedTuple):
     """What one persistent decode call did.
 
@@ -371,12 +381,30 @@ class PersistentDecode:
             budget_us=self.budget_us, drained=int(state[DONE]) >= self.num_items,
             item_counts=self._read(self._counts, stream)[:self.num_items] if self._count else None)
 
+    def item_times(self, stream=None) -> ItemTimes | None:
+        """Where the last call's time went, item by item, if it was one launch
+        (``one_launch``): thread 0's ``%globaltimer`` readings (int64 ns) before and after each
+        item, ``starts`` and ``ends`` ``[num_items]`` in queue order (split fastest, so item
+        ``i`` is split ``i % splits`` of (sequence, KV head, head group) ``i // splits``). An
+        item's end includes its merge where its split was the last of its row to finish.
+        None after a call of slices (``stats`` logs those per slice). Reads the state back:
+        synchronises."""
+        state = self._read(self._state, resolve_stream(stream, self._torch))
+        if not state[SHOT]:
+            return None
+        starts, ends = self._records(state)
+        return ItemTimes(starts.copy(), ends.copy(), self._sized[3])
+
+    def _records(self, state):
+        """A one-launch call's per-item records (``end_oneshot``): (starts, ends), views of
+        ``state`` (the call's grid: one CTA an item)."""
+        n = self.num_items
+        return state[STATE_WORDS + n:STATE_WORDS + 2 * n], state[STATE_WORDS + 2 * n:STATE_WORDS + 3 * n]
+
     def _oneshot_log(self, state):
-        """A one-launch call's log row from its CTAs' records (``end_oneshot``): the first
-        start, the last end, the items, the longest item, the latest start."""
-        n = self.num_items  # (the call's grid: one CTA an item)
-        starts = state[STATE_WORDS + n:STATE_WORDS + 2 * n]
-        ends = state[STATE_WORDS + 2 * n:STATE_WORDS + 3 * n]
+        """A one-launch call's log row from its CTAs' records: the first start, the last end,
+        the items, the longest item, the latest start."""
+        starts, ends = self._records(state)
         return np.array([[starts.min(), ends.max(), self.num_items, (ends - starts).max(), starts.max()]], np.int64)
 
     @staticmethod

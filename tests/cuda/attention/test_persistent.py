@@ -638,6 +638,28 @@ def test_a_one_launch_call_runs_the_grid_kernels_items_over_its_grid(split_block
     assert ref.relative_l2(paged, ref.decode_attention(q_host, keys, values, 1 / 8)) <= TOLERANCE
 
 
+def test_item_times_are_a_one_launch_calls_records(rng):
+    """``item_times``: after a one-launch call, each item's clock readings in queue order (the
+    same records ``stats`` takes its one log row from: first start, last end, longest item,
+    latest start) and the plan's splits (3 x 4 x 2 = 24 items); after a call of slices (the
+    same case with the slice protocol: ``wide_one_launch`` off), None."""
+    store, q, args, _, _ = _wide_case(rng)
+    wide = PersistentDecode(q, store, *args, budget_us=1000.0, max_seq_len=40, options=WIDE)
+    with use_clock(SimulatedClock(STEP_NS)):
+        wide.run(0)
+    times, stats = wide.item_times(), wide.stats()
+    assert wide.one_launch and times.splits == 3 and times.starts.shape == times.ends.shape == (24,), times
+    assert (times.ends > times.starts).all(), times
+    assert stats.launch_us == ((times.ends.max() - times.starts.min()) / 1e3,), (stats, times)
+    assert stats.longest_item_us == (times.ends - times.starts).max() / 1e3, (stats, times)
+    assert stats.latest_take_us == ((times.starts.max() - times.starts.min()) / 1e3,), (stats, times)
+    sliced = PersistentDecode(q, store, *args, budget_us=1000.0, max_seq_len=40,
+                              options=dataclasses.replace(WIDE, wide_one_launch=False))
+    with use_clock(SimulatedClock(STEP_NS)):
+        sliced.run(0)
+    assert not sliced.one_launch and sliced.item_times() is None
+
+
 def _wide_case(rng):
     """(store, q, device args, host q, (tables, lens, tails, keys, values)): 2 sequences (40 and 17 tokens) x 2 KV heads x
     2 head groups of INT4, for the wide one-launch tests: at one block a split, 3 x 4 x 2 = 24
