@@ -102,6 +102,12 @@ def _spin(ns):
         pass
 
 
+def hold_stream(ns: int) -> None:
+    """Hold the default stream for ``ns`` nanoseconds (a one-thread ``%globaltimer`` spin), so
+    that what the host enqueues next is queued before the GPU reaches it."""
+    _spin[1, 1](np.int64(ns))
+
+
 def time_gpu(fn, warmup: int = 3, repeats: int = 10, inner: int = 10, queue_ns: int = 0) -> float:
     """Median seconds per ``fn()`` on the device: CUDA events around ``inner`` calls
     back to back (so host time overlaps device time), ``repeats`` times.
@@ -118,7 +124,7 @@ def time_gpu(fn, warmup: int = 3, repeats: int = 10, inner: int = 10, queue_ns: 
     for _ in range(repeats):
         start, stop = cuda.event(), cuda.event()
         if queue_ns:
-            _spin[1, 1](np.int64(queue_ns))
+            hold_stream(queue_ns)
         start.record()
         for _ in range(inner):
             fn()

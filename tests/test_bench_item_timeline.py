@@ -26,9 +26,11 @@ def test_unsplit_rows_have_no_tail():
 
 
 @pytest.mark.parametrize("starts, ends, splits", [
-    ([0, 1, 2], [3, 4, 5], 2), ([0, 1], [3, 4, 5], 1), ([0, 1], [3, 4], 0), ([[0, 1]], [[3, 4]], 1)])
+    ([0, 1, 2], [3, 4, 5], 2), ([0, 1], [3, 4, 5], 1), ([0, 1], [3, 4], 0), ([[0, 1]], [[3, 4]], 1),
+    (np.zeros(0, np.int64), np.zeros(0, np.int64), 1), ([0, 1], [3, 4], 2.0), ([0, 1], [3, 4], "2"),
+    ([0.5, 1.5], [3.5, 4.5], 1)])
 def test_records_that_are_no_call_raise_naming_the_sizes(starts, ends, splits):
-    with pytest.raises(ValueError, match=f"splits={splits}"):
+    with pytest.raises(ValueError, match=f"splits={splits!r}"):
         item_timeline.summarize(np.array(starts), np.array(ends), splits)
 
 
@@ -40,9 +42,9 @@ def test_a_bad_call_count_exits_naming_it(calls):
 
 def test_a_row_end_to_end_on_the_simulator(monkeypatch):
     """One B=1 row on the simulator (one-block splits, a grid of every item: one launch), the
-    CUDA-event timing stubbed to one call at 50 us: the row's items and splits are the plan's,
-    its fields the medians of ``summarize`` over the calls, ``outside`` the event time less the
-    span; JSON-ready."""
+    back-to-back timing stubbed to one call at 50 us: the row's items and splits are the
+    plan's; its single calls' fields are medians (of two: ``outside`` is then the median event
+    time less the median span); JSON-ready. No call at all is refused."""
     from benchmarks import gpu_common
     from hexcore.cuda import DecodeOptions
     from hexcore.cuda.timer import SimulatedClock, use_clock
@@ -52,6 +54,9 @@ def test_a_row_end_to_end_on_the_simulator(monkeypatch):
     with use_clock(SimulatedClock(1000)):
         row = item_timeline.timeline_row("int4", (1, 8, 2, 70), 2, options)
     assert (row["items"], row["splits"], row["calls"]) == (2 * 3, 3, 2), row
-    assert row["event"] == row["paged"] == pytest.approx(50.0) and row["outside"] == pytest.approx(50.0 - row["span"])
+    assert row["queued"] == row["paged"] == pytest.approx(50.0), row
+    assert row["outside"] == pytest.approx(row["event"] - row["span"]), row  # (the simulator's events: -1 ms)
     assert 0 < row["item_max"] <= row["span"] and 0 <= row["ramp"] < row["span"], row
     json.dumps(row)
+    with pytest.raises(ValueError, match="calls=0"):
+        item_timeline.timeline_row("int4", (1, 8, 2, 70), 0, options)

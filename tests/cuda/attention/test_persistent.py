@@ -639,25 +639,34 @@ def test_a_one_launch_call_runs_the_grid_kernels_items_over_its_grid(split_block
 
 
 def test_item_times_are_a_one_launch_calls_records(rng):
-    """``item_times``: after a one-launch call, each item's clock readings in queue order (the
-    same records ``stats`` takes its one log row from: first start, last end, longest item,
-    latest start) and the plan's splits (3 x 4 x 2 = 24 items); after a call of slices (the
-    same case with the slice protocol: ``wide_one_launch`` off), None."""
+    """``item_times``: after a one-launch call, the records' words of the state as they are
+    (starts, then ends), in queue order (split fastest over the grid (3 splits, 4 rows, 2
+    sequences); the simulator runs z fastest, each CTA reading the clock twice, so each item
+    takes one step of the clock), with the plan's splits, and ``stats``'s one log row agrees;
+    after a call of slices on the same plan (a two-slice ``enqueue``), None; after a
+    one-launch call again, records again."""
+    from hexcore.cuda.attention import persistent_kernels as p
+
     store, q, args, _, _ = _wide_case(rng)
-    wide = PersistentDecode(q, store, *args, budget_us=1000.0, max_seq_len=40, options=WIDE)
+    plan = PersistentDecode(q, store, *args, budget_us=1000.0, max_seq_len=40, options=WIDE)
     with use_clock(SimulatedClock(STEP_NS)):
-        wide.run(0)
-    times, stats = wide.item_times(), wide.stats()
-    assert wide.one_launch and times.splits == 3 and times.starts.shape == times.ends.shape == (24,), times
-    assert (times.ends > times.starts).all(), times
+        plan.run(0)
+    times, stats, state = plan.item_times(), plan.stats(), plan._state.copy_to_host()
+    assert plan.one_launch and times.splits == 3 and times.starts.shape == times.ends.shape == (24,), times
+    at = p.STATE_WORDS + 24
+    assert np.array_equal(times.starts, state[at:at + 24]) and np.array_equal(times.ends, state[at + 24:at + 48])
+    assert (times.ends - times.starts == STEP_NS).all(), times
+    j = np.arange(24)  # item j = (split x, row y, sequence z); the simulator runs z fastest
+    ran = (j % 3 * 4 + j // 3 % 4) * 2 + j // 12
+    assert np.array_equal(np.argsort(np.argsort(times.starts)), ran), (times.starts, ran)
     assert stats.launch_us == ((times.ends.max() - times.starts.min()) / 1e3,), (stats, times)
-    assert stats.longest_item_us == (times.ends - times.starts).max() / 1e3, (stats, times)
     assert stats.latest_take_us == ((times.starts.max() - times.starts.min()) / 1e3,), (stats, times)
-    sliced = PersistentDecode(q, store, *args, budget_us=1000.0, max_seq_len=40,
-                              options=dataclasses.replace(WIDE, wide_one_launch=False))
     with use_clock(SimulatedClock(STEP_NS)):
-        sliced.run(0)
-    assert not sliced.one_launch and sliced.item_times() is None
+        plan.enqueue(0, slices=2)
+    assert plan.stats().launches == 2 and plan.item_times() is None, plan.stats()
+    with use_clock(SimulatedClock(STEP_NS)):
+        plan.enqueue(0, slices=1)
+    assert plan.item_times() is not None and plan.stats().launches == 1
 
 
 def _wide_case(rng):
