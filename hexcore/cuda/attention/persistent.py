@@ -393,7 +393,7 @@ class PersistentDecode:
         if not state[SHOT]:
             return None
         starts, ends = self._records(state)
-        return ItemTimes(starts.copy(), ends.copy(), self._sized[3])
+        return ItemTimes(starts.copy(), ends.copy(), int(self._sized[3]))
 
     def _records(self, state):
         """A one-launch call's per-item records (``end_oneshot``): (starts, ends), views of
