@@ -14,8 +14,8 @@ One JSON line per (shape, dtype), us: ``paged`` and ``queued`` (``DecodePlan.run
 one-launch call by CUDA events around ten calls back to back, queued: ``gpu_common.time_gpu``),
 then medians over ``--calls`` single calls, each queued behind a held stream, of its CUDA-event
 time ``event``, ``summarize``'s fields of its records and ``outside`` (``event`` minus
-``span``: the launch and the kernel's start and end; back to back, dependent launches hide
-part of it, so ``queued`` is below ``event``).
+``span``: the launch and the kernel's start and end; back to back, dependent launches may
+hide part of it, which ``queued`` against ``event`` shows).
 """
 
 from __future__ import annotations
