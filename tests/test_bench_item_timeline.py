@@ -52,11 +52,11 @@ def test_a_row_end_to_end_on_the_simulator(monkeypatch):
     monkeypatch.setattr(gpu_common, "time_gpu", lambda fn, **kwargs: (fn(), 50e-6)[1])
     options = DecodeOptions(ctas_per_sm=64, split_blocks=1, eager_first=True)
     with use_clock(SimulatedClock(1000)):
-        row = item_timeline.timeline_row("int4", (1, 8, 2, 70), 2, options)
-    assert (row["items"], row["splits"], row["calls"]) == (2 * 3, 3, 2), row
+        row = item_timeline.timeline_row("int4", (1, 8, 2, 40), 2, options)
+    assert (row["items"], row["splits"], row["calls"]) == (2 * 2, 2, 2), row
     assert row["queued"] == row["paged"] == pytest.approx(50.0), row
     assert row["outside"] == pytest.approx(row["event"] - row["span"]), row  # (the simulator's events: -1 ms)
     assert 0 < row["item_max"] <= row["span"] and 0 <= row["ramp"] < row["span"], row
     json.dumps(row)
     with pytest.raises(ValueError, match="calls=0"):
-        item_timeline.timeline_row("int4", (1, 8, 2, 70), 0, options)
+        item_timeline.timeline_row("int4", (1, 8, 2, 40), 0, options)

@@ -638,37 +638,6 @@ def test_a_one_launch_call_runs_the_grid_kernels_items_over_its_grid(split_block
     assert ref.relative_l2(paged, ref.decode_attention(q_host, keys, values, 1 / 8)) <= TOLERANCE
 
 
-def test_item_times_are_a_one_launch_calls_records(rng):
-    """``item_times``: after a one-launch call, the records' words of the state as they are
-    (starts, then ends), in queue order (split fastest over the grid (3 splits, 4 rows, 2
-    sequences); the simulator runs z fastest, each CTA reading the clock twice, so each item
-    takes one step of the clock), with the plan's splits, and ``stats``'s one log row agrees;
-    after a call of slices on the same plan (a two-slice ``enqueue``), None; after a
-    one-launch call again, records again."""
-    from hexcore.cuda.attention import persistent_kernels as p
-
-    store, q, args, _, _ = _wide_case(rng)
-    plan = PersistentDecode(q, store, *args, budget_us=1000.0, max_seq_len=40, options=WIDE)
-    with use_clock(SimulatedClock(STEP_NS)):
-        plan.run(0)
-    times, stats, state = plan.item_times(), plan.stats(), plan._state.copy_to_host()
-    assert plan.one_launch and times.splits == 3 and times.starts.shape == times.ends.shape == (24,), times
-    at = p.STATE_WORDS + 24
-    assert np.array_equal(times.starts, state[at:at + 24]) and np.array_equal(times.ends, state[at + 24:at + 48])
-    assert (times.ends - times.starts == STEP_NS).all(), times
-    j = np.arange(24)  # item j = (split x, row y, sequence z); the simulator runs z fastest
-    ran = (j % 3 * 4 + j // 3 % 4) * 2 + j // 12
-    assert np.array_equal(np.argsort(np.argsort(times.starts)), ran), (times.starts, ran)
-    assert stats.launch_us == ((times.ends.max() - times.starts.min()) / 1e3,), (stats, times)
-    assert stats.latest_take_us == ((times.starts.max() - times.starts.min()) / 1e3,), (stats, times)
-    with use_clock(SimulatedClock(STEP_NS)):
-        plan.enqueue(0, slices=2)
-    assert plan.stats().launches == 2 and plan.item_times() is None, plan.stats()
-    with use_clock(SimulatedClock(STEP_NS)):
-        plan.enqueue(0, slices=1)
-    assert plan.item_times() is not None and plan.stats().launches == 1
-
-
 def _wide_case(rng):
     """(store, q, device args, host q, (tables, lens, tails, keys, values)): 2 sequences (40 and 17 tokens) x 2 KV heads x
     2 head groups of INT4, for the wide one-launch tests: at one block a split, 3 x 4 x 2 = 24
@@ -689,8 +658,11 @@ def test_a_call_the_model_puts_well_within_its_budget_is_one_wide_launch(rng):
     the whole call (24 rounds of a one-block item) far inside a quarter of the budget, so the
     call is one launch of ``oneshot_kernel`` over every item, with no slice: each item
     counted once, the state's records sized for them, the output bit for bit
-    ``paged_decode``'s at the same splits. A 12-slice ``enqueue`` of the same plan runs the
-    slice protocol on the one resident CTA instead, and is right too."""
+    ``paged_decode``'s at the same splits; ``item_times`` gives the records' words as they are
+    (starts, then ends) in queue order (split fastest over the grid; the simulator runs z
+    fastest, each CTA reading the clock twice) with the plan's splits. A 12-slice ``enqueue``
+    of the same plan runs the slice protocol on the one resident CTA instead, is right too,
+    and leaves no item times."""
     from hexcore.cuda.attention import persistent as pd, persistent_kernels as p
 
     store, q, args, q_host, (tables, lens, tails, keys, values) = _wide_case(rng)
@@ -710,6 +682,11 @@ def test_a_call_the_model_puts_well_within_its_budget_is_one_wide_launch(rng):
     # the log row from the 24 CTAs' records (two clock reads each, 10 us apart, in order)
     assert stats.launch_us == (470.0,) and stats.longest_item_us == 10.0, stats
     assert stats.latest_take_us == (460.0,), stats
+    times, state, at = plan.item_times(), plan._state.copy_to_host(), p.STATE_WORDS + 24
+    assert times.splits == 3 and np.array_equal(times.starts, state[at:at + 24]), times
+    assert np.array_equal(times.ends, state[at + 24:at + 48]) and (times.ends - times.starts == STEP_NS).all(), times
+    j = np.arange(24)  # item j = (split x, row y, sequence z); the simulator runs z fastest
+    assert np.array_equal(np.argsort(np.argsort(times.starts)), (j % 3 * 4 + j // 3 % 4) * 2 + j // 12), times
     paged = paged_decode(q_host, store, 0, tables, lens, tails,
                          options=DecodeOptions(ctas_per_sm=64, split_blocks=1)).copy_to_host()
     assert np.array_equal(plan.out.copy_to_host(), paged)
@@ -722,7 +699,7 @@ def test_a_call_the_model_puts_well_within_its_budget_is_one_wide_launch(rng):
     assert plan._slice(0, plan._first).grid == (1, 1, 1), plan._slice(0, plan._first).grid
     assert stats.launches == 12 and stats.items_per_launch == (2,) * 12 and stats.drained, stats
     assert np.array_equal(stats.item_counts, np.ones(24, np.int32)), stats.item_counts
-    assert np.array_equal(plan.out.copy_to_host(), paged)
+    assert np.array_equal(plan.out.copy_to_host(), paged) and plan.item_times() is None
 
 
 @pytest.mark.parametrize("share,wide", [(0.99, False), (1.01, True)])
