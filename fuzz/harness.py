@@ -1130,11 +1130,18 @@ def _persistent_plans(r: Reader):
 
 
 def _check_call(plan, expect, what: str) -> None:
-    """After a ``run`` (or an ``enqueue`` that drained): each item once, the output right."""
+    """After a ``run`` (or an ``enqueue`` that drained): each item once, the output right; a
+    one-launch call's item times (``item_times``) a record per item, each ending after it
+    starts, the first start and the last end the log's."""
     from tests import reference as ref
 
     stats = plan.stats()
     assert stats.drained, (what, stats)
+    times = plan.item_times()
+    if times is not None:
+        assert times.starts.shape == times.ends.shape == (stats.items,), (what, times)
+        assert (times.ends >= times.starts).all() and stats.items % times.splits == 0, (what, times)
+        assert stats.launch_us == ((times.ends.max() - times.starts.min()) / 1e3,), (what, stats, times)
     assert sum(stats.items_per_launch) == stats.items or stats.launches > len(stats.items_per_launch), (what, stats)
     if stats.item_counts is not None:
         assert np.array_equal(stats.item_counts, np.ones(stats.items, np.int32)), (what, stats.item_counts)
@@ -1201,6 +1208,7 @@ def target_persistent(data: bytes) -> None:
                 if op <= 1:
                     plan.run(0)
                     _check_call(plan, expect, what)
+                    assert (plan.item_times() is not None) == plan.one_launch, (what, plan.one_launch)
                 elif op == 2:
                     plan.enqueue(0, r.int(1, plan.num_items + 2))
                     if plan.stats().drained:
