@@ -183,8 +183,9 @@ class DecodeOptions:
       a *wide* one-launch call) where the item model (``READ_BYTES_PER_US``) puts the whole
       call within ``ITEM_SHARE`` (a quarter) of its budget: the hardware schedules the items,
       as it does the grid decode's, with no slice protocol around them. Its CTAs check no
-      budget (they read the clock only for their records), so its bound rests on the model: the launch keeps within the budget while the
-      items take up to four times the model's time. None (the default): on a GPU with
+      budget (they read the clock only for their records), so its bound rests on the model:
+      the launch keeps within the budget while the items take up to four times the model's
+      time. None (the default): on a GPU with
       ``ctas_per_sm`` unset where the first slice is eager (``eager_first``), which checks no
       budget before its items either; off on the simulator (whose tests run slices), with
       ``ctas_per_sm`` set and with ``eager_first=False``. Measured (``benchmarks/RESULTS.md``, sixtieth and sixty-first
