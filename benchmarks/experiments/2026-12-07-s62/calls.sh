@@ -4,8 +4,8 @@
 # (NEXT.md), back to back, each deciding nothing between calls:
 #   ab-tests (~330 s, any GPU): merge1.diff and merge2.diff (the split merge in one pass of
 #      online rounds, no statistics pass first) each on a copy, all side by side: the decode's
-#      GPU tests of the merge, the reference layouts and long context, and racecheck and
-#      memcheck of benchmarks.sanitize --dtypes int4 --no-tiered (the grid and persistent
+#      GPU tests of the merge, the reference layouts and long context, and racecheck, memcheck
+#      and synccheck (merge2's shuffles) of benchmarks.sanitize --dtypes int4 --no-tiered (the grid and persistent
 #      decodes); limit 400 s.
 #   ab (~450 s, an H200 preferred): this tree, merge1 and merge2 in turn, each in one process
 #      of two rounds (ab_rows.py): bench_decode's rows, --queued, at the B=1 rows (1k, 32k, 128k; the default,
@@ -29,7 +29,7 @@ ab-tests)  # correctness only, so everything side by side
         (cd $tree && PYTHONPATH="$site:$tree" timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider -n 5 \
             tests/cuda/attention/test_decode.py -k "merge or long_context or matches_reference" \
             > "$R/tests-$name.log" 2>&1; echo "tests rc $?" >> "$R/tests-$name.log") &
-        for tool in racecheck memcheck; do
+        for tool in racecheck memcheck synccheck; do
             (cd $tree && PYTHONPATH="$site:$tree" timeout 330 compute-sanitizer --tool $tool --error-exitcode 1 \
                 python3 -m benchmarks.sanitize --dtypes int4 --no-tiered > "$R/$name-$tool.log" 2>&1
                 echo "$tool rc $?" >> "$R/$name-$tool.log") &

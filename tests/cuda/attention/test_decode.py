@@ -96,16 +96,17 @@ def test_split_sequences_merge_in_the_last_cta(dtype, rng):
         check_decode(cfg, 3, [70, 0, 5, 33], rng, SPLIT)
 
 
-def merge_case(rng, heads, n_splits, head_dim):
-    """Random partials of ``n_splits`` splits (every third empty: m -inf, l 0, o 0) for
-    ``heads`` rows, their stride ``n_splits + 3``; returns (part_o, part_ml, expected out)."""
+def merge_case(rng, heads, n_splits, head_dim, leading_empty=0):
+    """Random partials of ``n_splits`` splits (every third empty: m -inf, l 0, o 0, and the
+    first ``leading_empty`` too) for ``heads`` rows, their stride ``n_splits + 3``; returns
+    (part_o, part_ml, expected out)."""
     stride = n_splits + 3
     part_o = np.full((heads, stride, head_dim), np.nan, np.float32)  # slots past n_splits: never read
     part_ml = np.full((heads, stride, 2), np.nan, np.float32)
     m = rng.uniform(-6, 6, (heads, n_splits)).astype(np.float32)
     l = rng.uniform(0.5, 40, (heads, n_splits)).astype(np.float32)
     o = rng.standard_normal((heads, n_splits, head_dim)).astype(np.float32) * l[..., None]
-    empty = np.arange(n_splits) % 3 == 2
+    empty = (np.arange(n_splits) % 3 == 2) | (np.arange(n_splits) < leading_empty)
     m[:, empty], l[:, empty], o[:, empty] = -np.inf, 0, 0
     part_o[:, :n_splits], part_ml[:, :n_splits, 0], part_ml[:, :n_splits, 1] = o, m, l
     w = np.exp2(m.astype(np.float64) - m.max(axis=1, keepdims=True))
@@ -113,7 +114,7 @@ def merge_case(rng, heads, n_splits, head_dim):
     return part_o.ravel(), part_ml.ravel(), expect
 
 
-def check_merge(rng, heads, n_splits, head_dim):
+def check_merge(rng, heads, n_splits, head_dim, leading_empty=0):
     """``merge_function``'s merge of one CTA's rows against float64, output poisoned first."""
     from hexcore.cuda.attention.kernel import merge_function
     from hexcore.cuda.attention.shape import THREADS
@@ -124,7 +125,7 @@ def check_merge(rng, heads, n_splits, head_dim):
     def kernel(part_o, part_ml, out, heads, n_splits, max_splits):
         merge(part_o, part_ml, out, 0, heads, n_splits, max_splits)
 
-    part_o, part_ml, expect = merge_case(rng, heads, n_splits, head_dim)
+    part_o, part_ml, expect = merge_case(rng, heads, n_splits, head_dim, leading_empty)
     out = cuda.to_device(np.full(heads * head_dim, np.nan, np.float16))
     kernel[1, THREADS](cuda.to_device(part_o), cuda.to_device(part_ml), out, heads, n_splits, n_splits + 3)
     got = out.copy_to_host().reshape(heads, head_dim)
@@ -133,17 +134,20 @@ def check_merge(rng, heads, n_splits, head_dim):
     assert err <= TOLERANCE, f"relative L2 error {err:.2e}"
 
 
-@pytest.mark.parametrize("heads,n_splits", [(4, 150), (8, 64), (1, 7), (3, 21)])
-def test_merge_of_many_splits_matches_float64(heads, n_splits, rng):
+@pytest.mark.parametrize("heads,n_splits,leading_empty", [(4, 150, 0), (8, 64, 0), (1, 7, 0), (3, 21, 0),
+                                                           (5, 40, 17)])
+def test_merge_of_many_splits_matches_float64(heads, n_splits, leading_empty, rng):
     """The split merge alone: more splits than one staging round (64), the sixteen-, four- and
-    one-split loops, empty splits, a row stride past the split count."""
-    check_merge(rng, heads, n_splits, 64)
+    one-split loops, empty splits (the first 17 of a row too: more than a round of 16 before
+    any weight), an odd number of heads, a row stride past the split count."""
+    check_merge(rng, heads, n_splits, 64, leading_empty)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("heads,n_splits", [(4, 150), (8, 64), (4, 66), (1, 263)])
-def test_merge_of_many_splits_gpu(heads, n_splits, rng):
-    check_merge(rng, heads, n_splits, 128)
+@pytest.mark.parametrize("heads,n_splits,leading_empty", [(4, 150, 0), (8, 64, 0), (4, 66, 0), (1, 263, 0),
+                                                           (5, 49, 17)])
+def test_merge_of_many_splits_gpu(heads, n_splits, leading_empty, rng):
+    check_merge(rng, heads, n_splits, 128, leading_empty)
 
 
 # every dtype with each head_dim, block size and GQA ratio at least twice (a covering set:
