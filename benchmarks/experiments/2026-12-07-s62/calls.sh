@@ -8,9 +8,9 @@
 #      and synccheck (merge2's shuffles) of benchmarks.sanitize --dtypes int4 --no-tiered (the grid and persistent
 #      decodes); limit 400 s.
 #   ab (~450 s, an H200 preferred): this tree, merge1 and merge2 in turn, each in one process
-#      of two rounds (ab_rows.py): bench_decode's rows, --queued, at the B=1 rows (1k, 32k, 128k; the default,
-#      "ctas 3": splits sized for three CTAs an SM, and "cap 128": the capped kernel, four) and
-#      at 32 x 64/8 4k and 128 x 32/8 2k (the default); limit 560 s.
+#      of two rounds (ab_rows.py): bench_decode's rows, --queued, at B=1 1k, 32k and 128k (32k
+#      also at 49 splits, and capped at 64; 128k also capped at 64 splits), 32 x 64/8 4k and
+#      128 x 32/8 2k; limit 560 s.
 #   timeline (~250 s, an H200 preferred): the sixty-first session's owed timeline (B=1 1k,
 #      32k, 128k, every dtype) on this tree, the 32k rows with other split lengths
 #      (timeline_splits.py), and the 32k timeline on merge1 and merge2; limit 480 s.
