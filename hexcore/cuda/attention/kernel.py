@@ -39,7 +39,7 @@ from numba import cuda, float32, int32, uint32
 from ..device import (SHARED_ALIGN16, SIMULATOR, add_acq_rel_i32, allow_dependent_grids, cluster_sync,
                       cluster_sync_relaxed, cp_async_commit, cp_async_wait_all, cp_async_wait_one, device_function,
                       exp2, load_cg_f32, load_cg_f32x4, load_cluster_f32, load_where, prefetch_l2,
-                      shfl_idx_int, shfl_xor, syncwarp, thread_index_volatile, wait_prior_grids, warp_ballot)
+                      shfl_idx, shfl_idx_int, shfl_xor, syncwarp, thread_index_volatile, wait_prior_grids, warp_ballot)
 from ..device_layout import code_offset, key_meta_offset, tail_offset, value_meta_offset
 from ..integrity import (dense_chunk_function, dense_close, dense_table_functions, dense_table_words, staged_load4,
                          warp_sum_u32)
@@ -48,17 +48,21 @@ from .fragments import NEG_INF, warp_functions
 from .shape import HEADS_PER_CTA, THREADS, WARPS, DecodeShape
 
 LOG2E = 1.4426950408889634
-MERGE_CHUNK = 64  # splits whose weights are staged in shared memory per merge round
+MERGE_ROUND = 16  # splits a merge round has in flight per thread (merge_function)
 # bytes of static shared memory a kernel may declare: ptxas 13 (sm_90) refuses more; the H100's
 # toolchain compiled INT2's D=128 value-group-16 kernels at 59,716 (benchmarks/RESULTS.md, fifty-third session)
 STATIC_SHARED = 48 * 1024
-# bytes the decode item's kernels declare beside the ring: the warps' (m, l), a flag, the
-# cluster's (m, l) per head, the merge's statistics and weights, a persistent slice's ten
-# queue words, and the ring's 16-byte alignment; an upper bound, counted by hand and checked
-# by ``python -m benchmarks.ptx_report`` (ptxas 13.5, sm_90: 2,372 bytes in every plain grid
-# kernel it compiles; at D=128 block 32 G=4, 2,452 in the slice kernel, 2,388 in the
-# one-launch kernel)
-BESIDE_RING = 4 * (WARPS * HEADS_PER_CTA * 2 + 1 + 2 * HEADS_PER_CTA + HEADS_PER_CTA * (2 + MERGE_CHUNK)) + 8 * 10 + 16
+# bytes the decode item's kernels may declare beside the ring: the warps' (m, l), a flag, the
+# cluster's (m, l) per head, a persistent slice's ten queue words, the ring's 16-byte alignment,
+# and MERGE_RESERVE; an upper bound, counted by hand and checked by ``python -m
+# benchmarks.ptx_report``. Until the sixty-third session the split merge staged each head's
+# statistics and 64 weights in shared memory (ptxas 13.5, sm_90: 2,372 bytes beside the ring in
+# every plain grid kernel); the one-pass merge stages nothing (260 bytes in every plain grid
+# kernel the report compiles). MERGE_RESERVE keeps the old room reserved, so no layout's shared memory,
+# nor the verify kernel's choice of a weight table below, changed with the merge; releasing it
+# lets the table into more layouts, which the GPU must check first.
+MERGE_RESERVE = 4 * HEADS_PER_CTA * (2 + 64)
+BESIDE_RING = 4 * (WARPS * HEADS_PER_CTA * 2 + 1 + 2 * HEADS_PER_CTA) + MERGE_RESERVE + 8 * 10 + 16
 GRID_REGISTERS = 128  # the grid kernel's default register cap (DecodeOptions.max_registers)
 # the verify kernel's highest cap: three CTAs of 128 threads an SM, as its uncapped plain twin
 # holds (ptxas sm_90, INT2 D=128 BS=32 G=4: uncapped verify 172 registers, two CTAs an SM,
@@ -689,137 +693,91 @@ def merge_function(D: int):
     CTA taking part; partials are read from L2 (``load_cg_f32``): other CTAs wrote them.
 
     The merge is the tail of a decode's critical path (at B=1 the last CTA of each item runs it
-    alone), so it is written to wait for L2 as few times as it can: the statistics in one pass
-    (each of a head's 16 threads folds four splits' ``(m, l)`` at a time into an online pair,
-    the pairs combined by shuffles, the weights of the first ``MERGE_CHUNK`` splits computed
-    from values staged in shared memory, not read again), then the partials sixteen 16-byte
-    loads in flight per thread."""
-    ITEMS = -(-HEADS_PER_CTA * D // (4 * THREADS))  # runs of 4 (head, channel) outputs per thread
-    ACC = 4 * ITEMS
+    alone), so it waits for L2 as few times as it can: each thread owns a run of 4 output
+    channels of one head and folds the splits into an online ``(M, L, acc)`` in rounds of
+    ``MERGE_ROUND``, all of a round's loads issued before any is used, so a run waits
+    ``ceil(n_splits / MERGE_ROUND)`` times, with no statistics pass first and no barrier. In a
+    round, lane ``k`` of each half warp loads split ``s + k``'s ``(m, l)`` and makes its weight
+    (a half warp is one head's lanes at D=64; at D=128 a head takes the whole warp and both
+    halves load the same 16); the half warp's shuffles give the round's maximum, the sum of
+    weighted ``l`` and each split's weight to the lanes weighing that split's 16 bytes of
+    partial. Past the last split a lane loads the last split again and weighs it 0, so no slot
+    past ``n_splits`` is read; lanes past ``heads`` (a half warp at D=64) merge the last head
+    again and write nothing, so every lane of a warp shuffles together."""
+    LANES = D // 4  # the threads of one head's output row, one run of 4 channels each
+    assert MERGE_ROUND == 16 and LANES % 16 == 0, "a half warp takes one round's statistics"
 
     @cuda.jit(device=True)
-    def weighted_run(part_o, at, s_w, jj, s):
-        # sum over the splits s..s+3 of weight s_w[jj, split] times the 4 partial channels
-        # part_o[at + split * D:][:4]; the four loads first, so they are in flight together
-        a0, a1, a2, a3 = load_cg_f32x4(part_o, at + s * D)
-        b0, b1, b2, b3 = load_cg_f32x4(part_o, at + (s + 1) * D)
-        c0, c1, c2, c3 = load_cg_f32x4(part_o, at + (s + 2) * D)
-        d0, d1, d2, d3 = load_cg_f32x4(part_o, at + (s + 3) * D)
-        wa, wb, wc, wd = s_w[jj, s], s_w[jj, s + 1], s_w[jj, s + 2], s_w[jj, s + 3]
-        return ((wa * a0 + wb * b0) + (wc * c0 + wd * d0), (wa * a1 + wb * b1) + (wc * c1 + wd * d1),
-                (wa * a2 + wb * b2) + (wc * c2 + wd * d2), (wa * a3 + wb * b3) + (wc * c3 + wd * d3))
+    def outs(part_o, at, s, last, d):
+        # 4 channels at d of splits s..s+3 of the row whose split 0 is slot ``at`` (past the
+        # last split: the last one), loaded together
+        a0, a1, a2, a3 = load_cg_f32x4(part_o, (at + min(s, last)) * D + d)
+        b0, b1, b2, b3 = load_cg_f32x4(part_o, (at + min(s + 1, last)) * D + d)
+        c0, c1, c2, c3 = load_cg_f32x4(part_o, (at + min(s + 2, last)) * D + d)
+        e0, e1, e2, e3 = load_cg_f32x4(part_o, (at + min(s + 3, last)) * D + d)
+        return a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, e0, e1, e2, e3
 
     @cuda.jit(device=True)
-    def weighted_sum(part_o, at, s_w, jj, n):
-        # sum over the splits 0..n-1 of s_w[jj, split] times part_o[at + split * D:][:4], in
-        # registers (the caller's per-run accumulators would live in local memory here)
-        a0, a1, a2, a3 = float32(0), float32(0), float32(0), float32(0)
-        s = 0
-        while s + 16 <= n:  # sixteen 16-byte loads of partials in flight (L2 latency bound)
-            x0, x1, x2, x3 = weighted_run(part_o, at, s_w, jj, s)
-            y0, y1, y2, y3 = weighted_run(part_o, at, s_w, jj, s + 4)
-            z0, z1, z2, z3 = weighted_run(part_o, at, s_w, jj, s + 8)
-            w0, w1, w2, w3 = weighted_run(part_o, at, s_w, jj, s + 12)
-            a0 += (x0 + y0) + (z0 + w0)
-            a1 += (x1 + y1) + (z1 + w1)
-            a2 += (x2 + y2) + (z2 + w2)
-            a3 += (x3 + y3) + (z3 + w3)
-            s += 16
-        while s + 4 <= n:
-            x0, x1, x2, x3 = weighted_run(part_o, at, s_w, jj, s)
-            a0, a1, a2, a3 = a0 + x0, a1 + x1, a2 + x2, a3 + x3
-            s += 4
-        while s < n:
-            x0, x1, x2, x3 = load_cg_f32x4(part_o, at + s * D)
-            w = s_w[jj, s]
-            a0, a1, a2, a3 = a0 + w * x0, a1 + w * x1, a2 + w * x2, a3 + w * x3
-            s += 1
-        return a0, a1, a2, a3
+    def weighed(acc, g, w0, w1, w2, w3):
+        # acc (4 channels) + the weighted sum of an ``outs`` group of 4 splits
+        return (acc[0] + ((w0 * g[0] + w1 * g[4]) + (w2 * g[8] + w3 * g[12])),
+                acc[1] + ((w0 * g[1] + w1 * g[5]) + (w2 * g[9] + w3 * g[13])),
+                acc[2] + ((w0 * g[2] + w1 * g[6]) + (w2 * g[10] + w3 * g[14])),
+                acc[3] + ((w0 * g[3] + w1 * g[7]) + (w2 * g[11] + w3 * g[15])))
 
     @cuda.jit(device=True)
-    def fold(m, total, m1, l1):
-        # the online pair (m, total) with one more (m1, l1); empty pairs (-inf, 0) change nothing
-        mx = max(m, m1)
-        if mx == NEG_INF:
-            return m, total
-        return mx, total * exp2(m - mx) + l1 * exp2(m1 - mx)
+    def half_sum(x):
+        # x summed over this lane's half warp
+        for mask in (1, 2, 4, 8):
+            x += shfl_xor(x, mask)
+        return x
 
     @cuda.jit(device=True)
-    def split_stat(part_ml, at, s, n_splits, s_w, j):
-        # split s's (m, l), or an empty pair past the last split; m staged for the weights
-        if s >= n_splits:
-            return NEG_INF, float32(0)
-        m1, l1 = load_cg_f32(part_ml, at), load_cg_f32(part_ml, at + 1)
-        if s < MERGE_CHUNK:
-            s_w[j, s] = m1
-        return m1, l1
-
-    @cuda.jit(device=True)
-    def head_stats(part_ml, row, n_splits, max_splits, s_w, j, k):
-        # the online (max, sum of l) over lane k's splits of one head (its 16 lanes are k =
-        # 0..15 of a half warp): splits k, k+16, ..., four at a time, their loads in flight
-        # together; the caller combines the lanes
+    def merged_run(part_o, part_ml, at, n_splits, d, lane):
+        # the run of 4 channels at d of one row (split 0 at slot ``at``): (acc0..3) / L
+        k, half = lane & 15, lane & 16
         m, total = NEG_INF, float32(0)
-        for s in range(k, n_splits, 64):
-            at = (row * max_splits + s) * 2
-            m0, l0 = split_stat(part_ml, at, s, n_splits, s_w, j)
-            m1, l1 = split_stat(part_ml, at + 32, s + 16, n_splits, s_w, j)
-            m2, l2 = split_stat(part_ml, at + 64, s + 32, n_splits, s_w, j)
-            m3, l3 = split_stat(part_ml, at + 96, s + 48, n_splits, s_w, j)
-            m, total = fold(m, total, m0, l0)
-            m, total = fold(m, total, m1, l1)
-            m, total = fold(m, total, m2, l2)
-            m, total = fold(m, total, m3, l3)
-        return m, total
+        acc = (float32(0), float32(0), float32(0), float32(0))
+        last = n_splits - 1
+        for s in range(0, n_splits, MERGE_ROUND):
+            stat = at + min(s + k, last)
+            mk, lk = load_cg_f32(part_ml, 2 * stat), load_cg_f32(part_ml, 2 * stat + 1)
+            g0, g1 = outs(part_o, at, s, last, d), outs(part_o, at, s + 4, last, d)
+            g2, g3 = outs(part_o, at, s + 8, last, d), outs(part_o, at, s + 12, last, d)
+            mk = mk if s + k <= last else NEG_INF
+            top = max(m, mk)
+            for mask in (1, 2, 4, 8):
+                top = max(top, shfl_xor(top, mask))
+            ref = top if top > NEG_INF else float32(0)  # (every split so far empty: weights 0)
+            wk = exp2(mk - ref)
+            scale = exp2(m - ref)  # 0 while m is -inf
+            total = total * scale + half_sum(wk * lk)
+            acc = (acc[0] * scale, acc[1] * scale, acc[2] * scale, acc[3] * scale)
+            acc = weighed(acc, g0, shfl_idx(wk, half), shfl_idx(wk, half + 1), shfl_idx(wk, half + 2),
+                          shfl_idx(wk, half + 3))
+            acc = weighed(acc, g1, shfl_idx(wk, half + 4), shfl_idx(wk, half + 5), shfl_idx(wk, half + 6),
+                          shfl_idx(wk, half + 7))
+            acc = weighed(acc, g2, shfl_idx(wk, half + 8), shfl_idx(wk, half + 9), shfl_idx(wk, half + 10),
+                          shfl_idx(wk, half + 11))
+            acc = weighed(acc, g3, shfl_idx(wk, half + 12), shfl_idx(wk, half + 13), shfl_idx(wk, half + 14),
+                          shfl_idx(wk, half + 15))
+            m = top
+        inverse = float32(1) / total
+        return acc[0] * inverse, acc[1] * inverse, acc[2] * inverse, acc[3] * inverse
 
     @cuda.jit(device=True)
     def merge_splits(part_o, part_ml, out, row0, heads, n_splits, max_splits):
         tid = cuda.threadIdx.x
-        s_stat = cuda.shared.array((HEADS_PER_CTA, 2), float32)  # M, 1/L per head
-        s_w = cuda.shared.array((HEADS_PER_CTA, MERGE_CHUNK), float32)
-        j, k = tid // 16, tid % 16  # 16 threads (half a warp) per head
-        cuda.syncthreads()  # s_w and s_stat free (a persistent CTA merges once per item)
-        m, total = NEG_INF, float32(0)
-        if j < heads:
-            m, total = head_stats(part_ml, row0 + j, n_splits, max_splits, s_w, j, k)
-        # every lane of the head ends with the head's (M, L) (written out: a loop over a
-        # tuple here stayed a loop over a local-memory array)
-        m, total = fold(m, total, shfl_xor(m, 8), shfl_xor(total, 8))
-        m, total = fold(m, total, shfl_xor(m, 4), shfl_xor(total, 4))
-        m, total = fold(m, total, shfl_xor(m, 2), shfl_xor(total, 2))
-        m, total = fold(m, total, shfl_xor(m, 1), shfl_xor(total, 1))
-        if j < heads:
-            inverse = float32(1) / total
-            if k == 0:
-                s_stat[j, 0] = m
-                s_stat[j, 1] = inverse
-            for s in range(k, min(n_splits, MERGE_CHUNK), 16):  # the lane's own staged m_s
-                s_w[j, s] = exp2(s_w[j, s] - m) * inverse
-        acc = cuda.local.array(ACC, float32)
-        for r in range(ACC):
-            acc[r] = 0
-        for base in range(0, n_splits, MERGE_CHUNK):
-            n = min(MERGE_CHUNK, n_splits - base)
-            if base > 0:  # the first round's weights came from the statistics pass
-                cuda.syncthreads()  # s_stat written; the last round's weights read
-                for i in range(tid, heads * n, THREADS):
-                    jj, s = i // n, i % n
-                    at = ((row0 + jj) * max_splits + base + s) * 2
-                    s_w[jj, s] = exp2(load_cg_f32(part_ml, at) - s_stat[jj, 0]) * s_stat[jj, 1]
-            cuda.syncthreads()  # this round's weights ready
-            for r in range(ITEMS):
-                jj, d = (tid + r * THREADS) // (D // 4), 4 * ((tid + r * THREADS) % (D // 4))
-                if jj < heads:
-                    x0, x1, x2, x3 = weighted_sum(part_o, ((row0 + jj) * max_splits + base) * D + d, s_w, jj, n)
-                    acc[4 * r] += x0
-                    acc[4 * r + 1] += x1
-                    acc[4 * r + 2] += x2
-                    acc[4 * r + 3] += x3
-        for r in range(ITEMS):
-            jj, d = (tid + r * THREADS) // (D // 4), 4 * ((tid + r * THREADS) % (D // 4))
-            if jj < heads:
-                for k in range(4):
-                    out[(row0 + jj) * D + d + k] = acc[4 * r + k]
+        lane = tid & 31
+        for first in range(tid - lane, HEADS_PER_CTA * LANES, THREADS):  # this warp's first thread, each round
+            if first // LANES >= heads:
+                break  # (warp-uniform) the warp's runs are past the CTA's heads
+            i = first + lane
+            j, d = min(i // LANES, heads - 1), 4 * (i % LANES)
+            x0, x1, x2, x3 = merged_run(part_o, part_ml, (row0 + j) * max_splits, n_splits, d, lane)
+            if i // LANES < heads:
+                at = (row0 + j) * D + d
+                out[at], out[at + 1], out[at + 2], out[at + 3] = x0, x1, x2, x3
 
     return merge_splits
 

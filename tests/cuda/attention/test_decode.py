@@ -137,9 +137,10 @@ def check_merge(rng, heads, n_splits, head_dim, leading_empty=0):
 @pytest.mark.parametrize("heads,n_splits,leading_empty", [(4, 150, 0), (8, 64, 0), (1, 7, 0), (3, 21, 0),
                                                            (5, 40, 17)])
 def test_merge_of_many_splits_matches_float64(heads, n_splits, leading_empty, rng):
-    """The split merge alone: more splits than one staging round (64), the sixteen-, four- and
-    one-split loops, empty splits (the first 17 of a row too: more than a round of 16 before
-    any weight), an odd number of heads, a row stride past the split count."""
+    """The split merge alone: many rounds of 16 splits, a last round that is partly past the
+    last split (150, 7, 21, 40), a single round, empty splits (the first 17 of a row too: a
+    whole round of 16 before any weight), an odd number of heads (lanes past the heads), a
+    row stride past the split count."""
     check_merge(rng, heads, n_splits, 64, leading_empty)
 
 
