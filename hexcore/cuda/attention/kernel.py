@@ -58,9 +58,9 @@ STATIC_SHARED = 48 * 1024
 # benchmarks.ptx_report``. Until the sixty-third session the split merge staged each head's
 # statistics and 64 weights in shared memory (ptxas 13.5, sm_90: 2,372 bytes beside the ring in
 # every plain grid kernel); the one-pass merge stages nothing (260 bytes in every plain grid
-# kernel the report compiles). MERGE_RESERVE keeps the old room reserved, so no layout's shared memory,
-# nor the verify kernel's choice of a weight table below, changed with the merge; releasing it
-# lets the table into more layouts, which the GPU must check first.
+# kernel the report compiles, so the kernels declare 2,112 bytes less). MERGE_RESERVE keeps the
+# old room in this bound, so the verify kernel's choice of a weight table below did not change
+# with the merge; releasing it lets the table into more layouts, which the GPU must check first.
 MERGE_RESERVE = 4 * HEADS_PER_CTA * (2 + 64)
 BESIDE_RING = 4 * (WARPS * HEADS_PER_CTA * 2 + 1 + 2 * HEADS_PER_CTA) + MERGE_RESERVE + 8 * 10 + 16
 GRID_REGISTERS = 128  # the grid kernel's default register cap (DecodeOptions.max_registers)
