@@ -40,14 +40,8 @@ ab-tests)  # correctness only, so everything side by side
     ;;
 ab)
     copies || exit 1
-    for tree in "$PWD" /tmp/merge1 /tmp/merge2; do
-        name=$(basename "$tree")
-        [ "$tree" = "$PWD" ] && name=main
-        (cd "$tree" && OUT=$R PYTHONPATH="$site:$tree" timeout 170 python3 "$PWD/$here/ab_rows.py" --rounds 2 \
-            --name "$name" > "$R/ab-$name.log" 2>&1)
-        echo "== $name rc $?"
-    done
-    python3 $here/ab_table.py "$R"
+    source $here/ab.sh
+    ab_trees "$PWD" /tmp/merge1 /tmp/merge2
     ;;
 timeline)
     copies || exit 1

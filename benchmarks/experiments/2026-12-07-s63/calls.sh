@@ -16,14 +16,8 @@ s62=benchmarks/experiments/2026-12-07-s62
 case "${1:-}" in
 ab3)
     patched_copy /tmp/merge3 "$PWD/$here/merge3.diff" || exit 1
-    for tree in "$PWD" /tmp/merge3; do
-        name=$(basename "$tree")
-        [ "$tree" = "$PWD" ] && name=main
-        (cd "$tree" && OUT=$R PYTHONPATH="$site:$tree" timeout 170 python3 "$PWD/$s62/ab_rows.py" --rounds 2 \
-            --name "$name" > "$R/ab-$name.log" 2>&1)
-        echo "== $name rc $?"
-    done
-    python3 $s62/ab_table.py "$R"
+    source $s62/ab.sh
+    ab_trees "$PWD" /tmp/merge3
     ;;
 ab3-tests)
     patched_copy /tmp/merge3 "$PWD/$here/merge3.diff" || exit 1
