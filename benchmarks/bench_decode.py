@@ -24,7 +24,8 @@ by ``;`` (e.g. ``"32,32,8,4096;64,64,8,4096"``: the G=4 and G=8 layouts at one C
 ``--variants`` adds DecodeOptions variants (L2 prefetch, register cap, softmax per 16 tokens, the
 split policy pricing the busiest SM's load alone (``load only``: no CTA or merge costs), a
 format's FP16 pool inside the merge launch, programmatic
-dependent launches or plain ones, splits sized for 2 or 3 resident CTAs per SM) and the
+dependent launches or plain ones, splits sized for 2 or 3 resident CTAs per SM, splits of a fixed
+21 or 16 blocks, capped at 128 registers for 16: 49 and 64 splits at B=1 32k) and the
 decode kernel's verify variant (``verify 1/16``: every block's head digests recorded, the
 blocks with ``block % 16 == 0`` checked as they are read, issue 14's sampled verification
 inside the decode; ``verify every=1``: every block checked, what verifying whole layers in
@@ -342,6 +343,8 @@ def option_variants():
             " dependent launch": DecodeOptions(dependent_launch=True),
             " plain launch": DecodeOptions(dependent_launch=False),
             " ctas 2": DecodeOptions(ctas_per_sm=2), " ctas 3": DecodeOptions(ctas_per_sm=3),
+            " split 21 blocks": DecodeOptions(split_blocks=21),  # 49 splits at 32k (block 32)
+            " split 16 blocks cap 128": DecodeOptions(max_registers=128, split_blocks=16),  # 64 at 32k
             " cluster merge": DecodeOptions(cluster_merge=True),
             " no cluster merge": DecodeOptions(cluster_merge=False),
             " verify 1/16": VerifySample(16), " verify every=1": VerifySample(1), " verify every=0": VerifySample(0)}
