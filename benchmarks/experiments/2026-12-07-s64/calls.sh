@@ -16,6 +16,14 @@
 #      launches under ncu's source page (SourceCounters, WarpStateStats), each summarised by
 #      benchmarks.ncu_source (warp instructions and stall samples before the hot loop, in it and
 #      after it): where the 0.8-1.4 M warp instructions that 49 and 64 splits add are spent.
+#   probe-tail (~350 s?, any GPU; not run yet): benchmarks.item_timeline at B=1 32k and 128k,
+#      INT4 and INT2, on this tree and on two timing-only copies, alternating, two rounds:
+#      probe-nomerge.diff (the last CTA counts but skips the merge) and probe-nocount.diff (no
+#      count and no merge: every CTA ends after its partial). Their outputs are wrong; only
+#      their clocks are read. main's row tail against nomerge's is the merge's; the count runs
+#      in every CTA before its end clock, so it cancels out of the tails: its cost is nomerge's
+#      item_p50, span and paged against nocount's. Check that splits and items match across
+#      the trees (a probe's registers could change the split policy's choice); limit 500 s.
 set -u
 source benchmarks/experiments/device-site.sh  # site, R, patched_copy
 if [ "${TREE:-main}" = merge3 ]; then
@@ -71,9 +79,28 @@ src-splits)
             --section WarpStateStats --import-source no -f -o /tmp/$name python3 -m benchmarks.profile_decode int2 5 \
             ${variant:+--variant "$variant"} > "$R/$name.log" 2>&1
         echo "== $name rc $?"
-        ncu -i /tmp/$name.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$R/$name.csv.gz"
-        python3 -m benchmarks.ncu_source "$R/$name.csv.gz"
+        timeout 30 ncu -i /tmp/$name.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$R/$name.csv.gz"
+        timeout 30 python3 -m benchmarks.ncu_source "$R/$name.csv.gz"
     done
     ;;
-*) echo "usage: [TREE=merge3] $0 san-all|stage|table|ncu-splits|src-splits" >&2; exit 2 ;;
+probe-tail)
+    [ "${TREE:-main}" = main ] || { echo "probe-tail: runs on this tree only (TREE unset)" >&2; exit 2; }
+    here=$PWD/benchmarks/experiments/2026-12-07-s64
+    patched_copy /tmp/nomerge "$here/probe-nomerge.diff" || exit 1
+    patched_copy /tmp/nocount "$here/probe-nocount.diff" || exit 1
+    for round in 1 2; do  # the trees alternating, twice
+        for tree in "$PWD" /tmp/nomerge /tmp/nocount; do
+            name=$(basename "$tree"); [ "$tree" = "$PWD" ] && name=main
+            (cd "$tree" && PYTHONPATH="$site:$tree" timeout 80 python3 -m benchmarks.item_timeline \
+                --shapes "1,32,8,32768;1,32,8,131072" --dtypes int4,int2 --calls 20 > "$R/tail-$name-$round.log" 2>&1)
+            echo "== $name round $round rc $?"; grep '^{' "$R/tail-$name-$round.log" | python3 -c '
+import json, sys
+keys = ("splits", "items", "paged", "span", "item_p50", "item_max", "tail_p50", "critical_tail")
+for line in sys.stdin:
+    r = json.loads(line)
+    print(r["dtype"], r["ctx"], *(f"{k} {r[k]}" for k in keys))'
+        done
+    done
+    ;;
+*) echo "usage: [TREE=merge3] $0 san-all|stage|table|ncu-splits|src-splits|probe-tail" >&2; exit 2 ;;
 esac
