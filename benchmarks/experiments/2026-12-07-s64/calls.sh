@@ -24,6 +24,11 @@
 #      in every CTA before its end clock, so it cancels out of the tails: its cost is nomerge's
 #      item_p50, span and paged against nocount's. Check that splits and items match across
 #      the trees (a probe's registers could change the split policy's choice); limit 500 s.
+#   merge-reserve (~200 s?, any GPU; not run yet): merge-reserve.diff (kernel.MERGE_RESERVE
+#      released: BESIDE_RING 2,532 -> 420 bytes, which gives the verify kernel's weight table
+#      to INT4 D=128 block 32 value groups of 16, 48,132 bytes of static shared memory under
+#      ptxas 13.5 on the CPU): on a copy, the head-digest and graph-verify GPU tests beside
+#      the four sanitizers over that layout's verify test; limit 300 s.
 set -u
 source benchmarks/experiments/device-site.sh  # site, R, patched_copy
 if [ "${TREE:-main}" = merge3 ]; then
@@ -102,5 +107,19 @@ for line in sys.stdin:
         done
     done
     ;;
-*) echo "usage: [TREE=merge3] $0 san-all|stage|table|ncu-splits|src-splits|probe-tail" >&2; exit 2 ;;
+merge-reserve)
+    patched_copy /tmp/reserve "$PWD/benchmarks/experiments/2026-12-07-s64/merge-reserve.diff" || exit 1
+    cd /tmp/reserve
+    for tool in racecheck memcheck synccheck initcheck; do  # the one layout whose kernel changes
+        (PYTHONPATH="$site:$PWD" timeout 240 compute-sanitizer --tool $tool --error-exitcode 1 python3 -m pytest \
+            -m gpu -q -p no:cacheprovider tests/cuda/test_head_digest.py -k "int4-32-128-16" \
+            > "$R/reserve-$tool.log" 2>&1; echo "$tool rc $?" >> "$R/reserve-$tool.log") &
+    done
+    PYTHONPATH="$site:$PWD" timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider -n 4 \
+        tests/cuda/test_head_digest.py tests/cuda/steps/test_graph_verify.py > "$R/reserve-tests.log" 2>&1
+    echo "tests rc $?"; tail -n 2 "$R/reserve-tests.log"; grep -E "^(FAILED|ERROR)" "$R/reserve-tests.log" | head
+    wait
+    for f in "$R"/reserve-*check.log; do echo "== $f"; tail -n 3 "$f"; done
+    ;;
+*) echo "usage: [TREE=merge3] $0 san-all|stage|table|ncu-splits|src-splits|probe-tail|merge-reserve" >&2; exit 2 ;;
 esac
