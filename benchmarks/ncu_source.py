@@ -5,6 +5,7 @@ instruction, how often it ran and the warp-state samples that fell on it.
         --section SourceCounters --section WarpStateStats -o REPORT python3 -m benchmarks.profile_decode int2 1
     ncu -i REPORT.ncu-rep --page source --csv --print-source sass | gzip > SOURCE.csv.gz
     python -m benchmarks.ncu_source SOURCE.csv.gz [--loop]
+    python -m benchmarks.ncu_source SOURCE.csv.gz --per-cta OTHER.csv.gz
 
 Prints the warp instructions and the stall samples (with their four largest reasons) before
 the hot loop, in it and after it, the hot loop being everything between the first and the
@@ -13,6 +14,13 @@ decode kernel's block loop; inner loops and rarely taken branches inside it are 
 it); with ``--loop``, the loop's instructions per iteration by opcode (executions divided by
 that busiest mma's). The file may be gzipped or plain, and may hold the pages of several
 profiled kernels (each after its "Kernel Name" row): each is printed in turn.
+
+The span misleads where a CTA's own fixed work runs about as often as the loop (a decode of
+few blocks a warp: the epilogue's loops fall inside it). ``--per-cta OTHER`` compares two
+launches of the same kernel binary over the same work cut into different grids (say 32 and
+49 splits of one decode; the first page of each file): the instructions whose executions
+scale exactly with the warps launched (the kernel's first instruction runs once a warp) are
+each CTA's fixed work, wherever they lie; the rest is the work itself (``per_cta``).
 """
 
 from __future__ import annotations
@@ -108,11 +116,67 @@ def loop_opcodes(head: list[str], rows: list[list[str]]) -> Counter:
     return ops
 
 
+_ADDRESS = re.compile(r"0x[0-9a-f]{6,}")  # branch targets: absolute addresses, different in every profile
+
+
+def per_cta(page_a: tuple[list[str], list[list[str]]], page_b: tuple[list[str], list[list[str]]]) \
+        -> tuple[int, int, list[Part], list[Part]]:
+    """(warps of launch a, warps of launch b, a's parts, b's parts), each launch's parts being
+    "per CTA" (the instructions whose executions in b are exactly theirs in a times the ratio
+    of warps launched, b's warps over a's, and not zero: each CTA's fixed work) and "the rest".
+    ``page_a``/``page_b``: (header, rows) of ``read_source``; the two must be one binary (the
+    same instructions, branch targets aside) and launch different numbers of warps."""
+    (head_a, rows_a), (head_b, rows_b) = page_a, page_b
+    same = len(rows_a) == len(rows_b) and all(_ADDRESS.sub("@", ra[1]) == _ADDRESS.sub("@", rb[1])
+                                              for ra, rb in zip(rows_a, rows_b))
+    if not same:
+        raise SystemExit("per_cta: the two pages are not one kernel binary")
+    counts = [[_number(r[h.index("Instructions Executed")]) for r in rows] for h, rows in (page_a, page_b)]
+    warps_a, warps_b = counts[0][0], counts[1][0]  # the kernel's first instruction: once a warp
+    if not warps_a or warps_a == warps_b:
+        raise SystemExit(f"per_cta: the launches ran {warps_a} and {warps_b} warps; they must differ")
+    fixed = [a > 0 and b * warps_a == a * warps_b for a, b in zip(*counts)]
+    reasons = [[i for i, h in enumerate(head) if h.startswith("stall_") and "Not Issued" not in h]
+               for head in (head_a, head_b)]
+    out = []
+    for head, rows, count, why_columns in ((head_a, rows_a, counts[0], reasons[0]),
+                                           (head_b, rows_b, counts[1], reasons[1])):
+        sampled = head.index("Warp Stall Sampling (All Samples)")
+        parts_of = []
+        for name, want in (("per CTA", True), ("the rest", False)):
+            span = [i for i, f in enumerate(fixed) if f == want]
+            why = Counter()
+            for i in span:
+                for j in why_columns:
+                    why[head[j][len("stall_"):]] += _number(rows[i][j])
+            parts_of.append(Part(name, sum(count[i] for i in span), sum(_number(rows[i][sampled]) for i in span),
+                                 why))
+        out.append(parts_of)
+    return warps_a, warps_b, out[0], out[1]
+
+
 def main(argv: list[str]) -> None:
     if not argv or argv[0].startswith("-"):
-        raise SystemExit("usage: python -m benchmarks.ncu_source SOURCE.csv[.gz] [--loop]")
+        raise SystemExit("usage: python -m benchmarks.ncu_source SOURCE.csv[.gz] [--loop | --per-cta OTHER.csv[.gz]]")
+    if "--per-cta" in argv:
+        other = argv[argv.index("--per-cta") + 1]
+        print_per_cta(argv[0], other, *per_cta(read_source(argv[0]), read_source(other)))
+        return
     for name, head, rows in read_pages(argv[0]):
         print_page(f"{argv[0]}: {name[:60]}", head, rows, "--loop" in argv)
+
+
+def print_per_cta(path_a: str, path_b: str, warps_a: int, warps_b: int, parts_a: list[Part],
+                  parts_b: list[Part]) -> None:
+    """``per_cta``'s answer, as ``main`` prints it."""
+    for path, warps, got in ((path_a, warps_a, parts_a), (path_b, warps_b, parts_b)):
+        total_i, total_s = sum(p.instructions for p in got) or 1, sum(p.samples for p in got) or 1
+        print(f"{path}: {warps:,} warps, {total_i:,} warp instructions, {total_s} stall samples")
+        for p in got:
+            top = ", ".join(f"{k} {v}" for k, v in p.reasons.most_common(4))
+            print(f"  {p.name:9s} {p.instructions:>12,} instructions ({100 * p.instructions / total_i:4.1f}%, "
+                  f"{p.instructions / warps:,.0f} a warp) {p.samples:>7} samples ({100 * p.samples / total_s:4.1f}%)"
+                  f"  {top}")
 
 
 def print_page(title: str, head: list[str], rows: list[list[str]], loop: bool) -> None:

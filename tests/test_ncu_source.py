@@ -63,3 +63,49 @@ def test_a_file_without_a_source_page_is_refused(tmp_path):
     path.write_text('"ID","Kernel Name"\n"0","kernel"\n')
     with pytest.raises(SystemExit, match="not an ncu source page"):
         ncu_source.read_source(str(path))
+
+
+def _page_file(tmp_path, name, rows, base="0x7fc600000"):
+    # branch targets as ncu prints them: absolute addresses, different in every profile
+    rows = [r[:1] + [r[1].replace("BRA 0x", f"BRA {base}")] + r[2:] for r in rows]
+    path = tmp_path / name
+    path.write_text("\n".join(",".join(f'"{c}"' for c in r) for r in [["Kernel Name", "k"], HEAD] + rows) + "\n")
+    return str(path)
+
+
+def _regridded(factor_per_cta, factor_rest):
+    # ROWS launched on another grid: the kernel's first instruction, the HMMA before the loop and
+    # EXIT run once a warp (times factor_per_cta), the loop's rows times factor_rest
+    out = []
+    for i, r in enumerate(ROWS):
+        factor = factor_per_cta if i in (0, 1, 6) else factor_rest
+        out.append(r[:2] + ["1", str(int(r[3]) * factor)] + r[4:])
+    return out
+
+
+def test_per_cta_finds_the_instructions_that_scale_with_the_warps(tmp_path):
+    a = _page_file(tmp_path, "a.csv", ROWS)
+    b = _page_file(tmp_path, "b.csv", _regridded(2, 1), base="0x7fd600000")  # twice the warps, the same loop
+    warps_a, warps_b, parts_a, parts_b = ncu_source.per_cta(ncu_source.read_source(a), ncu_source.read_source(b))
+    assert (warps_a, warps_b) == (4, 8)
+    (fixed_a, rest_a), (fixed_b, rest_b) = parts_a, parts_b
+    assert (fixed_a.name, fixed_a.instructions, fixed_a.samples, fixed_a.reasons["wait"]) == ("per CTA", 12, 4, 3)
+    assert (rest_a.instructions, rest_a.samples, rest_a.reasons["long_sb"]) == (80, 12, 9)
+    assert (fixed_b.instructions, rest_b.instructions) == (24, 80)
+    assert (fixed_b.samples, rest_b.samples) == (3, 4)  # b's own samples
+
+
+def test_per_cta_refuses_two_binaries_or_one_grid(tmp_path):
+    a = _page_file(tmp_path, "a.csv", ROWS)
+    other = _page_file(tmp_path, "other.csv", [ROWS[0], ["0x10", "FFMA R4, R8, R12, R4"] + ROWS[1][2:]] + ROWS[2:])
+    with pytest.raises(SystemExit, match="not one kernel binary"):
+        ncu_source.per_cta(ncu_source.read_source(a), ncu_source.read_source(other))
+    with pytest.raises(SystemExit, match="must differ"):
+        ncu_source.per_cta(ncu_source.read_source(a), ncu_source.read_source(_page_file(tmp_path, "b.csv", ROWS)))
+
+
+def test_main_prints_per_cta(tmp_path, capsys):
+    a, b = _page_file(tmp_path, "a.csv", ROWS), _page_file(tmp_path, "b.csv", _regridded(3, 1), base="0x7fd600000")
+    ncu_source.main([a, "--per-cta", b])
+    out = capsys.readouterr().out
+    assert "4 warps" in out and "12 warps" in out and ", 3 a warp)" in out

@@ -199,9 +199,10 @@ def test_decode_verify_bad_arguments_raise_typed_errors(rng):
 def test_record_and_decode_verify_on_gpu(rng, kv_dtype, block_size, head_dim, group_size):
     """On the hardware (the tensor-core digest's fragments are the mma's, not a twin's): the
     record kernel against the CPU digest of every block, then the verifying decode finds a
-    flip in each of four blocks' segments and raises no false alarm. (The last two layouts
-    leave no room for the weight table under 48 KB: INT2's paired ring of 48 KB, past what
-    ptxas 13 on the CPU compiles, and INT4 with value groups of 16.)"""
+    flip in each of four blocks' segments and raises no false alarm. (INT2 with value groups
+    of 32 leaves no room for the weight table under 48 KB: its paired ring of 48 KB is past
+    what ptxas 13 on the CPU compiles. INT4 with value groups of 16 is the tightest layout
+    with the table: 48,132 bytes of static shared memory under ptxas 13.5.)"""
     store, plan, plain, verify, own = verify_case(rng, kv_dtype, block_size, group_size, head_dim)
     recorded = verify.head_sums.copy_to_host()
     for block in range(store.num_blocks):

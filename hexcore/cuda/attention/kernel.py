@@ -53,16 +53,13 @@ MERGE_ROUND = 16  # splits a merge round has in flight per thread (merge_functio
 # toolchain compiled INT2's D=128 value-group-16 kernels at 59,716 (benchmarks/RESULTS.md, fifty-third session)
 STATIC_SHARED = 48 * 1024
 # bytes the decode item's kernels may declare beside the ring: the warps' (m, l), a flag, the
-# cluster's (m, l) per head, a persistent slice's ten queue words, the ring's 16-byte alignment,
-# and MERGE_RESERVE; an upper bound, counted by hand and checked by ``python -m
-# benchmarks.ptx_report``. Until the sixty-third session the split merge staged each head's
-# statistics and 64 weights in shared memory (ptxas 13.5, sm_90: 2,372 bytes beside the ring in
-# every plain grid kernel); the one-pass merge stages nothing (260 bytes in every plain grid
-# kernel the report compiles, so the kernels declare 2,112 bytes less). MERGE_RESERVE keeps the
-# old room in this bound, so the verify kernel's choice of a weight table below did not change
-# with the merge; releasing it lets the table into more layouts, which the GPU must check first.
-MERGE_RESERVE = 4 * HEADS_PER_CTA * (2 + 64)
-BESIDE_RING = 4 * (WARPS * HEADS_PER_CTA * 2 + 1 + 2 * HEADS_PER_CTA) + MERGE_RESERVE + 8 * 10 + 16
+# cluster's (m, l) per head, a persistent slice's ten queue words and the ring's 16-byte
+# alignment; an upper bound, counted by hand and checked by ``python -m benchmarks.ptx_report``
+# (ptxas 13.5, sm_90: 260 bytes beside the ring in every plain grid kernel it compiles). The
+# split merge staged 2,112 bytes in shared memory until the sixty-third session (4 bytes x 8
+# heads x (2 + 64)), and this bound kept them for a while after; releasing them gave the verify
+# kernel's weight table to INT4 at D=128, block 32, value groups of 16.
+BESIDE_RING = 4 * (WARPS * HEADS_PER_CTA * 2 + 1 + 2 * HEADS_PER_CTA) + 8 * 10 + 16
 GRID_REGISTERS = 128  # the grid kernel's default register cap (DecodeOptions.max_registers)
 # the verify kernel's highest cap: three CTAs of 128 threads an SM, as its uncapped plain twin
 # holds (ptxas sm_90, INT2 D=128 BS=32 G=4: uncapped verify 172 registers, two CTAs an SM,
@@ -259,7 +256,7 @@ def decode_item_function(shape: DecodeShape, l2_prefetch: str = "none", joint_so
     # their weights from a table in shared memory that warp 0 fills once an item (one 8-byte
     # load a step instead of making them every block); one for the CTA, since a table a warp
     # would take INT2 past STATIC_SHARED; none where the ring leaves no room for it under
-    # STATIC_SHARED (at D=128 block 32: INT4 with value groups of 16, INT2 with 32 or 16)
+    # STATIC_SHARED (at D=128 block 32: INT2 with value groups of 32 or 16)
     TABLED = (VERIFY and QUANTIZED and CPB == 1
               and 4 * (ring_words(shape) + dense_table_words(STAGE)) + BESIDE_RING <= STATIC_SHARED)
     TABLE, fill_weights, dense_chunk0 = dense_table_functions(STAGE, staged_load4) if TABLED else (0, None, None)
