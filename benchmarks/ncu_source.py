@@ -90,19 +90,12 @@ def loop_span(head: list[str], rows: list[list[str]]) -> tuple[int, int, int]:
 
 def parts(head: list[str], rows: list[list[str]]) -> list[Part]:
     """The kernel before its hot loop, the loop, and after it."""
-    ran, sampled = head.index("Instructions Executed"), head.index("Warp Stall Sampling (All Samples)")
-    reasons = [i for i, h in enumerate(head) if h.startswith("stall_") and "Not Issued" not in h]
+    ran = head.index("Instructions Executed")
+    counts = [_number(r[ran]) for r in rows]
     first, last, _ = loop_span(head, rows)
-    out = []
-    for name, span in (("before the loop", range(0, first)), ("hot loop", range(first, last + 1)),
-                       ("after the loop", range(last + 1, len(rows)))):
-        why = Counter()
-        for i in span:
-            for j in reasons:
-                why[head[j][len("stall_"):]] += _number(rows[i][j])
-        out.append(Part(name, sum(_number(rows[i][ran]) for i in span), sum(_number(rows[i][sampled]) for i in span),
-                        why))
-    return out
+    return [_part(name, head, rows, span, counts)
+            for name, span in (("before the loop", range(0, first)), ("hot loop", range(first, last + 1)),
+                               ("after the loop", range(last + 1, len(rows))))]
 
 
 def loop_opcodes(head: list[str], rows: list[list[str]]) -> Counter:
@@ -116,50 +109,68 @@ def loop_opcodes(head: list[str], rows: list[list[str]]) -> Counter:
     return ops
 
 
-_ADDRESS = re.compile(r"0x[0-9a-f]{6,}")  # branch targets: absolute addresses, different in every profile
+_HEX = re.compile(r"0x[0-9a-f]+")
 
 
-def per_cta(page_a: tuple[list[str], list[list[str]]], page_b: tuple[list[str], list[list[str]]]) \
-        -> tuple[int, int, list[Part], list[Part]]:
+def _relative_source(rows: list[list[str]]) -> list[str]:
+    """Each row's SASS with every hex number inside the page's own address range (a branch
+    target: ncu prints absolute addresses, different in every profile) made an offset from the
+    page's first instruction; immediates outside that range stay as they are."""
+    base, end = int(rows[0][0], 16), int(rows[-1][0], 16) + 16
+
+    def offset(m):
+        value = int(m[0], 16)
+        return f"@{value - base:x}" if base <= value < end else m[0]
+
+    return [_HEX.sub(offset, r[1]) for r in rows]
+
+
+def _part(name: str, head: list[str], rows: list[list[str]], span, counts: list[int]) -> Part:
+    """The rows ``span`` as one part: instructions executed (``counts``), stall samples and
+    samples per reason."""
+    sampled = head.index("Warp Stall Sampling (All Samples)")
+    reasons = [j for j, h in enumerate(head) if h.startswith("stall_") and "Not Issued" not in h]
+    why = Counter()
+    for i in span:
+        for j in reasons:
+            why[head[j][len("stall_"):]] += _number(rows[i][j])
+    return Part(name, sum(counts[i] for i in span), sum(_number(rows[i][sampled]) for i in span), why)
+
+
+def per_cta(page_a: tuple[list[str], list[list[str]]],
+            page_b: tuple[list[str], list[list[str]]]) -> tuple[int, int, list[Part], list[Part]]:
     """(warps of launch a, warps of launch b, a's parts, b's parts), each launch's parts being
     "per CTA" (the instructions whose executions in b are exactly theirs in a times the ratio
     of warps launched, b's warps over a's, and not zero: each CTA's fixed work) and "the rest".
     ``page_a``/``page_b``: (header, rows) of ``read_source``; the two must be one binary (the
-    same instructions, branch targets aside) and launch different numbers of warps."""
+    same instructions, branch targets taken relative to each page's start) and launch
+    different, nonzero numbers of warps (the kernel's first instruction runs once a warp)."""
     (head_a, rows_a), (head_b, rows_b) = page_a, page_b
-    same = len(rows_a) == len(rows_b) and all(_ADDRESS.sub("@", ra[1]) == _ADDRESS.sub("@", rb[1])
-                                              for ra, rb in zip(rows_a, rows_b))
-    if not same:
+    if len(rows_a) != len(rows_b) or _relative_source(rows_a) != _relative_source(rows_b):
         raise SystemExit("per_cta: the two pages are not one kernel binary")
-    counts = [[_number(r[h.index("Instructions Executed")]) for r in rows] for h, rows in (page_a, page_b)]
-    warps_a, warps_b = counts[0][0], counts[1][0]  # the kernel's first instruction: once a warp
-    if not warps_a or warps_a == warps_b:
-        raise SystemExit(f"per_cta: the launches ran {warps_a} and {warps_b} warps; they must differ")
-    fixed = [a > 0 and b * warps_a == a * warps_b for a, b in zip(*counts)]
-    reasons = [[i for i, h in enumerate(head) if h.startswith("stall_") and "Not Issued" not in h]
-               for head in (head_a, head_b)]
-    out = []
-    for head, rows, count, why_columns in ((head_a, rows_a, counts[0], reasons[0]),
-                                           (head_b, rows_b, counts[1], reasons[1])):
-        sampled = head.index("Warp Stall Sampling (All Samples)")
-        parts_of = []
-        for name, want in (("per CTA", True), ("the rest", False)):
-            span = [i for i, f in enumerate(fixed) if f == want]
-            why = Counter()
-            for i in span:
-                for j in why_columns:
-                    why[head[j][len("stall_"):]] += _number(rows[i][j])
-            parts_of.append(Part(name, sum(count[i] for i in span), sum(_number(rows[i][sampled]) for i in span),
-                                 why))
-        out.append(parts_of)
-    return warps_a, warps_b, out[0], out[1]
+    counts = []
+    for head, rows in page_a, page_b:
+        ran = head.index("Instructions Executed")
+        counts.append([_number(r[ran]) for r in rows])
+    warps_a, warps_b = counts[0][0], counts[1][0]
+    if not warps_a or not warps_b or warps_a == warps_b:
+        raise SystemExit(f"per_cta: the launches ran {warps_a} and {warps_b} warps; they must differ, neither 0")
+    fixed = [i for i, (a, b) in enumerate(zip(*counts)) if a > 0 and b * warps_a == a * warps_b]
+    rest = sorted(set(range(len(rows_a))) - set(fixed))
+    return warps_a, warps_b, *([_part("per CTA", head, rows, fixed, count), _part("the rest", head, rows, rest, count)]
+                               for (head, rows), count in zip((page_a, page_b), counts))
 
 
 def main(argv: list[str]) -> None:
     if not argv or argv[0].startswith("-"):
         raise SystemExit("usage: python -m benchmarks.ncu_source SOURCE.csv[.gz] [--loop | --per-cta OTHER.csv[.gz]]")
     if "--per-cta" in argv:
-        other = argv[argv.index("--per-cta") + 1]
+        if "--loop" in argv:
+            raise SystemExit("--loop and --per-cta: one at a time")
+        at = argv.index("--per-cta") + 1
+        if at == len(argv):
+            raise SystemExit("--per-cta needs a second source page")
+        other = argv[at]
         print_per_cta(argv[0], other, *per_cta(read_source(argv[0]), read_source(other)))
         return
     for name, head, rows in read_pages(argv[0]):
