@@ -21,4 +21,4 @@ for rnd in range(1, rounds + 1):
             row["round"] = rnd
             rows.append(row)
             print(rnd, row["kernel"], shape, row.get("grid"), round(row["ms"] * 1e3, 2), flush=True)
-save(f"decode_{name}", rows, table=False)
+    save(f"decode_{name}", rows, table=False)  # after every round: a timeout keeps the rounds done

@@ -8,11 +8,13 @@
 #      shapes with torch SDPA and paged FlexAttention beside it; the step's limit 280 s).
 #   ab (limit ~560, not run: no machine was lent after call 3): this tree against a copy with
 #      epilogue.diff (the decode item's epilogue in 16-byte shared and global stores, one
-#      round of 4-channel runs a thread): ab_rows.py, five of issue 12's shapes, every dtype,
-#      two rounds each in one process per tree, torch SDPA beside the first; this tree again
-#      for one round if time is left.
-#   check (limit ~480, not run): the copy's decode GPU tests (-n 8) beside memcheck and
-#      racecheck of benchmarks.sanitize's fp16+int4, int2 and tiered parts.
+#      round of 4-channel runs a thread; 8-byte float16 stores of out), each in its own process,
+#      alternating: main, epilogue, main, epilogue, one round of ab_rows.py each (five of issue
+#      12's shapes, every dtype), the same flags for both; then torch SDPA on the same shapes
+#      if time is left.
+#   check-tests (limit ~480, not run): the copy's decode GPU tests alone (-n 14).
+#   check-san (limit ~480, not run): memcheck and racecheck of benchmarks.sanitize's fp16+int4,
+#      int2 and tiered parts on the copy, side by side.
 set -u
 s64=benchmarks/experiments/2026-12-07-s64
 here=$PWD/benchmarks/experiments/2026-12-08-s65
@@ -33,33 +35,38 @@ table)
     ;;
 ab)
     patched_copy /tmp/epilogue "$here/epilogue.diff" || exit 1
-    ab_tree() {  # ab_tree TREE NAME ROUNDS [--peers]
-        (cd "$1" && OUT=$R PYTHONPATH="$site:$1" timeout 170 python3 "$here/ab_rows.py" --rounds "$3" --name "$2" \
-            ${4:-} > "$R/ab-$2.log" 2>&1)
+    ab_tree() {  # ab_tree TREE NAME [--peers]: one round in its own process
+        (cd "$1" && OUT=$R PYTHONPATH="$site:$1" timeout 120 python3 "$here/ab_rows.py" --rounds 1 --name "$2" \
+            ${3:-} > "$R/ab-$2.log" 2>&1)
         echo "== $2 rc $? after $SECONDS s"
     }
-    ab_tree "$PWD" main-1 2 --peers
-    ab_tree /tmp/epilogue epilogue 2
-    [ "$SECONDS" -lt 330 ] && ab_tree "$PWD" main-2 1
+    ab_tree "$PWD" main-1; ab_tree /tmp/epilogue epilogue-1
+    ab_tree "$PWD" main-2; ab_tree /tmp/epilogue epilogue-2
     python3 benchmarks/experiments/2026-12-07-s62/ab_table.py "$R"
+    [ "$SECONDS" -lt 420 ] && ab_tree "$PWD" sdpa --peers && grep SDPA "$R/ab-sdpa.log"
     ;;
-check)
+check-tests)
+    patched_copy /tmp/epilogue "$here/epilogue.diff" || exit 1
+    cd /tmp/epilogue
+    PYTHONPATH="$site:$PWD" timeout 460 python3 -m pytest -m gpu -q -rs -p no:cacheprovider -n 14 \
+        tests/cuda/attention/test_decode.py tests/cuda/attention/test_decode_bounds.py \
+        tests/cuda/attention/test_persistent.py tests/cuda/attention/test_tiered.py tests/cuda/steps \
+        tests/cuda/test_head_digest.py tests/cuda/test_device.py tests/cuda/test_torch.py > "$R/tests.log" 2>&1
+    echo "tests rc $? after $SECONDS s"; grep -E "passed|failed" "$R/tests.log" | tail -n 1
+    grep -E "^(FAILED|ERROR)" "$R/tests.log" | head
+    ;;
+check-san)
     patched_copy /tmp/epilogue "$here/epilogue.diff" || exit 1
     cd /tmp/epilogue
     for part in "fp16-int4:--dtypes fp16,int4 --no-tiered" "int2:--dtypes int2 --no-tiered" "tiered:--tiered"; do
         for tool in memcheck racecheck; do
-            (PYTHONPATH="$site:$PWD" timeout 420 compute-sanitizer --tool $tool --error-exitcode 1 \
+            (PYTHONPATH="$site:$PWD" timeout 450 compute-sanitizer --tool $tool --error-exitcode 1 \
                 python3 -m benchmarks.sanitize ${part#*:} > "$R/$tool-${part%%:*}.log" 2>&1
                 echo "$tool ${part%%:*} rc $? after $SECONDS s" >> "$R/$tool-${part%%:*}.log") &
         done
     done
-    PYTHONPATH="$site:$PWD" timeout 440 python3 -m pytest -m gpu -q -rs -p no:cacheprovider -n 8 \
-        tests/cuda/attention/test_decode.py tests/cuda/attention/test_decode_bounds.py \
-        tests/cuda/attention/test_persistent.py tests/cuda/attention/test_tiered.py tests/cuda/steps \
-        tests/cuda/test_head_digest.py tests/cuda/test_torch.py > "$R/tests.log" 2>&1
-    echo "tests rc $? after $SECONDS s"; tail -n 2 "$R/tests.log"; grep -E "^(FAILED|ERROR)" "$R/tests.log" | head
     wait
     for f in "$R"/memcheck-*.log "$R"/racecheck-*.log; do tail -n 1 "$f"; grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$f" | sort -u; done
     ;;
-*) echo "usage: $0 first|table|ab|check" >&2; exit 2 ;;
+*) echo "usage: $0 first|table|ab|check-tests|check-san" >&2; exit 2 ;;
 esac
