@@ -1,4 +1,5 @@
-"""benchmarks.ncu_source: an ncu source page split into before, in and after the hot loop."""
+"""benchmarks.ncu_source: an ncu source page split into before, in and after the hot loop; two
+launches of one binary split into each CTA's fixed work and the rest (``per_cta``)."""
 
 import gzip
 import re
@@ -64,7 +65,6 @@ def test_a_file_without_a_source_page_is_refused(tmp_path):
     path.write_text('"ID","Kernel Name"\n"0","kernel"\n')
     with pytest.raises(SystemExit, match="not an ncu source page"):
         ncu_source.read_source(str(path))
-
 
 
 def _page_file(tmp_path, name, rows, base=0x7FC600000000):
