@@ -76,10 +76,15 @@ def read_source(path: str) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def executed(head: list[str], rows: list[list[str]]) -> list[int]:
+    """Each row's warp instructions executed."""
+    ran = head.index("Instructions Executed")
+    return [_number(r[ran]) for r in rows]
+
+
 def loop_span(head: list[str], rows: list[list[str]]) -> tuple[int, int, int]:
     """(first row, last row, executions of the busiest mma) of the hot loop."""
-    ran = head.index("Instructions Executed")
-    counts = [_number(r[ran]) for r in rows]
+    counts = executed(head, rows)
     mma = [counts[i] for i, r in enumerate(rows) if "HMMA" in r[1]]
     if not mma or max(mma) == 0:
         raise SystemExit("no tensor-core instruction ran: no hot loop to find")
@@ -90,8 +95,7 @@ def loop_span(head: list[str], rows: list[list[str]]) -> tuple[int, int, int]:
 
 def parts(head: list[str], rows: list[list[str]]) -> list[Part]:
     """The kernel before its hot loop, the loop, and after it."""
-    ran = head.index("Instructions Executed")
-    counts = [_number(r[ran]) for r in rows]
+    counts = executed(head, rows)
     first, last, _ = loop_span(head, rows)
     return [_part(name, head, rows, span, counts)
             for name, span in (("before the loop", range(0, first)), ("hot loop", range(first, last + 1)),
@@ -100,12 +104,12 @@ def parts(head: list[str], rows: list[list[str]]) -> list[Part]:
 
 def loop_opcodes(head: list[str], rows: list[list[str]]) -> Counter:
     """The hot loop's instructions per iteration (executions over the busiest mma's), by opcode."""
-    ran = head.index("Instructions Executed")
+    counts = executed(head, rows)
     first, last, top = loop_span(head, rows)
     ops = Counter()
-    for r in rows[first:last + 1]:
+    for r, n in zip(rows[first:last + 1], counts[first:last + 1]):
         m = _OPCODE.match(r[1])
-        ops[m.group(1) if m else "?"] += _number(r[ran]) / top
+        ops[m.group(1) if m else "?"] += n / top
     return ops
 
 
@@ -145,18 +149,16 @@ def per_cta(page_a: tuple[list[str], list[list[str]]],
     ``page_a``/``page_b``: (header, rows) of ``read_source``; the two must be one binary (the
     same instructions, branch targets taken relative to each page's start) and launch
     different, nonzero numbers of warps (the kernel's first instruction runs once a warp)."""
-    (head_a, rows_a), (head_b, rows_b) = page_a, page_b
+    rows_a, rows_b = page_a[1], page_b[1]
     if len(rows_a) != len(rows_b) or _relative_source(rows_a) != _relative_source(rows_b):
         raise SystemExit("per_cta: the two pages are not one kernel binary")
-    counts = []
-    for head, rows in page_a, page_b:
-        ran = head.index("Instructions Executed")
-        counts.append([_number(r[ran]) for r in rows])
+    counts = [executed(head, rows) for head, rows in (page_a, page_b)]
     warps_a, warps_b = counts[0][0], counts[1][0]
     if not warps_a or not warps_b or warps_a == warps_b:
         raise SystemExit(f"per_cta: the launches ran {warps_a} and {warps_b} warps; they must differ, neither 0")
-    fixed = [i for i, (a, b) in enumerate(zip(*counts)) if a > 0 and b * warps_a == a * warps_b]
-    rest = sorted(set(range(len(rows_a))) - set(fixed))
+    scales = [a > 0 and b * warps_a == a * warps_b for a, b in zip(*counts)]
+    fixed = [i for i, f in enumerate(scales) if f]
+    rest = [i for i, f in enumerate(scales) if not f]
     return warps_a, warps_b, *([_part("per CTA", head, rows, fixed, count), _part("the rest", head, rows, rest, count)]
                                for (head, rows), count in zip((page_a, page_b), counts))
 
